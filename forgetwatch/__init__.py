@@ -1,0 +1,39 @@
+"""forgetwatch: see what your model forgets, live, while you post-train it.
+
+Example:
+    >>> from forgetwatch import ProbeSet, score_probes, compute_report
+    >>> probes = ProbeSet.from_suites(["arc_easy", "mmlu"], per_suite=100)  # doctest: +SKIP
+"""
+
+from .cache import BaseCache, CacheMismatchError, make_cache_key
+from .metrics import ForgettingMetrics, compute_metrics, compute_report
+from .probes import Probe, ProbeFormatError, ProbeSet
+from .results import ProbeResults
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BaseCache",
+    "CacheMismatchError",
+    "ForgettingMetrics",
+    "Probe",
+    "ProbeFormatError",
+    "ProbeResults",
+    "ProbeSet",
+    "ScoringConfig",
+    "compute_metrics",
+    "compute_report",
+    "make_cache_key",
+    "score_probes",
+]
+
+# torch-backed names load on first use, so `import forgetwatch` stays light (no torch, no trl, no wandb).
+_LAZY = {"ScoringConfig": ".scoring", "score_probes": ".scoring"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'forgetwatch' has no attribute {name!r}")

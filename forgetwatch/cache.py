@@ -1,0 +1,145 @@
+"""The base-model cache: each probe's result for the model before post-training, scored once, reused often.
+
+A cache is one Parquet (or JSONL) file. Its key, stored inside the file, covers everything that decides
+the results: the model's identity, the probe set's fingerprint, and the scoring config (mode, prompt
+format and version, precision). Loading with an expected key refuses a cache whose key differs, and says
+what differs. Writes go to a temporary file renamed into place under a file lock, so parallel ranks or jobs
+never corrupt it and no reader ever sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._io import atomic_write, file_lock
+from .results import ProbeResults
+
+__all__ = ["BaseCache", "CacheMismatchError", "make_cache_key"]
+
+CACHE_FORMAT = 1
+_META_KEY = b"forgetwatch"
+
+
+class CacheMismatchError(ValueError):
+    """The cache was made for another model, probe set or scoring config."""
+
+
+def make_cache_key(model: dict[str, Any], probes: Any, scoring: dict[str, Any]) -> dict[str, Any]:
+    """The key of a base cache.
+
+    Args:
+        model: the model's identity (`forgetwatch.models.model_identity`).
+        probes: the `ProbeSet` scored.
+        scoring: `ScoringConfig.key(tokenizer, precision)`.
+    """
+    return {
+        "format": CACHE_FORMAT,
+        "model": model,
+        "probes": {"fingerprint": probes.fingerprint, "n": len(probes)},
+        "scoring": scoring,
+    }
+
+
+def diff_keys(expected: dict[str, Any], found: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human-readable differences between two keys, e.g. "scoring.mcq_mode: cache has 'loglik', now 'letter'"."""
+    out = []
+    for k in sorted(set(expected) | set(found), key=str):
+        name = f"{prefix}{k}"
+        a, b = found.get(k, "<absent>"), expected.get(k, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff_keys(b, a, name + ".")
+        elif a != b:
+            out.append(f"{name}: cache has {a!r}, now {b!r}")
+    return out
+
+
+@dataclass
+class BaseCache:
+    """Base-model results for a probe set, with the key they were made under.
+
+    Example:
+        >>> cache = BaseCache(key, results); cache.save("base.parquet")  # doctest: +SKIP
+        >>> BaseCache.load("base.parquet", expect=key).results.accuracy  # doctest: +SKIP
+        0.52
+    """
+
+    key: dict[str, Any]
+    results: ProbeResults
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        with file_lock(path), atomic_write(path, "wb") as f:
+            if path.suffix == ".jsonl":
+                f.write((json.dumps({"forgetwatch_cache": self.key}) + "\n").encode())
+                cols = self.results.to_columns()
+                for i in range(len(self.results)):
+                    row = {c: _plain(cols[c][i]) for c in ProbeResults.COLUMNS if c != "id"}
+                    f.write((json.dumps({"id": cols["id"][i], **row}, ensure_ascii=False) + "\n").encode())
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                table = pa.table(self.results.to_columns())
+                table = table.replace_schema_metadata({_META_KEY: json.dumps(self.key).encode()})
+                pq.write_table(table, f)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, expect: dict[str, Any] | None = None, ignore: tuple[str, ...] = ()) -> BaseCache:
+        """Read a cache; with `expect`, refuse it unless its key matches (sections in `ignore` are not compared)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {path}`")
+        try:
+            key, results = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again") from e
+        cache = cls(key, results)
+        if expect is not None:
+            cache.check(expect, ignore=ignore, path=path)
+        return cache
+
+    def check(self, expect: dict[str, Any], ignore: tuple[str, ...] = (), path: Any = "cache") -> None:
+        """Raise `CacheMismatchError` listing every difference between this cache's key and `expect`."""
+        a = {k: v for k, v in self.key.items() if k not in ignore}
+        b = {k: v for k, v in expect.items() if k not in ignore}
+        diffs = diff_keys(b, a)
+        if diffs:
+            raise CacheMismatchError(
+                f"{path}: this base cache was made under another key:\n  " + "\n  ".join(diffs)
+                + "\nScore the base model again with these settings (`forgetwatch cache ...`), or use matching settings."
+            )
+
+
+def _plain(x: Any) -> Any:
+    return x.item() if hasattr(x, "item") else x
+
+
+def _read_parquet(path: Path) -> tuple[dict[str, Any], ProbeResults]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    if _META_KEY not in meta:
+        raise ValueError("no forgetwatch key in the file's metadata")
+    cols = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    cols["id"] = table.column("id").to_pylist()
+    cols["prediction"] = table.column("prediction").to_pylist()
+    cols["generation"] = table.column("generation").to_pylist() if "generation" in table.column_names else None
+    return json.loads(meta[_META_KEY]), ProbeResults.from_columns(cols)
+
+
+def _read_jsonl(path: Path) -> tuple[dict[str, Any], ProbeResults]:
+    with open(path, encoding="utf-8") as f:
+        header = json.loads(f.readline())
+        if "forgetwatch_cache" not in header:
+            raise ValueError("line 1 is not a forgetwatch cache header")
+        rows = [json.loads(line) for line in f if line.strip()]
+    cols = {c: [r[c] for r in rows] for c in ProbeResults.COLUMNS}
+    cols["gold_logprob"] = [float("nan") if v is None else v for v in cols["gold_logprob"]]
+    cols["margin"] = [float("nan") if v is None else v for v in cols["margin"]]
+    return header["forgetwatch_cache"], ProbeResults.from_columns(cols)

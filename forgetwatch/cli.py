@@ -1,0 +1,247 @@
+"""The `forgetwatch` command line: build probe sets, score a base model once, compare any checkpoint with it.
+
+    forgetwatch probes build arc_easy mmlu sciq triviaqa --per-suite 100 --seed 0 -o probes.jsonl
+    forgetwatch probes show probes.jsonl
+    forgetwatch cache   --model <dir or hub id> --probes probes.jsonl -o base.parquet
+    forgetwatch compare --model <checkpoint>    --probes probes.jsonl --base base.parquet [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections import Counter
+from typing import Any
+
+from .probes import ProbeFormatError, ProbeSet
+
+_CHAT = {"auto": None, "on": True, "off": False}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except (ProbeFormatError, ValueError, FileNotFoundError, ImportError) as e:
+        print(f"forgetwatch: error: {e}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="forgetwatch", description="See what your model forgets: per-probe 1→0 / 0→1 tracking.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    probes = sub.add_parser("probes", help="build, inspect and list probe sets").add_subparsers(title="probes commands", metavar="COMMAND")
+    b = probes.add_parser("build", help="build a probe set from built-in suites")
+    b.add_argument("suites", nargs="+", help="suite names (see `forgetwatch probes suites`)")
+    b.add_argument("--per-suite", type=int, default=None, help="probes per suite, stratified by category (default: all)")
+    b.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
+    b.add_argument("-o", "--output", required=True, help="the JSONL file to write")
+    b.set_defaults(func=cmd_probes_build)
+    s = probes.add_parser("show", help="summarise a probe file and print a few probes")
+    s.add_argument("path", help="a probe JSONL file")
+    s.add_argument("-n", type=int, default=3, help="probes to print (default 3)")
+    s.set_defaults(func=cmd_probes_show)
+    ls = probes.add_parser("suites", help="list the built-in suites")
+    ls.set_defaults(func=cmd_probes_suites)
+
+    c = sub.add_parser("cache", help="score the base model once and store its per-probe results")
+    _model_args(c)
+    c.add_argument("-o", "--output", required=True, help="cache file to write (.parquet or .jsonl)")
+    c.add_argument("--hash-weights", action="store_true", help="put a hash of the weights in the cache key (reads every weight)")
+    _scoring_args(c, defaults=True)
+    c.set_defaults(func=cmd_cache)
+
+    m = sub.add_parser("compare", help="score a checkpoint and compare it probe by probe with the base cache")
+    _model_args(m)
+    m.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")
+    m.add_argument("--json", action="store_true", help="print the report as JSON")
+    m.add_argument("--flips", type=int, default=10, help="flipped probes to list in the table (default 10)")
+    m.add_argument("-o", "--output", default=None, help="also write this checkpoint's per-probe results (.parquet or .jsonl)")
+    _scoring_args(m, defaults=False)
+    m.set_defaults(func=cmd_compare)
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)")
+    p.add_argument("--probes", required=True, help="a probe JSONL file, or comma-separated suite names")
+    p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+
+
+def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
+    # `compare` takes every scoring option from the base cache unless given, so both sides match.
+    d = (lambda v: v) if defaults else (lambda v: None)
+    note = "" if defaults else " (default: as in the base cache)"
+    p.add_argument("--mcq-mode", choices=("loglik", "loglik_norm", "letter", "generate"), default=d("loglik"), help=f"how multiple-choice probes are scored{note}")
+    p.add_argument("--chat-template", choices=tuple(_CHAT), default=d("auto"), help=f"wrap prompts in the chat template{note}")
+    p.add_argument("--cot", action=argparse.BooleanOptionalAction, default=d(False), help=f"chain-of-thought generation with a final 'Answer:' line{note}")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation budget (default 32, 256 with --cot){note}")
+    p.add_argument("--short-match", choices=("exact", "contains"), default=d("exact"), help=f"short-answer matching{note}")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d("float32"), help=f"weights dtype{note}")
+    p.add_argument("--batch-size", type=int, default=16, help="questions per forward (default 16)")
+    p.add_argument("--per-suite", type=int, default=None, help="with suite names in --probes: probes per suite")
+    p.add_argument("--seed", type=int, default=0, help="with suite names in --probes: subsampling seed")
+
+
+def cmd_probes_build(args: argparse.Namespace) -> int:
+    probes = ProbeSet.from_suites(args.suites, per_suite=args.per_suite, seed=args.seed)
+    probes.to_jsonl(args.output)
+    print(f"wrote {len(probes)} probes to {args.output} (fingerprint {probes.fingerprint})")
+    _print_summary(probes)
+    return 0
+
+
+def cmd_probes_show(args: argparse.Namespace) -> int:
+    probes = ProbeSet.from_jsonl(args.path)
+    print(f"{args.path}: {len(probes)} probes, fingerprint {probes.fingerprint}")
+    _print_summary(probes)
+    for p in list(probes)[: args.n]:
+        print()
+        print(json.dumps(p.to_dict(), ensure_ascii=False, indent=1))
+    return 0
+
+
+def cmd_probes_suites(args: argparse.Namespace) -> int:
+    from .suites import SUITES
+
+    for name in sorted(SUITES):
+        print(name)
+    return 0
+
+
+def _print_summary(probes: ProbeSet) -> None:
+    by_cat = Counter(p.category for p in probes)
+    kinds = Counter(p.kind if p.kind == "short" else f"mcq k={p.num_choices}" for p in probes)
+    print("kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    print("categories: " + ", ".join(f"{c} {n}" for c, n in sorted(by_cat.items())))
+
+
+def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = None):
+    from .scoring import ScoringConfig
+
+    fields = {"mcq_mode": args.mcq_mode, "cot": args.cot, "short_match": args.short_match, "max_new_tokens": args.max_new_tokens}
+    fields["chat_template"] = _CHAT[args.chat_template] if args.chat_template is not None else None
+    dtype = args.dtype
+    if base_key is not None:
+        scoring = base_key.get("scoring", {})
+        for name in ("mcq_mode", "cot", "short_match", "max_new_tokens"):
+            if fields[name] is None:
+                fields[name] = scoring.get(name)
+        if args.chat_template is None:
+            fields["chat_template"] = scoring.get("chat_template")
+        if dtype is None:
+            dtype = str(scoring.get("precision", "float32")).split("+")[0]
+    config = ScoringConfig(
+        mcq_mode=fields["mcq_mode"] or "loglik",
+        chat_template=fields["chat_template"],
+        cot=bool(fields["cot"]),
+        max_new_tokens=fields["max_new_tokens"],
+        short_match=fields["short_match"] or "exact",
+        batch_size=args.batch_size,
+    )
+    return config, dtype or "float32"
+
+
+def _load_probes(args: argparse.Namespace) -> ProbeSet:
+    return ProbeSet.load(args.probes, per_suite=args.per_suite, seed=args.seed)
+
+
+def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str):
+    from .models import load_model
+    from .scoring import describe_precision, score_probes
+
+    model, tokenizer = load_model(args.model, dtype=dtype, revision=args.revision, device=args.device)
+    results = score_probes(model, tokenizer, probes, config, progress=True, desc=f"scoring {args.model}")
+    return model, results, config.key(tokenizer, describe_precision(model))
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .cache import BaseCache, make_cache_key
+    from .models import model_identity
+
+    probes = _load_probes(args)
+    config, dtype = _scoring_config(args)
+    model, results, scoring_key = _score(args, probes, config, dtype)
+    identity = model_identity(model, weights_hash=args.hash_weights)
+    identity["name_or_path"] = args.model if args.model != "smollm2" else identity["name_or_path"]
+    identity["revision"] = args.revision or identity["revision"]
+    BaseCache(make_cache_key(identity, probes, scoring_key), results).save(args.output)
+    print(f"scored {len(probes)} probes with {args.model}: accuracy {results.accuracy:.3f}; wrote {args.output}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .cache import BaseCache, make_cache_key
+    from .metrics import compute_report
+    from .models import model_identity
+
+    probes = _load_probes(args)
+    base = BaseCache.load(args.base)
+    config, dtype = _scoring_config(args, base.key)
+    model, results, scoring_key = _score(args, probes, config, dtype)
+    # The checkpoint is meant to differ from the base model: compare everything but the model's identity.
+    base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
+    if args.output:
+        BaseCache(make_cache_key(model_identity(model), probes, scoring_key), results).save(args.output)
+
+    pre = base.results.select(probes.ids)
+    report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes])
+    flips = _flips(probes, pre, results)
+    if args.json:
+        print(json.dumps({"base": args.base, "model": args.model, "n": len(probes),
+                          "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}, indent=1))
+        return 0
+    print(format_report(report))
+    if flips and args.flips:
+        print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
+        for f in flips[: args.flips]:
+            print(f"  {f['direction']}  {f['id']}  [{f['category']}]  base: {f['base_prediction']!r}  now: {f['prediction']!r}  gold: {f['gold']!r}")
+    return 0
+
+
+def _flips(probes: ProbeSet, pre, post) -> list[dict[str, Any]]:
+    out = []
+    for i, p in enumerate(probes):
+        a, b = int(pre.outcome[i]) == 1, int(post.outcome[i]) == 1
+        if a != b:
+            out.append({
+                "id": p.id, "category": p.category, "direction": "1→0" if a else "0→1", "question": p.question,
+                "gold": p.gold_text, "base_prediction": pre.prediction[i], "prediction": post.prediction[i],
+            })
+    return out
+
+
+def format_report(report: dict) -> str:
+    """A fixed-width table, one row per category and one for all probes."""
+    head = f"{'category':<22}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
+    lines = [head, "-" * len(head)]
+    names = [k for k in report if k != "overall"] + ["overall"]
+    for name in names:
+        m = report[name]
+        ci = f"[{m.forgetting_ci[0]:.3f}, {m.forgetting_ci[1]:.3f}]"
+        adj = (lambda v: f"{v:.3f}") if m.adjusted else (lambda v: "n/a")
+        if name == "overall":
+            lines.append("-" * len(head))
+        lines.append(
+            f"{name:<22}{m.n:>6}{m.accuracy_pre:>10.3f}{m.accuracy_post:>9.3f}{m.forgotten:>6}{m.learned:>6}"
+            f"{m.forgetting:>8.3f}{adj(m.forgetting_adjusted):>8}{ci:>16}{m.backward_transfer:>8.3f}"
+            f"{adj(m.backward_transfer_adjusted):>8}{m.invalid_rate_post:>9.3f}"
+        )
+    overall = report["overall"]
+    lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
+    lines.append("F adj / BT adj subtract flips expected from guessing among each probe's own k options; short-answer probes have no chance term (n/a).")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

