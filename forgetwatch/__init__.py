@@ -8,6 +8,7 @@ Example:
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .metrics import ForgettingMetrics, compute_metrics, compute_report
 from .probes import Probe, ProbeFormatError, ProbeSet
+from .record import load_record
 from .results import ProbeResults
 
 __version__ = "0.1.0"
@@ -15,6 +16,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BaseCache",
     "CacheMismatchError",
+    "ForgetWatchArguments",
+    "ForgetWatchCallback",
     "ForgettingMetrics",
     "Probe",
     "ProbeFormatError",
@@ -23,12 +26,18 @@ __all__ = [
     "ScoringConfig",
     "compute_metrics",
     "compute_report",
+    "load_record",
     "make_cache_key",
     "score_probes",
 ]
 
 # torch-backed names load on first use, so `import forgetwatch` stays light (no torch, no trl, no wandb).
-_LAZY = {"ScoringConfig": ".scoring", "score_probes": ".scoring"}
+_LAZY = {
+    "ForgetWatchArguments": ".callback",
+    "ForgetWatchCallback": ".callback",
+    "ScoringConfig": ".scoring",
+    "score_probes": ".scoring",
+}
 
 
 def __getattr__(name: str):

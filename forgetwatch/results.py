@@ -101,11 +101,15 @@ class ProbeResults:
         """The rows for `ids`, in that order; a KeyError names the first id that has no result."""
         pos = {pid: i for i, pid in enumerate(self.ids)}
         try:
-            idx = np.array([pos[pid] for pid in ids], dtype=np.int64)
+            return self.take([pos[pid] for pid in ids])
         except KeyError as e:
             raise KeyError(f"no result for probe id {e.args[0]!r}") from None
+
+    def take(self, positions: Sequence[int]) -> ProbeResults:
+        """The rows at these positions, in that order."""
+        idx = np.asarray(positions, dtype=np.int64)
         return ProbeResults(
-            ids=list(ids),
+            ids=[self.ids[i] for i in idx],
             outcome=self.outcome[idx],
             pred_index=self.pred_index[idx],
             prediction=[self.prediction[i] for i in idx],

@@ -1,0 +1,320 @@
+"""`ForgetWatchCallback`: per-probe forgetting (1→0) and backward transfer (0→1), live, in any HF Trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from .cache import BaseCache, CacheMismatchError, make_cache_key
+from .distributed import score_distributed
+from .loggers import make_loggers
+from .metrics import compute_report
+from .models import model_identity
+from .probes import ProbeSet
+from .record import RunRecord
+from .replay import replay_examples
+from .results import CORRECT, ProbeResults
+from .scoring import ScoringConfig, describe_precision
+
+__all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "forgetwatch"
+
+
+@dataclass
+class ForgetWatchArguments:
+    """The callback's options as a dataclass, for `TrlParser` / `HfArgumentParser` scripts and YAML recipes.
+
+    Field names are the callback's argument names with a `forgetwatch_` prefix, because the trainer's own
+    arguments already have `eval_steps` and `seed`.
+
+    Example:
+        >>> from trl import SFTConfig, TrlParser
+        >>> training_args, fw_args = TrlParser((SFTConfig, ForgetWatchArguments)).parse_args_and_config()  # doctest: +SKIP
+        >>> trainer = SFTTrainer(..., callbacks=[ForgetWatchCallback.from_args(fw_args)])  # doctest: +SKIP
+    """
+
+    forgetwatch_probes: str | None = field(default=None, metadata={"help": "Probe set: a JSONL file, or comma-separated built-in suite names (e.g. 'arc_easy,mmlu,triviaqa'). None disables the callback."})
+    forgetwatch_eval_steps: int = field(default=50, metadata={"help": "Score the probes every this many optimizer steps (and at the end of training)."})
+    forgetwatch_per_suite: int | None = field(default=100, metadata={"help": "With suite names: probes per suite, stratified by category."})
+    forgetwatch_seed: int = field(default=0, metadata={"help": "With suite names: subsampling seed."})
+    forgetwatch_base_cache: str | None = field(default=None, metadata={"help": "Base-model cache (from `forgetwatch cache`). Absent or not matching: the model is scored at the start of training, which is the base, and the cache is written (default <output_dir>/forgetwatch/base.parquet)."})
+    forgetwatch_mcq_mode: str = field(default="loglik", metadata={"help": "Multiple-choice scoring: loglik, loglik_norm, letter or generate."})
+    forgetwatch_chat_template: bool | None = field(default=None, metadata={"help": "Wrap prompts in the chat template (default: for generation only, when the tokenizer has one)."})
+    forgetwatch_cot: bool = field(default=False, metadata={"help": "Generative probes: ask for reasoning and a final 'Answer:' line."})
+    forgetwatch_max_new_tokens: int | None = field(default=None, metadata={"help": "Generation budget for generative probes (default 32, 256 with cot)."})
+    forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
+    forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
+    forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
+
+    def to_kwargs(self) -> dict[str, Any]:
+        return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+class ForgetWatchCallback(TrainerCallback, ExportableState):
+    """Scores a frozen probe set every `eval_steps` and logs, per probe against the base model, what was forgotten.
+
+    At the start of training the model is the base: unless a matching base cache is given, it is scored then
+    and the cache written. Every `eval_steps` optimizer steps (and at the end) the model being trained is
+    scored again, under the training precision, and the callback logs `forgetwatch/forgetting` (1→0 rate),
+    `forgetwatch/backward_transfer` (0→1), their chance-adjusted versions, `accuracy`, `net_change` and
+    `invalid_rate`, overall and as `forgetwatch/<category>/<metric>`, on the trainer's global-step axis, to
+    each `report_to` backend (wandb, tensorboard, mlflow, trackio), plus a W&B table of the probes that
+    flipped. It always writes a local record under `<output_dir>/forgetwatch/` (see `forgetwatch.record`).
+
+    It never changes training: scoring consumes no randomness (RNG states are restored anyway), restores every
+    module's train/eval flag, keeps no gradients, and never touches the trainer's own logs. A failing logging
+    backend is switched off with a warning; training goes on.
+
+    Args:
+        probes: a `ProbeSet`, a JSONL path, or built-in suite names (a list or "arc_easy,mmlu").
+        eval_steps: score every this many optimizer steps.
+        per_suite: with suite names, probes per suite (stratified by category).
+        seed: with suite names, the subsampling seed.
+        base_cache: a cache made by `forgetwatch cache` (or by an earlier run); default
+            `<output_dir>/forgetwatch/base.parquet`.
+        mcq_mode, chat_template, cot, max_new_tokens, batch_size: scoring options (see `ScoringConfig`).
+        replay: write forgotten probes to `<output_dir>/forgetwatch/replay.jsonl` as training examples.
+        log_table: log a W&B table of the probes that flipped at each evaluation.
+
+    Example:
+        >>> from forgetwatch import ForgetWatchCallback
+        >>> trainer = SFTTrainer(model=model, args=SFTConfig(..., report_to="wandb"), train_dataset=ds,
+        ...                      callbacks=[ForgetWatchCallback(probes="probes.jsonl", eval_steps=50)])  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        probes: ProbeSet | str | list[str] | None = None,
+        eval_steps: int = 50,
+        *,
+        per_suite: int | None = 100,
+        seed: int = 0,
+        base_cache: str | None = None,
+        mcq_mode: str = "loglik",
+        chat_template: bool | None = None,
+        cot: bool = False,
+        max_new_tokens: int | None = None,
+        batch_size: int = 16,
+        replay: bool = False,
+        log_table: bool = True,
+    ):
+        if probes is None:
+            raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
+        if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
+            raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
+        self.probes = ProbeSet.load(probes, per_suite=per_suite, seed=seed)
+        self.eval_steps = eval_steps
+        self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        self.base_cache = base_cache
+        self.replay = replay
+        self.log_table = log_table
+        self._args = {
+            "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
+            "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
+            "max_new_tokens": max_new_tokens, "batch_size": batch_size, "replay": replay, "log_table": log_table,
+        }
+        if base_cache and Path(base_cache).is_file():
+            # Fail before any training step is spent: a cache for another probe set can never match.
+            cache = BaseCache.load(base_cache)
+            expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
+            cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
+        self.evaluated_steps: list[int] = []
+        self._base: ProbeResults | None = None
+        self._history: list[np.ndarray] = []
+        self._last: ProbeResults | None = None
+        self._last_report: dict = {}
+        self._record: RunRecord | None = None
+        self._loggers: list = []
+        self._is_main = True
+        self._k = np.array([p.num_choices for p in self.probes])
+        self._categories = [p.category for p in self.probes]
+
+    @classmethod
+    def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
+        """Build the callback from parsed `ForgetWatchArguments`."""
+        return cls(**args.to_kwargs())
+
+    # -- ExportableState: survives `resume_from_checkpoint` -------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        args = dict(self._args)
+        if args["probes"] is None and self._record is not None:
+            args["probes"] = str(self._record.root / "probes.jsonl")  # a ProbeSet object is restored from the record
+        return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps)}}
+
+    # -- results for Python users ---------------------------------------------------------------------------
+    @property
+    def record_dir(self) -> Path | None:
+        return self._record.root if self._record else None
+
+    def replay_examples(self) -> list[dict[str, Any]]:
+        """Forgotten probes so far, as training examples (see `forgetwatch.replay.replay_examples`)."""
+        if self._base is None or not self._history:
+            return []
+        steps = [s for s in self.evaluated_steps if s > 0]
+        history = np.stack(self._history[-len(steps):]) if steps else np.zeros((0, len(self.probes)), np.int8)
+        return replay_examples(list(self.probes), self._base.outcome, steps, history)
+
+    # -- trainer events -------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
+        self._is_main = state.is_world_process_zero
+        self._record = RunRecord(Path(args.output_dir) / "forgetwatch")
+        autocast = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
+        scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
+        key = make_cache_key(model_identity(model), self.probes, scoring_key)
+        cache_path = Path(self.base_cache) if self.base_cache else self._record.root / "base.parquet"
+        resuming = state.global_step > 0
+
+        base = None
+        if cache_path.is_file():
+            try:
+                base = BaseCache.load(cache_path, expect=key).results.select(self.probes.ids)
+            except CacheMismatchError as e:
+                if resuming:
+                    raise
+                logger.warning("forgetwatch: %s\nScoring the base model now.", e)
+        if base is None:
+            if resuming:
+                raise FileNotFoundError(
+                    f"{cache_path}: resuming at step {state.global_step} needs the base model's cache from the first run "
+                    "(the model has already changed); pass `base_cache=` pointing to it"
+                )
+            t0 = time.perf_counter()
+            base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main)
+            logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
+            if self._is_main:
+                BaseCache(key, base).save(cache_path)
+        self._base = base
+        if not self._is_main:
+            return
+
+        self._record.root.mkdir(parents=True, exist_ok=True)
+        self.probes.to_jsonl(self._record.root / "probes.jsonl")
+        self._record.truncate_after(state.global_step)  # a resumed run recomputes what came after its checkpoint
+        self._history, self.evaluated_steps, self._last = [], [], None
+        for step in self._record.eval_steps():
+            row = self._record.read_eval(step)
+            self.evaluated_steps.append(step)
+            if step > 0:
+                self._history.append(row["outcome"])
+        self._loggers = make_loggers(args.report_to, args.output_dir)
+        self._log_config()
+        if not resuming:
+            self._report(base, step=0, epoch=0.0, seconds=0.0)
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
+        if state.global_step % self.eval_steps == 0:
+            self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+
+    def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if not self.evaluated_steps or self.evaluated_steps[-1] != state.global_step:
+            self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+        if self._is_main and self._last is not None:
+            final = {f"{PREFIX}/final/{k}": v for k, v in self._scalars(self._last_report).items()}
+            for lg in self._loggers:
+                lg.summary(final)
+                lg.close()
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _evaluate(self, model, processing_class, state) -> None:
+        if self._base is None:
+            raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
+        t0 = time.perf_counter()
+        results = score_distributed(model, _tokenizer(processing_class), self.probes, self.config)
+        seconds = time.perf_counter() - t0
+        if self._is_main:
+            self._report(results, state.global_step, state.epoch or 0.0, seconds)
+
+    def _report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> None:
+        """Record and log one evaluation. Runs on the main process; never raises into the trainer."""
+        assert self._base is not None and self._record is not None
+        prev = self._last if self._last is not None else self._base
+        report = compute_report(self._base.outcome, results.outcome, self._k, self._categories)
+        self._last, self._last_report = results, report
+        self.evaluated_steps.append(step)
+        if step > 0:
+            self._history.append(results.outcome.copy())
+        try:
+            self._record.write_eval(step, results.outcome, results.pred_index, results.margin)
+            self._record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3),
+                                         "metrics": {name: m.to_dict() for name, m in report.items()}})
+            flips = self._flips(prev, results, step)
+            self._record.append_flips(flips)
+            if self.replay:
+                self._record.write_replay(self.replay_examples())
+        except Exception:
+            logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
+            flips = []
+        scalars = self._scalars(report)
+        scalars[f"{PREFIX}/probe_seconds"] = seconds
+        for lg in self._loggers:
+            lg.log(scalars, step)
+            if self.log_table and flips:
+                cols = list(flips[0])
+                lg.log_table(f"{PREFIX}/flips", cols, [[r[c] for c in cols] for r in flips], step)
+
+    @staticmethod
+    def _scalars(report) -> dict[str, float]:
+        out = {}
+        for name, m in report.items():
+            prefix = PREFIX if name == "overall" else f"{PREFIX}/{name}"
+            out.update({f"{prefix}/{k}": v for k, v in m.scalars().items()})
+        return out
+
+    def _flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:
+        """Probes whose correctness changed since the previous evaluation."""
+        assert self._base is not None
+        was, is_ = prev.outcome == CORRECT, now.outcome == CORRECT
+        rows = []
+        for i in np.flatnonzero(was != is_):
+            p = self.probes[int(i)]
+            rows.append({
+                "step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                "base_prediction": self._base.prediction[i], "prediction": now.prediction[i],
+                "direction": "0→1" if is_[i] else "1→0",
+                "vs_base": _vs_base(int(self._base.outcome[i] == CORRECT), int(is_[i])),
+            })
+        return rows
+
+    def _log_config(self) -> None:
+        try:
+            import sys
+
+            if "wandb" in sys.modules:
+                import wandb
+
+                if wandb.run is not None:
+                    wandb.run.config.update({PREFIX: {
+                        "probes": self.probes.origin, "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
+                        "categories": list(self.probes.categories), "eval_steps": self.eval_steps,
+                        "scoring": dataclasses.asdict(self.config),
+                    }}, allow_val_change=True)
+        except Exception as e:
+            logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _vs_base(base_correct: int, now_correct: int) -> str:
+    return {(1, 1): "retained", (1, 0): "forgotten", (0, 1): "learned", (0, 0): "never known"}[(base_correct, now_correct)]
+
+
+def _tokenizer(processing_class: Any) -> Any:
+    if processing_class is None:
+        raise ValueError("ForgetWatchCallback needs the tokenizer: pass `processing_class=tokenizer` to the Trainer")
+    from transformers import ProcessorMixin
+
+    # a multimodal processor wraps the tokenizer
+    return processing_class.tokenizer if isinstance(processing_class, ProcessorMixin) else processing_class
+

@@ -1,0 +1,172 @@
+"""Where the callback's numbers go: the trainer's own `report_to` backends, each behind `log` / `log_table` / `close`.
+
+The callback writes to each backend's live run directly instead of through `trainer.log()`: that route
+resets the trainer's pending `should_log`, flushes TRL's accumulated GRPO metrics early and merges keys into
+the trainer's rows. Here the trainer's own logs stay exactly as they would be without forgetwatch.
+
+A backend that fails is switched off with one warning; training goes on and the local record stays complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["make_loggers", "MetricLogger"]
+
+STEP_KEY = "train/global_step"  # the step axis WandbCallback defines for every metric
+
+
+class MetricLogger:
+    """One backend. Subclasses implement `_log`, and optionally `_log_table`, `_summary`, `_close`."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def _guard(self, what: str, fn, *args) -> None:
+        if self.broken:
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # never let logging crash a training run
+            self.broken = True
+            logger.warning("forgetwatch: logging to %s failed (%s: %s); it is off for the rest of this run, "
+                           "the local record goes on", self.name, type(e).__name__, e)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._guard("log", self._log, metrics, step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        self._guard("table", self._log_table, key, columns, rows, step)
+
+    def summary(self, metrics: dict[str, float]) -> None:
+        self._guard("summary", self._summary, metrics)
+
+    def close(self) -> None:
+        self._guard("close", self._close)
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def _log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        pass
+
+    def _summary(self, metrics: dict[str, float]) -> None:
+        pass
+
+    def _close(self) -> None:
+        pass
+
+
+class WandbLogger(MetricLogger):
+    name = "wandb"
+
+    def __init__(self, run: Any) -> None:
+        super().__init__()
+        import wandb
+
+        self.wandb = wandb
+        self.run = run
+        # Plot our keys on the trainer's step axis: the value from step 50 sits at step 50.
+        run.define_metric(STEP_KEY)
+        run.define_metric("forgetwatch/*", step_metric=STEP_KEY)
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        # Never `step=`: WandbCallback owns wandb's internal step; the row carries the trainer's step instead.
+        self.run.log({**metrics, STEP_KEY: step})
+
+    def _log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        # Only this evaluation's rows: re-logging an ever-growing table gets slow.
+        self.run.log({key: self.wandb.Table(columns=columns, data=rows), STEP_KEY: step})
+
+    def _summary(self, metrics: dict[str, float]) -> None:
+        self.run.summary.update(metrics)
+
+
+class TensorBoardLogger(MetricLogger):
+    name = "tensorboard"
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__()
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=log_dir)
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def _close(self) -> None:
+        self.writer.close()
+
+
+class MLflowLogger(MetricLogger):
+    name = "mlflow"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import mlflow
+
+        self.mlflow = mlflow
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        if self.mlflow.active_run() is not None:
+            self.mlflow.log_metrics(metrics, step=step, synchronous=False)
+
+
+class TrackioLogger(MetricLogger):
+    name = "trackio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import trackio
+
+        self.trackio = trackio
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        self.trackio.log({**metrics, STEP_KEY: step}, step=step)
+
+
+def _tensorboard_dir(output_dir: str) -> str:
+    """The TensorBoardCallback's directory: $TENSORBOARD_LOGGING_DIR, else its newest `<output_dir>/runs/*`."""
+    env = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if env:
+        return os.path.expanduser(env)
+    runs = Path(output_dir) / "runs"
+    subdirs = sorted((p for p in runs.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime) if runs.is_dir() else []
+    return str(subdirs[-1]) if subdirs else str(runs / "forgetwatch")
+
+
+def make_loggers(report_to: list[str] | str | None, output_dir: str) -> list[MetricLogger]:
+    """A logger for each of the trainer's `report_to` backends that forgetwatch can write to."""
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    names = [n for n in (report_to or []) if n not in ("none", None)]
+    loggers: list[MetricLogger] = []
+    for name in names:
+        try:
+            if name == "wandb":
+                import wandb
+
+                if wandb.run is None:
+                    logger.warning("forgetwatch: report_to includes wandb but no W&B run is active; not logging to W&B")
+                    continue
+                loggers.append(WandbLogger(wandb.run))
+            elif name == "tensorboard":
+                loggers.append(TensorBoardLogger(_tensorboard_dir(output_dir)))
+            elif name == "mlflow":
+                loggers.append(MLflowLogger())
+            elif name == "trackio":
+                loggers.append(TrackioLogger())
+            else:
+                logger.warning("forgetwatch: does not log to %r (it logs to wandb, tensorboard, mlflow, trackio)", name)
+        except Exception as e:
+            logger.warning("forgetwatch: cannot log to %s (%s: %s); the local record goes on", name, type(e).__name__, e)
+    return loggers

@@ -1,0 +1,131 @@
+"""The local record of a run, under `<output_dir>/forgetwatch/`: everything needed to analyse it without W&B.
+
+    probes.jsonl          the frozen probe set (the record's row order)
+    base.parquet          the base model's per-probe results (the cache, unless one was given elsewhere)
+    metrics.jsonl         one line per evaluation: step, epoch, seconds, every metric overall and per category
+    evals/step-<N>.npz    per-probe outcome / pred_index / margin at step N: the probe × evaluation matrix
+    flips.jsonl           the probes whose correctness changed at each evaluation
+    replay.jsonl          forgotten probes as ready-to-train examples (when replay is on)
+
+Every file is written atomically or appended a whole line at a time, so a crash leaves a readable record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._io import atomic_write
+
+__all__ = ["RunRecord", "load_record"]
+
+_EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
+
+
+def _append_line(path: Path, obj: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass
+class RunRecord:
+    """Writes (and reads back) the record directory of one training run."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+
+    @property
+    def evals_dir(self) -> Path:
+        return self.root / "evals"
+
+    def write_eval(self, step: int, outcome: np.ndarray, pred_index: np.ndarray, margin: np.ndarray) -> None:
+        self.evals_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.evals_dir / f"step-{step:08d}.npz", "wb") as f:
+            np.savez(f, outcome=outcome.astype(np.int8), pred_index=pred_index.astype(np.int32), margin=margin.astype(np.float32))
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        _append_line(self.root / "metrics.jsonl", row)
+
+    def append_flips(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        with open(self.root / "flips.jsonl", "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_replay(self, examples: list[dict[str, Any]]) -> Path:
+        path = self.root / "replay.jsonl"
+        with atomic_write(path) as f:
+            f.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples))
+        return path
+
+    def eval_steps(self) -> list[int]:
+        if not self.evals_dir.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
+
+    def read_eval(self, step: int) -> dict[str, np.ndarray]:
+        with np.load(self.evals_dir / f"step-{step:08d}.npz") as z:
+            return {k: z[k] for k in z.files}
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return _read_jsonl(self.root / "metrics.jsonl")
+
+    def read_flips(self) -> list[dict[str, Any]]:
+        return _read_jsonl(self.root / "flips.jsonl")
+
+    def outcome_matrix(self) -> tuple[list[int], np.ndarray]:
+        """(steps, matrix) with matrix[e, i] the outcome of probe i at the e-th evaluation."""
+        steps = self.eval_steps()
+        if not steps:
+            return [], np.zeros((0, 0), np.int8)
+        return steps, np.stack([self.read_eval(s)["outcome"] for s in steps])
+
+    def truncate_after(self, step: int) -> None:
+        """Forget evaluations after `step` (resuming from an earlier checkpoint recomputes them)."""
+        for s in self.eval_steps():
+            if s > step:
+                (self.evals_dir / f"step-{s:08d}.npz").unlink()
+        for name in ("metrics.jsonl", "flips.jsonl"):
+            path = self.root / name
+            if path.is_file():
+                kept = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]
+                with atomic_write(path) as f:
+                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):  # a line cut short by a crash is not a record
+                rows.append(json.loads(line))
+    return rows
+
+
+def load_record(output_dir: str | os.PathLike) -> RunRecord:
+    """The record of a finished or running training run (`output_dir` or its `forgetwatch/` folder).
+
+    Example:
+        >>> rec = load_record("outputs/sft-demo")  # doctest: +SKIP
+        >>> steps, matrix = rec.outcome_matrix()  # doctest: +SKIP
+    """
+    root = Path(output_dir)
+    if (root / "forgetwatch").is_dir():
+        root = root / "forgetwatch"
+    if not (root / "probes.jsonl").is_file():
+        raise FileNotFoundError(f"{output_dir}: no forgetwatch record here (expected {root / 'probes.jsonl'})")
+    return RunRecord(root)
