@@ -30,3 +30,7 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The README's first command: a real model forgetting real knowledge on CPU, W&B offline unless logged in.
+demo: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python examples/sft_smollm2.py --output-dir outputs/sft-demo

@@ -96,6 +96,9 @@ class BaseCache:
             raise FileNotFoundError(f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {path}`")
         try:
             key, results = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+            n = key.get("probes", {}).get("n") if isinstance(key.get("probes"), dict) else None
+            if n is not None and n != len(results):  # e.g. a JSONL file cut at a line boundary
+                raise ValueError(f"{len(results)} rows, but it was made for {n} probes: truncated?")
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
             raise ValueError(f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again") from e
         cache = cls(key, results)

@@ -135,6 +135,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._history: list[np.ndarray] = []
         self._last: ProbeResults | None = None
         self._last_report: dict = {}
+        self._scored_step: int | None = None
         self._record: RunRecord | None = None
         self._loggers: list = []
         self._is_main = True
@@ -195,22 +196,36 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main)
             logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
             if self._is_main:
-                BaseCache(key, base).save(cache_path)
+                # A cache the user gave is never overwritten: a fresh one goes into this run's record.
+                save_to = self._record.root / "base.parquet" if self.base_cache else cache_path
+                BaseCache(key, base).save(save_to)
         self._base = base
+        # Every rank tracks the last step it scored, so all ranks agree on the final evaluation (the record,
+        # kept by the main process only, cannot tell the other ranks).
+        self._scored_step = state.global_step
         if not self._is_main:
             return
 
         self._record.root.mkdir(parents=True, exist_ok=True)
         self.probes.to_jsonl(self._record.root / "probes.jsonl")
-        self._record.truncate_after(state.global_step)  # a resumed run recomputes what came after its checkpoint
+        # A resumed run recomputes what came after its checkpoint; a fresh run in a used output_dir starts a new record
+        # (keeping its step 0 would give two step-0 rows).
+        self._record.truncate_after(state.global_step if resuming else -1)
         self._history, self.evaluated_steps, self._last = [], [], None
+        row = None
         for step in self._record.eval_steps():
             row = self._record.read_eval(step)
             self.evaluated_steps.append(step)
             if step > 0:
                 self._history.append(row["outcome"])
+        if row is not None and self.evaluated_steps[-1] > 0:
+            # the next evaluation's flips are against the checkpoint's, as in an uninterrupted run (not against the base)
+            self._last = ProbeResults.empty(self.probes.ids)
+            self._last.outcome, self._last.pred_index, self._last.margin = row["outcome"], row["pred_index"], row["margin"]
+            self._last_report = compute_report(base.outcome, row["outcome"], self._k, self._categories)
         self._loggers = make_loggers(args.report_to, args.output_dir)
-        self._log_config()
+        if any(lg.name == "wandb" for lg in self._loggers):
+            self._log_config()
         if not resuming:
             self._report(base, step=0, epoch=0.0, seconds=0.0)
 
@@ -220,10 +235,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if not self.evaluated_steps or self.evaluated_steps[-1] != state.global_step:
+        if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._is_main and self._last is not None:
-            final = {f"{PREFIX}/final/{k}": v for k, v in self._scalars(self._last_report).items()}
+            # forgetwatch/forgetting -> forgetwatch/final/forgetting (not forgetwatch/final/forgetwatch/forgetting)
+            final = {f"{PREFIX}/final/{k.removeprefix(PREFIX + '/')}": v for k, v in self._scalars(self._last_report).items()}
             for lg in self._loggers:
                 lg.summary(final)
                 lg.close()
@@ -235,6 +251,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         t0 = time.perf_counter()
         results = score_distributed(model, _tokenizer(processing_class), self.probes, self.config)
         seconds = time.perf_counter() - t0
+        self._scored_step = state.global_step
         if self._is_main:
             self._report(results, state.global_step, state.epoch or 0.0, seconds)
 
@@ -291,17 +308,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def _log_config(self) -> None:
         try:
-            import sys
+            import wandb
 
-            if "wandb" in sys.modules:
-                import wandb
-
-                if wandb.run is not None:
-                    wandb.run.config.update({PREFIX: {
-                        "probes": self.probes.origin, "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
-                        "categories": list(self.probes.categories), "eval_steps": self.eval_steps,
-                        "scoring": dataclasses.asdict(self.config),
-                    }}, allow_val_change=True)
+            wandb.run.config.update({PREFIX: {
+                "probes": self.probes.origin, "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
+                "categories": list(self.probes.categories), "eval_steps": self.eval_steps,
+                "scoring": dataclasses.asdict(self.config),
+            }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args) or 0
-    except (ProbeFormatError, ValueError, FileNotFoundError, ImportError) as e:
+    except (ProbeFormatError, ValueError, OSError, ImportError) as e:  # OSError: also a Hub id that cannot be fetched
         print(f"forgetwatch: error: {e}", file=sys.stderr)
         return 2
 
@@ -187,6 +187,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     probes = _load_probes(args)
     base = BaseCache.load(args.base)
+    # A cache for another probe set can never match: refuse it before loading and scoring the model.
+    base.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=args.base)
     config, dtype = _scoring_config(args, base.key)
     model, results, scoring_key = _score(args, probes, config, dtype)
     # The checkpoint is meant to differ from the base model: compare everything but the model's identity.

@@ -26,8 +26,10 @@ def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[i
 
     Each example has the probe's `id`, `category`, `first_forgotten_step`, `recovered` (correct again at the
     last evaluation), `forgetting_events` (1→0 changes between consecutive evaluations, base included), and
-    the training data: `messages` (user question, assistant gold answer) for SFT, and `prompt` plus `solution`
-    for a GRPO reward function such as `forgetwatch.answers.mcq_reward` / `short_answer_reward`.
+    the training data: `messages` (user question, assistant gold answer), the same split into `prompt` and
+    `completion` (TRL's SFTTrainer reads a dataset with a `prompt` column as prompt-completion, so the file
+    trains as it is), and `solution` for a GRPO reward function such as `forgetwatch.answers.mcq_reward` /
+    `short_answer_reward`.
 
     Example:
         >>> p = Probe("q", "mcq", "2 + 2 = ?", ("3", "4"), 1)
@@ -57,6 +59,7 @@ def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[i
             "forgetting_events": int(events[i]),
             "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
             "prompt": [{"role": "user", "content": user}],
+            "completion": [{"role": "assistant", "content": answer}],
             "solution": solution,
             "numeric": p.numeric,
             "num_choices": p.num_choices,

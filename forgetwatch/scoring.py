@@ -116,9 +116,11 @@ class ScoringConfig:
 
 def describe_precision(model: torch.nn.Module, autocast: str | None = None) -> str:
     """The numeric precision scoring runs in, e.g. "float32" or "float32+autocast-bfloat16"."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    if autocast is None and torch.is_autocast_enabled():
-        autocast = str(torch.get_autocast_dtype("cuda" if torch.cuda.is_available() else "cpu")).removeprefix("torch.")
+    param = next(model.parameters())
+    dtype = str(param.dtype).removeprefix("torch.")
+    # autocast is per device type: the no-argument `torch.is_autocast_enabled()` only sees CUDA's
+    if autocast is None and torch.is_autocast_enabled(param.device.type):
+        autocast = str(torch.get_autocast_dtype(param.device.type)).removeprefix("torch.")
     return f"{dtype}+autocast-{autocast}" if autocast else dtype
 
 
@@ -413,13 +415,23 @@ def _left_pad(batch: list[_Prompt], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar) -> ProbeResults:
     chat = config.uses_chat(tokenizer, generative=False)
     built = [letter_prompt(p, tokenizer, chat, config.system_prompt) for p in probes]
-    ids = _encode(tokenizer, [c for c, _ in built], chat)
+    contexts = [c for c, _ in built]
     # The token that spells each letter right after the prompt ("Answer:" + " A" is usually one token " A").
     ctx, sep = built[0]
     base = _encode(tokenizer, [ctx], chat)[0]
     kmax = max(len(p.choices) for p in probes)
-    spelled = _encode(tokenizer, [ctx + sep + answers.LETTERS[j] for j in range(kmax)], chat)
-    letter_ids = torch.tensor([s[len(base)] if len(s) > len(base) else s[-1] for s in spelled])
+    spelled = [s[len(base) :] for s in _encode(tokenizer, [ctx + sep + answers.LETTERS[j] for j in range(kmax)], chat)]
+    letters = [s[0] if len(s) == 1 else None for s in spelled]
+    if None in letters or len(set(letters)) < kmax:
+        # The separator is a token of its own for some letters (e.g. ":", " ", "A"), so the first tokens do not tell
+        # the letters apart: end every prompt with the separator and compare the bare letters' tokens instead.
+        contexts = [c + sep for c in contexts]
+        bare = tokenizer(list(answers.LETTERS[:kmax]), add_special_tokens=False)["input_ids"]
+        letters = [s[0] if len(s) == 1 else None for s in bare]
+        if None in letters or len(set(letters)) < kmax:
+            raise ValueError("`mcq_mode='letter'` needs one token per option letter, which this tokenizer lacks; use `mcq_mode='loglik'`")
+    letter_ids = torch.tensor(letters)
+    ids = _encode(tokenizer, contexts, chat)
 
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
@@ -465,8 +477,9 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
     device = _device(model)
     pad_id = _pad_id(tokenizer)
     stops = _stop_strings(chat, config.cot)
-    eos = [t for t in {tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)} if t is not None]
-    eos_ids: list[int] = sorted({int(x) for t in eos for x in (t if isinstance(t, list) else [t])})
+    # a list, not a set: generation configs often hold a list of EOS ids (unhashable)
+    eos = [t for t in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)) if t is not None]
+    eos_ids: list[int] = sorted({int(x) for t in eos for x in (t if isinstance(t, (list, tuple)) else [t])})
     gen_config = GenerationConfig(
         max_new_tokens=config.new_tokens,
         do_sample=False,

@@ -1,0 +1,181 @@
+"""A tiny HF Trainer run with `ForgetWatchCallback`, the same script for one process and under torchrun.
+
+    python tests/ddp_train.py OUT                                   # one process
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT              # DDP on CPU (gloo)
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT --score-only # only `score_distributed` on the base model
+
+Training writes the forgetwatch record to OUT/forgetwatch/ and the final weights to OUT/final/ (rank 0).
+Every rank appends what it did to OUT/trace-rank<R>.jsonl: each `score_probes` call made inside
+`score_distributed` (how many probes that rank scored), each base-cache save and each record write, so a
+test can see that probes were split and that only the main process wrote. `--score-only` writes each rank's
+full gathered results to OUT/scored-rank<R>.json. Used by tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: conftest's build_tokenizer / build_model
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from conftest import build_model, build_tokenizer  # noqa: E402
+
+from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
+
+SEED = 0
+MAX_STEPS = 4
+EVAL_STEPS = 2
+N_MCQ = 31  # odd counts: on 2 ranks both kinds need a padding probe
+N_SHORT = 3
+
+_WORDS = ["paris", "oxygen", "carbon", "helium", "neon", "fox", "dog", "brown", "lazy", "quick", "seven", "nine"]
+
+
+def make_probes() -> ProbeSet:
+    """31 multiple-choice probes with 2 to 5 options and 3 short-answer probes, kinds interleaved."""
+    probes = []
+    for i in range(N_MCQ):
+        k = 2 + i % 4
+        choices = tuple(f"{_WORDS[(i + j) % len(_WORDS)]} {j}" for j in range(k))
+        probes.append(Probe(f"mcq-{i:02d}", "mcq", f"Question {i}: which word comes after {_WORDS[i % len(_WORDS)]}?",
+                            choices, gold=i % k, category=("science", "trivia")[i % 2]))
+        if i % 10 == 4 and len(probes) < N_MCQ + N_SHORT:
+            s = sum(p.kind == "short" for p in probes)
+            probes.append(Probe(f"short-{s}", "short", f"What is {s} plus {s}?", answers=(str(2 * s),), numeric=True,
+                                category="math"))
+    return ProbeSet(probes, origin="ddp_train")
+
+
+def make_train_dataset(tokenizer, n: int = 16, length: int = 24) -> list[dict]:
+    """n fixed-length causal-LM examples (input_ids, attention_mask, labels with padding masked)."""
+    rows = []
+    for i in range(n):
+        text = f"Question: what follows {_WORDS[i % len(_WORDS)]}?\nAnswer: {_WORDS[(i * 5 + 3) % len(_WORDS)]}"
+        enc = tokenizer(text, padding="max_length", truncation=True, max_length=length)
+        labels = [t if m else -100 for t, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
+        rows.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels})
+    return rows
+
+
+def _trace(out: Path, **row) -> None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    with open(out / f"trace-rank{rank}.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"rank": rank, **row}) + "\n")
+
+
+def _instrument(out: Path) -> None:
+    """Wrap the functions whose calls the test counts; behaviour is unchanged."""
+    import forgetwatch.callback as cb
+    import forgetwatch.distributed as fd
+
+    orig_score, orig_save = fd.score_probes, cb.BaseCache.save
+    orig_metrics, orig_eval = cb.RunRecord.append_metrics, cb.RunRecord.write_eval
+
+    def score_probes(model, tokenizer, probes, config=None, **kw):
+        _trace(out, event="score_probes", n=len(probes), ids=[p.id for p in probes])
+        return orig_score(model, tokenizer, probes, config, **kw)
+
+    def save(self, path):
+        _trace(out, event="cache_save", path=str(path))
+        return orig_save(self, path)
+
+    def append_metrics(self, row):
+        _trace(out, event="append_metrics", step=row["step"])
+        return orig_metrics(self, row)
+
+    def write_eval(self, step, *a, **kw):
+        _trace(out, event="write_eval", step=step)
+        return orig_eval(self, step, *a, **kw)
+
+    fd.score_probes = score_probes
+    cb.BaseCache.save = save
+    cb.RunRecord.append_metrics = append_metrics
+    cb.RunRecord.write_eval = write_eval
+
+
+def train(out: Path, max_steps: int = MAX_STEPS) -> None:
+    import torch.distributed as dist
+    from transformers import Trainer, TrainingArguments
+
+    from forgetwatch import ForgetWatchCallback
+
+    _instrument(out)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=SEED)
+    args = TrainingArguments(
+        output_dir=str(out),
+        use_cpu=True,
+        # use_cpu under torchrun picks MPI when torch has it, else gloo: be explicit. Only under a launcher:
+        # accelerate 1.15 crashes on a backend given to a single process ("Default process group has not been
+        # initialized"), since it keeps the backend but sets up no process group.
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        max_steps=max_steps,
+        per_device_train_batch_size=2,
+        learning_rate=5e-3,
+        seed=SEED,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS)
+    trainer = Trainer(model=model, args=args, train_dataset=make_train_dataset(tokenizer), processing_class=tokenizer,
+                      callbacks=[callback])
+    trainer.train()
+    backend = dist.get_backend() if dist.is_initialized() else None
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    _trace(out, event="done", backend=backend, world_size=world_size, global_step=trainer.state.global_step,
+           parallel_mode=str(args.parallel_mode), evaluated_steps=callback.evaluated_steps)
+    trainer.save_model(str(out / "final"))  # the weights after the last step, written by the main process
+
+
+def score_only(out: Path) -> None:
+    """`score_distributed` on the base model, outside any trainer: every rank writes what it got back."""
+    import torch.distributed as dist
+
+    from forgetwatch.distributed import score_distributed
+    from forgetwatch.scoring import ScoringConfig
+
+    _instrument(out)
+    dist.init_process_group("gloo")
+    try:
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, seed=SEED)
+        results = score_distributed(model, tokenizer, make_probes(), ScoringConfig())
+        rank = dist.get_rank()
+        payload = {
+            "rank": rank, "world_size": dist.get_world_size(), "ids": results.ids,
+            "outcome": results.outcome.tolist(), "pred_index": results.pred_index.tolist(),
+            "margin": [None if m != m else float(m) for m in results.margin.tolist()],
+            "prediction": results.prediction, "generation": results.generation,
+        }
+        (out / f"scored-rank{rank}.json").write_text(json.dumps(payload))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("output_dir", type=Path)
+    parser.add_argument("--score-only", action="store_true")
+    parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
+    a = parser.parse_args(argv)
+    a.output_dir.mkdir(parents=True, exist_ok=True)
+    if a.score_only:
+        score_only(a.output_dir)
+    else:
+        train(a.output_dir, a.max_steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""The base cache: roundtrips, refusals that say what differs, damaged files, atomic and concurrent writes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import numpy as np
+import pytest
+
+from forgetwatch.cache import BaseCache, CacheMismatchError, make_cache_key
+from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.results import ProbeResults
+
+SUFFIXES = [".parquet", ".jsonl"]
+
+
+def probe_set(n: int = 5) -> ProbeSet:
+    return ProbeSet(Probe(f"q{i}", "mcq", f"question {i}?", ("yes", "no"), i % 2) for i in range(n))
+
+
+def scoring_key(**changes) -> dict:
+    key = {"mcq_mode": "loglik", "chat_template": None, "cot": False, "max_new_tokens": 32, "short_match": "exact",
+           "system_prompt": None, "prompt_version": 1, "chat": {"mcq": False, "short": True}, "precision": "float32"}
+    return {**key, **changes}
+
+
+def model_key(name: str = "/models/base") -> dict:
+    return {"name_or_path": name, "revision": None, "num_parameters": 2_500_000}
+
+
+def sample_results(ids: list[str], seed: int = 0) -> ProbeResults:
+    """Every column filled, with NaN, invalid rows, empty and non-ASCII strings, newlines and quotes."""
+    rng = np.random.default_rng(seed)
+    n = len(ids)
+    gold = rng.normal(-5, 2, n).astype(np.float32)
+    margin = rng.normal(0, 1, n).astype(np.float32)
+    gold[1::3] = np.nan
+    margin[1::3] = np.nan
+    texts = ["Paris", "", "naïve café — 東京", 'say "B"\nthen stop', "C"]
+    return ProbeResults(
+        ids=list(ids),
+        outcome=rng.choice([-1, 0, 1], n),
+        pred_index=rng.integers(-1, 4, n),
+        prediction=[texts[i % len(texts)] for i in range(n)],
+        gold_logprob=gold,
+        margin=margin,
+        generation=[texts[(i + 2) % len(texts)] * (i % 3) for i in range(n)],
+    )
+
+
+def assert_same(a: ProbeResults, b: ProbeResults) -> None:
+    assert a.ids == b.ids
+    for name in ("outcome", "pred_index", "gold_logprob", "margin"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        np.testing.assert_array_equal(x, y, err_msg=name)  # NaN == NaN here, positions included
+    assert a.prediction == b.prediction and a.generation == b.generation
+
+
+def saved(tmp_path, suffix=".parquet", n=5, **scoring) -> tuple[str, dict, ProbeResults]:
+    probes = probe_set(n)
+    key = make_cache_key(model_key(), probes, scoring_key(**scoring))
+    results = sample_results(probes.ids)
+    path = BaseCache(key, results).save(tmp_path / f"base{suffix}")
+    return path, key, results
+
+
+def leftovers(directory) -> list[str]:
+    """Temporary files left next to the cache (the lock file is not one)."""
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_roundtrip_keeps_every_column(tmp_path, suffix):
+    path, key, results = saved(tmp_path, suffix, n=12)
+    assert path == tmp_path / f"base{suffix}"
+    assert np.isnan(results.gold_logprob).sum() == 4  # the NaN rows really are there
+    back = BaseCache.load(path, expect=key)
+    assert back.key == key
+    assert_same(back.results, results)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_roundtrip_of_real_scoring_config_key(tmp_path, suffix):
+    from forgetwatch.scoring import ScoringConfig
+
+    probes = probe_set(3)
+    key = make_cache_key(model_key(), probes, ScoringConfig(mcq_mode="generate", system_prompt="Be brief.").key(precision="bfloat16"))
+    BaseCache(key, sample_results(probes.ids)).save(tmp_path / f"c{suffix}")
+    assert BaseCache.load(tmp_path / f"c{suffix}", expect=key).key == key
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_mismatch_is_refused_listing_what_differs(tmp_path, suffix):
+    path, key, _ = saved(tmp_path, suffix)
+    other_probes = ProbeSet(list(probe_set(5))[:4] + [Probe("q4", "mcq", "question 4?", ("yes", "no"), 1)])
+    expect = make_cache_key(model_key(), other_probes, scoring_key(mcq_mode="letter", precision="float32+autocast-bfloat16"))
+    with pytest.raises(CacheMismatchError) as e:
+        BaseCache.load(path, expect=expect)
+    msg = str(e.value)
+    assert str(path) in msg
+    assert f"probes.fingerprint: cache has {key['probes']['fingerprint']!r}, now {other_probes.fingerprint!r}" in msg
+    assert "scoring.mcq_mode: cache has 'loglik', now 'letter'" in msg
+    assert "scoring.precision: cache has 'float32', now 'float32+autocast-bfloat16'" in msg
+    # only what differs is listed, one line each
+    listed = [line.split(":")[0].strip() for line in msg.splitlines() if line.startswith("  ")]
+    assert listed == ["probes.fingerprint", "scoring.mcq_mode", "scoring.precision"]
+    assert "forgetwatch cache" in msg
+    assert isinstance(e.value, ValueError)  # the CLI reports it as a usage error
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_ignore_skips_a_section(tmp_path, suffix):
+    path, key, results = saved(tmp_path, suffix)
+    checkpoint = {**key, "model": model_key("/models/checkpoint-500")}
+    with pytest.raises(CacheMismatchError, match=r"model\.name_or_path: cache has '/models/base', now '/models/checkpoint-500'"):
+        BaseCache.load(path, expect=checkpoint)
+    assert_same(BaseCache.load(path, expect=checkpoint, ignore=("model",)).results, results)
+    # ignoring one section does not hide another
+    with pytest.raises(CacheMismatchError, match="scoring.cot"):
+        BaseCache.load(path, expect={**checkpoint, "scoring": scoring_key(cot=True)}, ignore=("model",))
+
+
+def test_missing_keys_and_sections_are_reported(tmp_path):
+    path, key, _ = saved(tmp_path)
+    expect = {**key, "scoring": {k: v for k, v in key["scoring"].items() if k != "precision"} | {"new_field": 1}}
+    with pytest.raises(CacheMismatchError) as e:
+        BaseCache.load(path, expect=expect)
+    assert "scoring.new_field: cache has '<absent>', now 1" in str(e.value)
+    assert "scoring.precision: cache has 'float32', now '<absent>'" in str(e.value)
+
+
+def test_missing_file_says_how_to_make_one(tmp_path):
+    path = tmp_path / "nope.parquet"
+    with pytest.raises(FileNotFoundError) as e:
+        BaseCache.load(path)
+    assert str(path) in str(e.value) and "forgetwatch cache" in str(e.value)
+
+
+def _truncate_half(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _drop_last_line(path):
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]), encoding="utf-8")
+
+
+def _garbage(path):
+    path.write_bytes(b"\x00\x01 not a cache \xff" * 10)
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+def _plain_file(path):
+    # a valid Parquet / JSONL file that forgetwatch did not write
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": ["q0"], "outcome": [1]}), path)
+    else:
+        path.write_text('{"id": "q0", "outcome": 1}\n')
+
+
+@pytest.mark.parametrize(
+    "suffix, damage",
+    [(s, d) for s in SUFFIXES for d in (_truncate_half, _garbage, _empty, _plain_file)] + [(".jsonl", _drop_last_line)],
+)
+def test_damaged_file_names_it_and_says_to_rebuild(tmp_path, suffix, damage):
+    path, key, _ = saved(tmp_path, suffix)
+    damage(path)
+    with pytest.raises(ValueError) as e:
+        BaseCache.load(path, expect=key)
+    msg = str(e.value)
+    assert not isinstance(e.value, CacheMismatchError)
+    assert str(path) in msg and "not a readable forgetwatch cache" in msg
+    assert "delete it and run `forgetwatch cache` again" in msg
+    if damage is _drop_last_line:
+        assert "4 rows, but it was made for 5 probes" in msg
+
+
+def test_failed_parquet_write_keeps_the_previous_cache(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    path, key, old = saved(tmp_path)
+    before = path.read_bytes()
+
+    def write_some_then_fail(table, where, **kwargs):
+        where.write(b"PAR1 half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", write_some_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        BaseCache(key, sample_results(old.ids, seed=1)).save(path)
+    assert path.read_bytes() == before
+    assert_same(BaseCache.load(path, expect=key).results, old)
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_jsonl_write_keeps_the_previous_cache(tmp_path, monkeypatch):
+    import forgetwatch.cache as cache_module
+
+    path, key, old = saved(tmp_path, ".jsonl")
+    before = path.read_bytes()
+    calls = []
+
+    def fail_on_the_third_row(x):
+        calls.append(x)
+        if len(calls) > 12:
+            raise KeyboardInterrupt  # interrupted midway, rows already written
+        return x.item() if hasattr(x, "item") else x
+
+    monkeypatch.setattr(cache_module, "_plain", fail_on_the_third_row)
+    with pytest.raises(KeyboardInterrupt):
+        BaseCache(key, sample_results(old.ids, seed=1)).save(path)
+    assert path.read_bytes() == before
+    assert leftovers(tmp_path) == []
+
+
+def test_save_creates_the_directory_and_overwrites(tmp_path):
+    probes = probe_set(3)
+    key = make_cache_key(model_key(), probes, scoring_key())
+    path = tmp_path / "a" / "b" / "base.parquet"
+    BaseCache(key, sample_results(probes.ids, seed=0)).save(path)
+    new = sample_results(probes.ids, seed=1)
+    BaseCache(key, new).save(path)
+    assert_same(BaseCache.load(path).results, new)
+
+
+# -- two processes, one path ----------------------------------------------------------------------------------
+
+_N_ROWS = {".parquet": 20_000, ".jsonl": 4_000}  # each save takes some milliseconds: the writers overlap
+
+
+def _save_many(path: str, seed: int, start, rounds: int) -> None:
+    """Child process: wait for the start signal, then save this seed's cache `rounds` times."""
+    probes = probe_set(_N_ROWS[path[path.rindex("."):]])
+    key = make_cache_key(model_key(f"writer-{seed}"), probes, scoring_key())
+    cache = BaseCache(key, sample_results(probes.ids, seed=seed))
+    start.wait()
+    for _ in range(rounds):
+        cache.save(path)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_concurrent_saves_leave_a_valid_file(tmp_path, suffix):
+    path = tmp_path / f"base{suffix}"
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    writers = [ctx.Process(target=_save_many, args=(str(path), seed, start, 6)) for seed in (1, 2)]
+    for w in writers:
+        w.start()
+    start.set()
+    # read while they write: every read sees a whole file from one writer or the other
+    reads = 0
+    deadline = time.monotonic() + 120
+    while any(w.is_alive() for w in writers) and time.monotonic() < deadline:
+        if path.exists():
+            cache = BaseCache.load(path)
+            assert len(cache.results) == _N_ROWS[suffix] and cache.key["model"]["name_or_path"] in ("writer-1", "writer-2")
+            reads += 1
+        time.sleep(0.01)
+    for w in writers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    final = BaseCache.load(path)
+    seed = int(final.key["model"]["name_or_path"].split("-")[1])
+    assert_same(final.results, sample_results(probe_set(_N_ROWS[suffix]).ids, seed=seed))
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,617 @@
+"""ForgetWatchCallback inside real trainers (TRL SFTTrainer and GRPOTrainer, a tiny random Llama, CPU, offline).
+
+What is checked: the numbers logged to W&B / TensorBoard are the local record's, and the record's are right
+(re-scored from saved checkpoints); training is bit-for-bit the same with and without the callback (dropout
+on, and GRPO, which samples); a failing logger never stops training; bad input fails before a step is spent;
+resuming from a checkpoint recomputes what came after it; replay examples match the probe x evaluation matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import TrainerCallback
+
+pytest.importorskip("trl")
+wandb = pytest.importorskip("wandb")
+
+from conftest import build_model  # noqa: E402,I001  (tests/ is on sys.path: pytest's "prepend" import mode)
+from wandb_offline import (  # noqa: E402
+    find_run_file,
+    finish_offline_run,
+    load_table,
+    read_config,
+    read_history,
+    read_metric_definitions,
+    read_summary,
+)
+
+from forgetwatch import (  # noqa: E402
+    BaseCache,
+    CacheMismatchError,
+    Probe,
+    ProbeFormatError,
+    ProbeResults,
+    ProbeSet,
+    compute_report,
+    load_record,
+    make_cache_key,
+    score_probes,
+)
+from forgetwatch.answers import LETTERS, mcq_reward  # noqa: E402
+from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.models import model_identity  # noqa: E402
+from forgetwatch.scoring import ScoringConfig  # noqa: E402
+
+SEED = 0
+SCORING = {"max_new_tokens": 4}  # short-answer probes are generated; 4 tokens keep that fast
+BF16 = "float32+autocast-bfloat16"  # TRL trains in bf16 autocast by default, also on CPU
+# logged name -> ForgettingMetrics field
+LOGGED = {
+    "forgetting": "forgetting",
+    "backward_transfer": "backward_transfer",
+    "forgetting_adjusted": "forgetting_adjusted",
+    "backward_transfer_adjusted": "backward_transfer_adjusted",
+    "accuracy": "accuracy_post",
+    "net_change": "net_change",
+    "invalid_rate": "invalid_rate_post",
+}
+CATEGORIES = ("add", "compare", "count", "short")
+# wall-clock figures in the trainer's logs; everything else must be identical with and without the callback
+VOLATILE = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time"}
+
+
+# -- building blocks ----------------------------------------------------------------------------------------
+
+
+def make_probes() -> ProbeSet:
+    """32 probes: 12 four-option, 8 two-option, 8 three-option (log-likelihood), 4 short answers (generated)."""
+    probes = []
+    for i in range(12):  # k = 4; the gold option is the true sum, at position i % 4
+        s, g = i % 7 + i % 5, i % 4
+        probes.append(Probe(f"add{i}", "mcq", f"{i % 7} + {i % 5} = ?", tuple(str(s - g + j) for j in range(4)), g, category="add"))
+    for i in range(8):  # k = 2
+        probes.append(Probe(f"cmp{i}", "mcq", f"Is {i} bigger than {7 - i}?", ("yes", "no"), int(i <= 7 - i), category="compare"))
+    for i in range(8):  # k = 3
+        probes.append(Probe(f"cnt{i}", "mcq", f"How many letters are in '{'ab' * (i + 1)}'?", tuple(str(2 * i + d) for d in (1, 2, 3)), 1, category="count"))
+    for i in range(4):  # no k: raw forgetting only
+        probes.append(Probe(f"short{i}", "short", f"What is {i} + {i}?", answers=(str(2 * i),), numeric=True, category="short"))
+    return ProbeSet(probes)
+
+
+def sft_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": f"The answer is {i + 1}."}]}
+        for i in range(16)
+    ])
+
+
+def grpo_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}]} for i in range(8)])
+
+
+def length_reward(completions, **kwargs):
+    """A trivial reward that still varies within a group (so GRPO has non-zero advantages)."""
+    return [float(len(c[0]["content"]) % 3) for c in completions]
+
+
+def sft_trainer(tokenizer, out: Path, callbacks=(), *, dropout: float = 0.0, dataset=None, **overrides):
+    """A TRL SFTTrainer with TRL's defaults (bf16 autocast, gradient checkpointing), 6 steps of batch 4, high LR."""
+    from trl import SFTConfig, SFTTrainer
+
+    kwargs = {
+        "output_dir": str(out), "use_cpu": True, "max_steps": 6, "per_device_train_batch_size": 4, "learning_rate": 5e-2,
+        "logging_steps": 1, "max_length": 64, "report_to": "none", "save_strategy": "no", "seed": SEED, "disable_tqdm": True,
+    }
+    kwargs.update(overrides)
+    return SFTTrainer(
+        model=build_model(tokenizer, seed=SEED, dropout=dropout), args=SFTConfig(**kwargs),
+        train_dataset=dataset if dataset is not None else sft_dataset(), processing_class=tokenizer, callbacks=list(callbacks),
+    )
+
+
+def grpo_trainer(tokenizer, out: Path, callbacks=(), *, dropout: float = 0.0, **overrides):
+    from trl import GRPOConfig, GRPOTrainer
+
+    kwargs = {
+        "output_dir": str(out), "use_cpu": True, "max_steps": 3, "per_device_train_batch_size": 4, "num_generations": 4,
+        "max_completion_length": 8, "learning_rate": 5e-2, "logging_steps": 1, "report_to": "none", "save_strategy": "no",
+        "seed": SEED, "disable_tqdm": True,
+    }
+    kwargs.update(overrides)
+    return GRPOTrainer(
+        model=build_model(tokenizer, seed=SEED, dropout=dropout), args=GRPOConfig(**kwargs), train_dataset=grpo_dataset(),
+        processing_class=tokenizer, reward_funcs=length_reward, callbacks=list(callbacks),
+    )
+
+
+def watcher(**kwargs) -> ForgetWatchCallback:
+    return ForgetWatchCallback(make_probes(), **{"eval_steps": 2, **SCORING, **kwargs})
+
+
+def the_watcher(trainer) -> ForgetWatchCallback:
+    """The trainer's ForgetWatchCallback (after a restore from checkpoint it is a new instance)."""
+    (cb,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, ForgetWatchCallback)]
+    return cb
+
+
+class StepCounter(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+class CrashBeforeStep(TrainerCallback):
+    """Stands for a crash (preemption, OOM) right before optimizer step `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            raise RuntimeError(f"simulated crash before step {self.step}")
+
+
+class ConsumeRng(TrainerCallback):
+    """A callback that draws from torch's RNG every step: the control that proves the trajectory tests can fail."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        torch.rand(1)
+
+
+def rescore(model, tokenizer, probes: ProbeSet) -> ProbeResults:
+    """Score like the callback does inside TRL's training loop: bf16 autocast on CPU."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return score_probes(model, tokenizer, probes, ScoringConfig(**SCORING))
+
+
+def own_logs(trainer) -> list[dict]:
+    """The trainer's log_history without wall-clock figures."""
+    return [{k: v for k, v in e.items() if k not in VOLATILE} for e in trainer.state.log_history]
+
+
+def assert_same_weights(a, b) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+def metric_rows(record) -> dict[int, dict]:
+    rows = record.read_metrics()
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"duplicate evaluation rows: {steps}"
+    return {r["step"]: r for r in rows}
+
+
+def logged_name(group: str, metric: str) -> str:
+    return f"forgetwatch/{metric}" if group == "overall" else f"forgetwatch/{group}/{metric}"
+
+
+def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        mp.delenv(key)
+    wandb_dir.mkdir(parents=True, exist_ok=True)
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_DIR", str(wandb_dir))
+    mp.setenv("WANDB_SILENT", "true")
+    mp.setenv("WANDB_CONSOLE", "off")
+    mp.setenv("WANDB_PROJECT", "forgetwatch-tests")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one intra-op thread is faster than two, and many times faster when other processes share the CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    clear_wandb_env(monkeypatch, tmp_path / "wandb")
+    finish_offline_run()
+    try:
+        yield tmp_path / "wandb"
+    finally:
+        finish_offline_run()
+
+
+# -- one SFT run, report_to wandb, shared by the tests that read it -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sft_run(tokenizer, tmp_path_factory):
+    """SFT for 6 steps (bf16 autocast, LR 5e-2), probes every 2 steps, replay on, checkpoints every 2 steps,
+    logging to an offline W&B run."""
+    root = tmp_path_factory.mktemp("sft_run")
+    with pytest.MonkeyPatch.context() as mp:
+        clear_wandb_env(mp, root / "wandb")
+        finish_offline_run()
+        cb = watcher(replay=True)
+        trainer = sft_trainer(tokenizer, root / "out", [cb], report_to="wandb", save_strategy="steps", save_steps=2)
+        try:
+            trainer.train()
+        finally:
+            finish_offline_run()  # WandbCallback leaves the run open; the file is complete after teardown
+    return SimpleNamespace(trainer=trainer, callback=cb, out=root / "out", wandb_file=find_run_file(root / "wandb"),
+                           record=load_record(root / "out"))
+
+
+def test_sft_wandb_scalars_equal_the_local_record(sft_run):
+    rows = read_history(sft_run.wandb_file)
+    metrics = metric_rows(sft_run.record)
+    assert sorted(metrics) == [0, 2, 4, 6]
+
+    logged = [r for r in rows if "forgetwatch/forgetting" in r]
+    assert [r["train/global_step"] for r in logged] == [0, 2, 4, 6]  # one row per evaluation, on the trainer's axis
+    for r in logged:
+        step = r["train/global_step"]
+        groups = metrics[step]["metrics"]
+        assert list(groups) == ["overall", *CATEGORIES]
+        for group, m in groups.items():
+            for name, field in LOGGED.items():
+                assert r[logged_name(group, name)] == m[field], (step, group, name)
+    assert any(m["metrics"]["overall"]["forgotten"] > 0 for m in metrics.values())  # the LR is high enough to flip
+
+    # the trainer's own W&B rows: every step's loss, none of our keys merged into them
+    own = {r["train/global_step"]: r["train/loss"] for r in rows if "train/loss" in r}
+    assert own == {e["step"]: pytest.approx(e["loss"]) for e in sft_run.trainer.state.log_history if "loss" in e}
+    assert sorted(own) == [1, 2, 3, 4, 5, 6]
+    assert not any(k.startswith("forgetwatch/") for r in rows if "train/loss" in r for k in r)
+    assert not any(k.startswith("forgetwatch") for e in sft_run.trainer.state.log_history for k in e)
+
+
+def test_sft_wandb_flip_tables_summary_and_axis(sft_run):
+    path = sft_run.wandb_file
+    rows = read_history(path)
+    tables = {r["train/global_step"]: load_table(path.parent, r["forgetwatch/flips"]) for r in rows if "forgetwatch/flips" in r}
+    flips: dict[int, list[dict]] = {}
+    for f in sft_run.record.read_flips():
+        flips.setdefault(f["step"], []).append(f)
+    assert flips and tables == flips  # only this evaluation's flips, one table per evaluation that had any
+    steps, matrix = sft_run.record.outcome_matrix()
+    for e in range(1, len(steps)):
+        changed = {sft_run.callback.probes[int(i)].id for i in np.flatnonzero((matrix[e] == 1) != (matrix[e - 1] == 1))}
+        assert {f["id"] for f in flips.get(steps[e], [])} == changed
+
+    last = metric_rows(sft_run.record)[6]["metrics"]
+    summary = read_summary(path)
+    final = {k: v for k, v in summary.items() if k.startswith("forgetwatch/final/")}
+    assert final == {
+        f"forgetwatch/final/{name}" if group == "overall" else f"forgetwatch/final/{group}/{name}": last[group][field]
+        for group in last for name, field in LOGGED.items()
+    }
+
+    assert {"glob_name": "forgetwatch/*", "step_metric": "train/global_step",
+            "options": {"step_sync": True, "defined": True}} in read_metric_definitions(path)
+    config = read_config(path)["forgetwatch"]
+    assert config["n_probes"] == 32 and config["fingerprint"] == make_probes().fingerprint and config["eval_steps"] == 2
+
+
+def test_sft_record_numbers_are_right(sft_run, tokenizer):
+    """Re-score the base model, a saved checkpoint and the final model outside training: same outcomes, same metrics."""
+    from transformers import AutoModelForCausalLM
+
+    probes, record = make_probes(), sft_run.record
+    metrics = metric_rows(record)
+    k = np.array([p.num_choices for p in probes])
+    cats = [p.category for p in probes]
+
+    base = rescore(build_model(tokenizer, seed=SEED), tokenizer, probes)
+    cache = BaseCache.load(sft_run.out / "forgetwatch" / "base.parquet")
+    assert cache.key["scoring"]["precision"] == BF16
+    assert np.array_equal(cache.results.outcome, base.outcome)
+    assert np.array_equal(record.read_eval(0)["outcome"], base.outcome)
+
+    checkpoints = [(s, AutoModelForCausalLM.from_pretrained(sft_run.out / f"checkpoint-{s}")) for s in (2, 4)]
+    for step, model in [*checkpoints, (6, sft_run.trainer.model)]:
+        now = rescore(model, tokenizer, probes)
+        saved = record.read_eval(step)
+        assert np.array_equal(saved["outcome"], now.outcome), step
+        assert np.array_equal(saved["pred_index"], now.pred_index), step
+        np.testing.assert_allclose(saved["margin"], now.margin, rtol=0, atol=1e-6, equal_nan=True)
+        report = compute_report(base.outcome, now.outcome, k, cats)
+        assert json.loads(json.dumps({n: m.to_dict() for n, m in report.items()})) == metrics[step]["metrics"]
+
+    for row in metrics.values():
+        for m in row["metrics"].values():  # the identity BT - F = acc_post - acc_pre, overall and per category
+            assert m["backward_transfer"] - m["forgetting"] == pytest.approx(m["accuracy_post"] - m["accuracy_pre"], abs=1e-12)
+            assert m["forgotten"] + m["retained"] + m["learned"] + m["never"] == m["n"]
+
+
+def test_replay_matches_the_evaluation_matrix(sft_run, tokenizer, tmp_path):
+    from datasets import Dataset
+
+    probes = make_probes()
+    steps, matrix = sft_run.record.outcome_matrix()
+    assert steps == [0, 2, 4, 6]
+    base, history = matrix[0], matrix[1:]
+    expected = {}
+    for i, p in enumerate(probes):
+        if base[i] != 1 or (history[:, i] == 1).all():
+            continue
+        seq = [base[i], *history[:, i]]
+        expected[p.id] = {
+            "first_forgotten_step": steps[1 + int(np.argmax(history[:, i] != 1))],
+            "recovered": bool(history[-1, i] == 1),
+            "forgetting_events": sum(a == 1 and b != 1 for a, b in zip(seq, seq[1:], strict=False)),
+        }
+    assert expected
+    path = sft_run.out / "forgetwatch" / "replay.jsonl"
+    replay = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["id"] for r in replay] == [p.id for p in probes if p.id in expected]  # record order
+    for r in replay:
+        assert {k: r[k] for k in expected[r["id"]]} == expected[r["id"]], r["id"]
+        p = probes[r["id"]]
+        assert r["solution"] == LETTERS[p.gold]
+        assert r["messages"][-1] == {"role": "assistant", "content": f"{LETTERS[p.gold]}. {p.choices[p.gold]}"}
+        assert [*r["prompt"], *r["completion"]] == r["messages"] and p.question in r["prompt"][0]["content"]
+    assert sft_run.callback.replay_examples() == replay
+
+    # The file trains as it is: SFT (prompt-completion), and GRPO with forgetwatch's own reward on `solution`.
+    ds = Dataset.from_json(str(path))
+    assert {"messages", "prompt", "completion", "solution"} <= set(ds.column_names) and len(ds) == len(replay)
+    sft = sft_trainer(tokenizer, tmp_path / "sft", dataset=ds, max_steps=1, max_length=256)  # lettered prompts are long
+    sft.train()
+    assert sft.state.global_step == 1
+    from trl import GRPOConfig, GRPOTrainer
+
+    grpo = GRPOTrainer(
+        model=build_model(tokenizer), train_dataset=ds, processing_class=tokenizer, reward_funcs=mcq_reward,
+        args=GRPOConfig(output_dir=str(tmp_path / "grpo"), use_cpu=True, max_steps=1, per_device_train_batch_size=4,
+                        num_generations=4, max_completion_length=8, report_to="none", disable_tqdm=True),
+    )
+    grpo.train()
+    assert grpo.state.log_history[0]["rewards/mcq_reward/mean"] >= 0
+
+
+# -- GRPO ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tokenizer, tmp_path_factory):
+    """GRPO, attention dropout on, 5 steps: with the callback (probes at 0, 2, 4 and the end), without, and with a
+    callback that draws from the RNG."""
+    root = tmp_path_factory.mktemp("grpo")
+    runs = {}
+    for name, callbacks in [("watched", [watcher()]), ("plain", []), ("rng", [ConsumeRng()])]:
+        runs[name] = grpo_trainer(tokenizer, root / name, callbacks, dropout=0.1, max_steps=5)
+        runs[name].train()
+    return SimpleNamespace(root=root, **runs)
+
+
+def test_grpo_runs_with_the_callback(grpo_runs):
+    trainer = grpo_runs.watched
+    assert trainer.state.global_step == 5
+    record = load_record(grpo_runs.root / "watched")
+    assert record.eval_steps() == [0, 2, 4, 5]  # every 2 steps, and the end of training
+    assert sorted(metric_rows(record)) == [0, 2, 4, 5]
+    assert the_watcher(trainer).evaluated_steps == [0, 2, 4, 5]
+
+    # TRL's GRPO metrics are logged at the same steps with the same keys (not flushed early, none merged)
+    shape = [(e["step"], sorted(e)) for e in trainer.state.log_history]
+    assert shape == [(e["step"], sorted(e)) for e in grpo_runs.plain.state.log_history]
+    keys = set(trainer.state.log_history[0])
+    assert {"reward", "reward_std", "completions/mean_length", "loss"} <= keys
+    assert [e["step"] for e in trainer.state.log_history if "reward" in e] == [1, 2, 3, 4, 5]
+
+
+def test_grpo_trajectory_is_bit_identical(grpo_runs):
+    assert_same_weights(grpo_runs.watched.model, grpo_runs.plain.model)
+    assert own_logs(grpo_runs.watched) == own_logs(grpo_runs.plain)
+    # the control: drawing one random number per step changes the sampled trajectory
+    assert own_logs(grpo_runs.rng) != own_logs(grpo_runs.plain)
+
+
+def test_sft_trajectory_is_bit_identical(tokenizer, tmp_path):
+    runs = {}
+    for name, callbacks in [("watched", [watcher(eval_steps=1)]), ("plain", []), ("rng", [ConsumeRng()])]:
+        runs[name] = sft_trainer(tokenizer, tmp_path / name, callbacks, dropout=0.1, max_steps=4)
+        runs[name].train()
+    assert load_record(tmp_path / "watched").eval_steps() == [0, 1, 2, 3, 4]
+    assert_same_weights(runs["watched"].model, runs["plain"].model)
+    assert own_logs(runs["watched"]) == own_logs(runs["plain"])  # the same entries: none dropped, none merged
+    assert [e["step"] for e in runs["watched"].state.log_history if "loss" in e] == [1, 2, 3, 4]
+    assert not any(k.startswith("forgetwatch") for e in runs["watched"].state.log_history for k in e)
+    assert own_logs(runs["rng"]) != own_logs(runs["plain"])  # control: dropout makes the trajectory RNG-sensitive
+
+
+# -- failing W&B -------------------------------------------------------------------------------------------------
+
+
+def test_wandb_log_failing_turns_the_logger_off_and_training_goes_on(offline_wandb, tokenizer, tmp_path, monkeypatch, caplog):
+    calls = []
+
+    def failing_log(*args, **kwargs):
+        calls.append(args)
+        raise wandb.errors.CommError("network is down")
+
+    real_init = wandb.init
+
+    def init(*args, **kwargs):
+        run = real_init(*args, **kwargs)
+        run.log = failing_log  # the run's own method; `wandb.log`, which WandbCallback uses, still works
+        return run
+
+    monkeypatch.setattr(wandb, "init", init)
+    caplog.set_level(logging.WARNING, logger="forgetwatch")
+    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher(eval_steps=1)], report_to="wandb", max_steps=3)
+    trainer.train()
+    finish_offline_run()
+
+    assert trainer.state.global_step == 3
+    record = load_record(tmp_path / "out")
+    assert record.eval_steps() == [0, 1, 2, 3] and sorted(metric_rows(record)) == [0, 1, 2, 3]
+    assert len(calls) == 1  # switched off after the first failure
+    warnings = [r for r in caplog.records if r.name.startswith("forgetwatch")]
+    assert len(warnings) == 1 and "wandb" in warnings[0].getMessage() and "network is down" in warnings[0].getMessage()
+    rows = read_history(find_run_file(offline_wandb))
+    assert sorted(r["train/global_step"] for r in rows if "train/loss" in r) == [1, 2, 3]  # the trainer's logs went on
+    assert not any(k.startswith("forgetwatch/") for r in rows for k in r)
+
+
+def test_wandb_init_failing(offline_wandb, tokenizer, tmp_path, monkeypatch, caplog):
+    from transformers.integrations import WandbCallback
+
+    def failing_init(*args, **kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", failing_init)
+    # With the trainer's WandbCallback, its own wandb.init fails in on_train_begin, before forgetwatch scores anything.
+    counter = StepCounter()
+    trainer = sft_trainer(tokenizer, tmp_path / "a", [watcher(), counter], report_to="wandb")
+    with pytest.raises(wandb.errors.UsageError):
+        trainer.train()
+    assert counter.steps == 0 and not (tmp_path / "a" / "forgetwatch" / "evals").exists()
+
+    # Without it (a custom integration, say), forgetwatch never calls wandb.init itself: one warning, full record.
+    caplog.set_level(logging.WARNING, logger="forgetwatch")
+    trainer = sft_trainer(tokenizer, tmp_path / "b", [watcher()], report_to="wandb", max_steps=4)
+    trainer.remove_callback(WandbCallback)
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert load_record(tmp_path / "b").eval_steps() == [0, 2, 4]
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch")]
+    assert len(warnings) == 1 and "no W&B run is active" in warnings[0]
+
+
+# -- bad input fails before any training step ---------------------------------------------------------------------
+
+
+def _cache(tokenizer, probes: ProbeSet, config: ScoringConfig, path: Path, outcome: int = 1) -> Path:
+    """A base cache with every probe at `outcome` (a value no real scoring of the tiny model gives)."""
+    results = ProbeResults.empty(probes.ids)
+    results.outcome[:] = outcome
+    key = make_cache_key(model_identity(build_model(tokenizer, seed=SEED)), probes, config.key(tokenizer, BF16))
+    return BaseCache(key, results).save(path)
+
+
+def test_bad_probe_file_or_foreign_cache_fail_at_construction(tokenizer, tmp_path):
+    path = tmp_path / "probes.jsonl"
+    lines = [json.dumps(p.to_dict()) for p in list(make_probes())[:2]]
+    path.write_text("\n".join([*lines, '{"id": "x", "kind": "mcq", "question": "q", "choices": ["a"], "gold": 0}']) + "\n")
+    with pytest.raises(ProbeFormatError, match=rf"{path} line 3: field `choices`"):
+        ForgetWatchCallback(str(path))
+
+    probes = make_probes()
+    other = ProbeSet(list(probes)[:-1])
+    cache = _cache(tokenizer, other, ScoringConfig(**SCORING), tmp_path / "other.parquet")
+    with pytest.raises(CacheMismatchError, match="probes.fingerprint"):
+        ForgetWatchCallback(probes, base_cache=str(cache))
+
+
+def test_cache_with_other_scoring_is_rescored_with_a_warning(tokenizer, tmp_path, caplog):
+    probes = make_probes()
+    cache = _cache(tokenizer, probes, ScoringConfig(mcq_mode="letter", **SCORING), tmp_path / "letter.parquet")
+    caplog.set_level(logging.WARNING, logger="forgetwatch")
+    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher(base_cache=str(cache))], max_steps=2)
+    trainer.train()
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch")]
+    assert len(warnings) == 1 and "scoring.mcq_mode: cache has 'letter', now 'loglik'" in warnings[0]
+    base = rescore(build_model(tokenizer, seed=SEED), tokenizer, probes)
+    record = load_record(tmp_path / "out")
+    assert np.array_equal(record.read_eval(0)["outcome"], base.outcome)  # the base model, not the cache's all-correct
+    assert metric_rows(record)[0]["metrics"]["overall"]["accuracy_pre"] == pytest.approx(base.accuracy)
+    assert BaseCache.load(cache).key["scoring"]["mcq_mode"] == "letter"  # the user's cache is never overwritten
+    assert BaseCache.load(record.root / "base.parquet").key["scoring"]["mcq_mode"] == "loglik"  # the fresh one
+
+
+def test_fresh_run_in_a_used_output_dir_starts_a_new_record(tokenizer, tmp_path):
+    sft_trainer(tokenizer, tmp_path, [watcher(eval_steps=1)], max_steps=2).train()
+    assert load_record(tmp_path).eval_steps() == [0, 1, 2]
+    trainer = sft_trainer(tokenizer, tmp_path, [watcher(eval_steps=1)], max_steps=1)  # not a resume: from step 0
+    trainer.train()
+    record = load_record(tmp_path)
+    assert record.eval_steps() == [0, 1]
+    assert [r["step"] for r in record.read_metrics()] == [0, 1]  # one step-0 row, not the old one and a new one
+    assert {f["step"] for f in record.read_flips()} <= {1}
+    assert the_watcher(trainer).evaluated_steps == [0, 1]
+
+
+def test_resume_with_a_mismatched_or_missing_cache_fails_before_a_step(sft_run, tokenizer, tmp_path):
+    checkpoint = str(sft_run.out / "checkpoint-2")
+    letter = _cache(tokenizer, make_probes(), ScoringConfig(mcq_mode="letter", **SCORING), tmp_path / "letter.parquet")
+    for base_cache, error in [(str(letter), CacheMismatchError), (None, FileNotFoundError)]:
+        counter = StepCounter()
+        out = tmp_path / ("mismatch" if base_cache else "missing")
+        trainer = sft_trainer(tokenizer, out, [watcher(base_cache=base_cache), counter], save_strategy="steps", save_steps=2)
+        with pytest.raises(error, match="mcq_mode" if base_cache else "resuming at step 2"):
+            trainer.train(resume_from_checkpoint=checkpoint)
+        assert counter.steps == 0 and trainer.state.global_step == 2
+        assert not (out / "forgetwatch" / "evals").exists()
+
+
+# -- resume ---------------------------------------------------------------------------------------------------------
+
+
+def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    first = sft_trainer(tokenizer, out, [watcher(), CrashBeforeStep(5)], save_strategy="steps", save_steps=2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        first.train()
+    record = load_record(out)
+    assert sorted(metric_rows(record)) == [0, 2, 4] and (out / "checkpoint-4").is_dir()
+
+    # Resume from the earlier checkpoint: the step-4 evaluation of the first run must be dropped and recomputed.
+    given = watcher()
+    second = sft_trainer(tokenizer, out, [given], save_strategy="steps", save_steps=2,
+                         restore_callback_states_from_checkpoint=True)
+    second.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert second.state.global_step == 6
+    cb = the_watcher(second)
+    # rebuilt by the trainer from the checkpoint's `state()`: the probe set comes back from the record
+    assert cb is not given and cb.probes.fingerprint == given.probes.fingerprint and cb.eval_steps == 2
+    assert cb.evaluated_steps == [0, 2, 4, 6]
+
+    metrics, reference = metric_rows(record), metric_rows(sft_run.record)
+    assert [r["step"] for r in record.read_metrics()] == [0, 2, 4, 6]
+    assert sorted(p.name for p in record.evals_dir.iterdir()) == [f"step-{s:08d}.npz" for s in (0, 2, 4, 6)]
+    # the same numbers as the uninterrupted 6-step run (`sft_run`: same seed, data and settings)
+    for step in (0, 2, 4, 6):
+        ours, theirs = record.read_eval(step), sft_run.record.read_eval(step)
+        assert np.array_equal(ours["outcome"], theirs["outcome"]), step
+        assert metrics[step]["metrics"] == reference[step]["metrics"], step
+    assert record.read_flips() == sft_run.record.read_flips()
+    assert_same_weights(second.model, sft_run.trainer.model)
+
+
+# -- tensorboard -------------------------------------------------------------------------------------------------
+
+
+def test_tensorboard_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tb"
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(logdir))
+    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher()], report_to=["tensorboard"], max_steps=4)
+    trainer.train()
+
+    scalars: dict[str, dict[int, float]] = {}
+    for f in sorted(logdir.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    metrics = metric_rows(load_record(tmp_path / "out"))
+    for group in ("overall", "add"):
+        for name, field in LOGGED.items():
+            expected = {step: row["metrics"][group][field] for step, row in metrics.items()}
+            assert scalars[logged_name(group, name)] == pytest.approx(expected, abs=1e-6), (group, name)
+    assert sorted(scalars["forgetwatch/forgetting"]) == [0, 2, 4]
+    assert sorted(scalars["train/loss"]) == [1, 2, 3, 4]  # the trainer's own writer, same directory

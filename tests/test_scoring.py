@@ -1,0 +1,449 @@
+"""Scoring on a tiny random Llama: every mode against a plain reference computation, and the model left as found.
+
+The references are written the slow, obvious way (one unpadded forward per option, one `model.generate` per
+probe), so they share no code with `forgetwatch.scoring` beyond the prompt texts of `forgetwatch.prompts`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
+
+from forgetwatch import answers, prompts
+from forgetwatch.answers import LETTERS
+from forgetwatch.probes import Probe
+from forgetwatch.results import CORRECT, INVALID, WRONG
+from forgetwatch.scoring import ScoringConfig, describe_precision, score_probes
+
+_WORDS = (
+    "Paris London capital France plants absorb gas oxygen carbon dioxide helium neon quick brown fox jumps "
+    "over the lazy dog step final answer line Which What is of 2 + 4 = ?"
+).split()
+
+
+def mcq_probes(n: int = 24, seed: int = 0) -> list[Probe]:
+    """Multiple-choice probes with k = 2..5 options and questions / options of varied length."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        k = 2 + i % 4
+        question = " ".join(rng.choices(_WORDS, k=rng.randint(2, 14))) + "?"
+        choices = tuple(" ".join(rng.choices(_WORDS, k=rng.randint(1, 5))) for _ in range(k))
+        out.append(Probe(f"m{i}", "mcq", question, choices, gold=rng.randrange(k)))
+    return out
+
+
+SHORT = [
+    Probe("s0", "short", "What is the capital of France?", answers=("Paris",)),
+    Probe("s1", "short", "Which gas do plants absorb?", answers=("carbon dioxide", "CO2")),
+    Probe("s2", "short", "2 + 2 = ?", answers=("4",), numeric=True),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """A tiny-model forward takes ~1 ms on one thread, but ~80 ms on two when the other core is busy (OpenMP waits).
+
+    Also imports the Llama modelling code (~2 s, once) here, so that no test's own time includes it.
+    """
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- references -----------------------------------------------------------------------------------------------
+
+
+def enc(tokenizer, text: str, chat: bool = False) -> list[int]:
+    return tokenizer(text, add_special_tokens=not chat)["input_ids"]
+
+
+@torch.no_grad()
+def row_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """fp32 log-softmax at every position of one unpadded row: (len(ids), vocab)."""
+    return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def reference_loglik(model, tokenizer, probe: Probe, context: str, sep: str = " ", chat: bool = False) -> np.ndarray:
+    """lm-evaluation-harness: cont = encode(ctx + sep + choice)[len(encode(ctx)):], one full forward per choice."""
+    ctx = enc(tokenizer, context, chat)
+    out = []
+    for choice in probe.choices:
+        whole = enc(tokenizer, context + sep + choice, chat)
+        cont = whole[len(ctx) :]
+        assert whole[: len(ctx)] == ctx and cont
+        lp = row_logprobs(model, whole)
+        out.append(sum(lp[len(ctx) - 1 + i, t].item() for i, t in enumerate(cont)))
+    return np.array(out)
+
+
+def plain_context(probe: Probe) -> str:
+    return f"Question: {probe.question}\nAnswer:"
+
+
+def reference_letter(model, tokenizer, probe: Probe, chat: bool) -> np.ndarray:
+    """Log-probs of the option letters at the last position of the lettered prompt (one forward)."""
+    ctx, sep = prompts.letter_prompt(probe, tokenizer, chat, None)
+    k = probe.num_choices
+    base = enc(tokenizer, ctx, chat)
+    spelled = [enc(tokenizer, ctx + sep + L, chat)[len(base) :] for L in LETTERS[:k]]
+    if all(len(s) == 1 for s in spelled) and len({s[0] for s in spelled}) == k:
+        ids, letters = base, [s[0] for s in spelled]
+    else:  # " A" is two tokens (" ", "A"): the prompt ends with the separator, the letters follow it
+        ids = enc(tokenizer, ctx + sep, chat)
+        letters = [tokenizer.convert_tokens_to_ids(L) for L in LETTERS[:k]]
+    return row_logprobs(model, ids)[-1, letters].double().numpy()
+
+
+def reference_generate(model, tokenizer, probe: Probe, chat: bool, max_new_tokens: int) -> str:
+    """Greedy `model.generate` on one unpadded prompt; without a chat template the answer ends at the first newline."""
+    prompt = prompts.generation_prompt(probe, tokenizer, chat, cot=False, system_prompt=None)
+    ids = torch.tensor([enc(tokenizer, prompt, chat)])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    return text if chat else text.split("\n")[0]
+
+
+def expected_outcome(probe: Probe, text: str) -> int:
+    """What `forgetwatch.answers` makes of a generation."""
+    if probe.kind == "mcq":
+        pred = answers.extract_letter(text, probe.num_choices)
+        return INVALID if pred is None else CORRECT if pred == probe.gold else WRONG
+    pred = answers.extract_short_answer(text)
+    if pred is None or (probe.numeric and answers.extract_number(pred) is None):
+        return INVALID
+    return CORRECT if answers.is_correct_short(pred, probe.answers, probe.numeric) else WRONG
+
+
+def check_decisions(res, probes, scores, gold_logprob, atol=1e-5):
+    """pred_index / outcome / margin / gold log-prob from per-option reference scores."""
+    for i, (p, s) in enumerate(zip(probes, scores, strict=True)):
+        pred = int(np.argmax(s))
+        assert res.pred_index[i] == pred, (p.id, s)
+        assert res.prediction[i] == p.choices[pred]
+        assert res.outcome[i] == (CORRECT if pred == p.gold else WRONG)
+        assert res.margin[i] == pytest.approx(s[p.gold] - np.delete(s, p.gold).max(), abs=atol)
+        assert res.gold_logprob[i] == pytest.approx(gold_logprob[i], abs=atol)
+        assert res.generation[i] == ""
+
+
+def assert_same_results(a, b, atol=1e-5):
+    assert a.ids == b.ids
+    assert np.array_equal(a.outcome, b.outcome)
+    assert np.array_equal(a.pred_index, b.pred_index)
+    assert a.prediction == b.prediction and a.generation == b.generation
+    np.testing.assert_allclose(a.gold_logprob, b.gold_logprob, atol=atol, equal_nan=True)
+    np.testing.assert_allclose(a.margin, b.margin, atol=atol, equal_nan=True)
+
+
+def bigram_model(tokenizer, table: dict[str, str], default: str = "<|im_end|>"):
+    """A real LlamaForCausalLM whose next token is a lookup of the current one, so its generations are known.
+
+    Attention and MLP outputs are zeroed, leaving the residual stream = the current token's embedding; each
+    token in `table` gets its own one-hot embedding, every other token shares one, and `lm_head` maps them.
+    """
+    model = build_model(tokenizer)
+    tid = tokenizer.convert_tokens_to_ids
+    slots = {tok: i + 1 for i, tok in enumerate(sorted(table))}
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+        emb.zero_()
+        emb[:, 0] = 1.0
+        head.zero_()
+        head[tid(default), 0] = 10.0
+        for src, slot in slots.items():
+            emb[tid(src)] = 0.0
+            emb[tid(src), slot] = 1.0
+            head[tid(table[src]), slot] = 10.0
+    return model.eval()
+
+
+# -- log-likelihood -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pack", [None, False], ids=["packed", "one-row-per-option"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_loglik_matches_reference(tokenizer, attn, pack):
+    model = build_model(tokenizer, attn=attn).eval()
+    probes = mcq_probes()
+    assert prompts.loglik_request(probes[0], tokenizer, False, None)[0] == plain_context(probes[0])
+    ref = [reference_loglik(model, tokenizer, p, plain_context(p)) for p in probes]
+    by_bs = {}
+    for bs in (1, 16):  # 16: probes with k = 2..5 share a batch
+        res = score_probes(model, tokenizer, probes, ScoringConfig(pack_choices=pack, batch_size=bs))
+        assert res.ids == [p.id for p in probes]
+        check_decisions(res, probes, ref, [r[p.gold] for r, p in zip(ref, probes, strict=True)])
+        by_bs[bs] = res
+    assert_same_results(by_bs[1], by_bs[16])
+    assert 0 < by_bs[16].accuracy < 1  # the test sees both outcomes
+
+
+def test_loglik_norm_divides_by_length_in_characters(tokenizer):
+    model = build_model(tokenizer).eval()
+    probes = mcq_probes(seed=1)
+    ref = [reference_loglik(model, tokenizer, p, plain_context(p)) for p in probes]
+    norm = [r / np.array([len(c) for c in p.choices]) for r, p in zip(ref, probes, strict=True)]
+    # the normalisation matters for these probes (otherwise this test would not tell the modes apart)
+    assert any(np.argmax(a) != np.argmax(b) for a, b in zip(ref, norm, strict=True))
+    res = score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode="loglik_norm"))
+    # margin is on the normalised scores; gold_logprob stays the raw log-likelihood
+    check_decisions(res, probes, norm, [r[p.gold] for r, p in zip(ref, probes, strict=True)])
+
+
+@pytest.mark.parametrize("bs", [1, 16])
+@pytest.mark.parametrize("pack", [None, False], ids=["packed", "one-row-per-option"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_exact_ties_go_to_the_lowest_index(tokenizer, attn, pack, bs):
+    model = build_model(tokenizer, attn=attn).eval()
+    long = "the quick brown fox jumps over the lazy dog step final answer line"
+    probes = [
+        Probe("t0", "mcq", "Which gas do plants absorb?", ("oxygen", long, "oxygen"), gold=2),
+        Probe("t1", "mcq", "What is the capital of France?", (long, "Paris", "Paris", "Paris"), gold=3),
+        *mcq_probes(6),
+    ]
+    for p in probes[:2]:  # the duplicates are the best options, by more than rounding
+        r = reference_loglik(model, tokenizer, p, plain_context(p))
+        assert r[p.gold] - r[r != r[p.gold]].max() > 1.0
+    res = score_probes(model, tokenizer, probes, ScoringConfig(pack_choices=pack, batch_size=bs))
+    assert res.pred_index[:2].tolist() == [0, 1]
+    assert res.outcome[:2].tolist() == [WRONG, WRONG]
+    assert res.margin[:2].tolist() == [0.0, 0.0]
+
+
+# -- letters --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat"])
+def test_letter_matches_reference(tokenizer, chat):
+    model = build_model(tokenizer).eval()
+    probes = mcq_probes(seed=2)
+    ctx, sep = prompts.letter_prompt(probes[0], tokenizer, chat, None)
+    # The tiny tokenizer spells " A" as two tokens (" ", "A") but " B" as one: the first tokens alone would
+    # score A, C and D identically. With the chat template the letters follow "\n" as single tokens.
+    assert len(enc(tokenizer, ctx + sep + "A", chat)) - len(enc(tokenizer, ctx, chat)) == (1 if chat else 2)
+    ref = [reference_letter(model, tokenizer, p, chat) for p in probes]
+    by_bs = {}
+    for bs in (1, 16):
+        res = score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode="letter", chat_template=chat, batch_size=bs))
+        check_decisions(res, probes, ref, [r[p.gold] for r, p in zip(ref, probes, strict=True)])
+        by_bs[bs] = res
+    assert_same_results(by_bs[1], by_bs[16])
+    assert (by_bs[1].margin != 0).all()  # every letter has a score of its own (no shared " " token)
+
+
+# -- generation -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chat", [None, False], ids=["chat-by-default", "plain"])
+def test_generate_matches_reference_greedy(tokenizer, chat):
+    model = build_model(tokenizer).eval()
+    probes = mcq_probes(8, seed=3) + SHORT
+    config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10)
+    uses_chat = chat is None  # the tokenizer has a chat template: generation uses it unless told not to
+    res = score_probes(model, tokenizer, probes, config)
+    for i, p in enumerate(probes):
+        text = reference_generate(model, tokenizer, p, uses_chat, 10)
+        assert res.generation[i] == text, p.id
+        assert res.outcome[i] == expected_outcome(p, text), (p.id, text)
+    # a random model writes no letter: every multiple-choice answer is invalid, with nothing predicted
+    assert res.outcome[:8].tolist() == [INVALID] * 8
+    assert res.pred_index.tolist() == [-1] * len(probes) and res.prediction[:8] == [""] * 8
+    assert np.isnan(res.gold_logprob).all() and np.isnan(res.margin).all()
+    assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10, batch_size=1)))
+
+
+@pytest.mark.parametrize("chat", [None, False], ids=["chat", "plain"])
+def test_generate_outcomes_follow_answer_extraction(tokenizer, chat):
+    probes = [
+        Probe("b", "mcq", "Which gas do plants absorb?", ("oxygen", "carbon dioxide", "helium", "neon"), gold=1),
+        Probe("a", "mcq", "What is the capital of France?", ("Paris", "London"), gold=0),
+        Probe("sb", "short", "Which letter comes after A?", answers=("B",)),
+        Probe("sp", "short", "What is the capital of France?", answers=("Paris", "Paris, France")),
+        Probe("n", "short", "2 + 2 = ?", answers=("4",), numeric=True),
+    ]
+    # The prompt ends with ":" (plain) or "\n" (chat). Model 1 answers " B" (then "\n", which ends a plain
+    # answer; with chat it repeats to the token budget), model 2 answers " Paris" then end-of-turn.
+    says_b = bigram_model(tokenizer, {":": "ĠB", "Ċ": "ĠB", "ĠB": "Ċ"})
+    says_paris = bigram_model(tokenizer, {":": "ĠParis", "Ċ": "ĠParis", "ĠParis": "<|im_end|>"})
+    config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=6)
+    expected = {
+        "b": ([CORRECT, WRONG, CORRECT, WRONG, INVALID], [1, 1, -1, -1, -1], ["carbon dioxide", "London", "B", "B", ""]),
+        "paris": ([INVALID, INVALID, WRONG, CORRECT, INVALID], [-1] * 5, ["", "", "Paris", "Paris", ""]),
+    }
+    for name, model in (("b", says_b), ("paris", says_paris)):
+        res = score_probes(model, tokenizer, probes, config)
+        for i, p in enumerate(probes):
+            text = reference_generate(model, tokenizer, p, chat is None, 6)
+            assert res.generation[i] == text
+            assert res.outcome[i] == expected_outcome(p, text)
+        outcome, pred_index, prediction = expected[name]
+        assert res.outcome.tolist() == outcome, name
+        assert res.pred_index.tolist() == pred_index and res.prediction == prediction
+    assert score_probes(says_b, tokenizer, probes[:1], config).generation == ([" B\n B\n B\n"] if chat is None else [" B"])
+
+
+def test_generation_config_with_a_list_of_eos_ids(tokenizer):
+    # Llama 3, Qwen, ... keep several end-of-turn ids in generation_config.eos_token_id
+    model = bigram_model(tokenizer, {":": "ĠParis", "Ċ": "ĠParis", "ĠParis": "<|endoftext|>"})
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    res = score_probes(model, tokenizer, SHORT[:1], ScoringConfig(chat_template=True))
+    assert res.generation == [" Paris"] and res.outcome.tolist() == [CORRECT]
+
+
+# -- chat template --------------------------------------------------------------------------------------------
+
+
+def test_chat_template_renders_the_prompt(tokenizer):
+    model = build_model(tokenizer).eval()
+    probes = mcq_probes(8, seed=4)
+    system = "You are a careful assistant."
+    config = ScoringConfig(chat_template=True, system_prompt=system)
+    ref = []
+    for p in probes:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {p.question}"}]
+        ctx = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert ctx.startswith("<|im_start|>system\n") and ctx.endswith("<|im_start|>assistant\n")
+        ref.append(reference_loglik(model, tokenizer, p, ctx, sep="", chat=True))  # the answer starts the model's turn
+    res = score_probes(model, tokenizer, probes, config)
+    check_decisions(res, probes, ref, [r[p.gold] for r, p in zip(ref, probes, strict=True)])
+    plain = score_probes(model, tokenizer, probes, ScoringConfig())
+    assert not np.allclose(plain.gold_logprob, res.gold_logprob)
+    # what `chat_template=None` resolved to goes into the cache key
+    assert ScoringConfig().key(tokenizer)["chat"] == {"mcq": False, "short": True}
+    assert ScoringConfig(mcq_mode="generate").key(tokenizer)["chat"] == {"mcq": True, "short": True}
+    assert ScoringConfig(chat_template=False).key(tokenizer)["chat"] == {"mcq": False, "short": False}
+
+
+def test_chat_template_required_but_missing_names_the_field():
+    tok = build_tokenizer()
+    tok.chat_template = None
+    model = build_model(tok)
+    with pytest.raises(ValueError, match="`chat_template=True`"):
+        score_probes(model, tok, mcq_probes(2), ScoringConfig(chat_template=True))
+    # without a template, generation falls back to the plain prompt
+    assert ScoringConfig().key(tok)["chat"] == {"mcq": False, "short": False}
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"mcq_mode": "cloze"}, "mcq_mode"),
+        ({"short_match": "fuzzy"}, "short_match"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        ScoringConfig(**kwargs)
+
+
+def test_describe_precision(tokenizer):
+    model = build_model(tokenizer)
+    assert describe_precision(model) == "float32"
+    assert describe_precision(model, autocast="bfloat16") == "float32+autocast-bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what the trainer does under `bf16=True`
+        assert describe_precision(model) == "float32+autocast-bfloat16"
+    assert describe_precision(model.to(torch.bfloat16)) == "bfloat16"
+
+
+def test_batch_size_is_not_in_the_key():
+    assert ScoringConfig(batch_size=1).key() == ScoringConfig(batch_size=64, pack_choices=False).key()
+    assert ScoringConfig(mcq_mode="letter").key() != ScoringConfig().key()
+    assert ScoringConfig(cot=True).new_tokens == 256 and ScoringConfig().new_tokens == 32
+
+
+# -- the model is left as found -------------------------------------------------------------------------------
+
+MODES = ["loglik", "loglik_norm", "letter", "generate"]
+
+
+def test_model_left_exactly_as_found(tokenizer):
+    model = build_model(tokenizer, dropout=0.1)  # dropout: train mode would consume RNG
+    model.train()
+    model.model.layers[1].eval()
+    model.lm_head.eval()
+    model.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    training = {name: m.training for name, m in model.named_modules()}
+    requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
+    assert len(set(training.values())) == 2 and len(set(requires_grad.values())) == 2  # really mixed
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    generation_config = model.generation_config.to_dict()
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    py_rng, np_rng, torch_rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+    # a forward that draws random numbers anyway (custom code, a layer that ignores eval mode)
+    draws = []
+    hook = model.model.norm.register_forward_hook(lambda *_: draws.append((random.random(), np.random.rand(), torch.rand(1))))
+    probes = mcq_probes(6) + SHORT
+    for mode in MODES:
+        score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode=mode, max_new_tokens=4))
+    score_probes(model, tokenizer, probes, ScoringConfig(pack_choices=False, chat_template=True, max_new_tokens=4))
+    hook.remove()
+    assert draws
+
+    assert {name: m.training for name, m in model.named_modules()} == training
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == requires_grad
+    assert all(p.grad is None for p in model.parameters())
+    assert model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert model.generation_config.to_dict() == generation_config
+    assert random.getstate() == py_rng
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), np_rng, strict=True))
+    assert torch.equal(torch.get_rng_state(), torch_rng)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+# -- out of memory --------------------------------------------------------------------------------------------
+
+
+def fail_above(model, monkeypatch, max_rows: int) -> list[int]:
+    """Make the model's forward raise torch.OutOfMemoryError (as a GPU would) on more than `max_rows` rows."""
+    forward = model.forward
+    seen: list[int] = []
+
+    @functools.wraps(forward)
+    def forward_with_limit(*args, **kwargs):
+        rows = (kwargs["input_ids"] if "input_ids" in kwargs else args[0]).shape[0]
+        seen.append(rows)
+        if rows > max_rows:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated: {rows} rows > {max_rows})")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward_with_limit)
+    return seen
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_out_of_memory_halves_the_batch(tokenizer, monkeypatch, mode):
+    model = build_model(tokenizer).eval()
+    probes = mcq_probes(10, seed=5) + SHORT
+    config = ScoringConfig(mcq_mode=mode, batch_size=8, max_new_tokens=6)
+    expected = score_probes(model, tokenizer, probes, config)
+    seen = fail_above(model, monkeypatch, max_rows=2)
+    got = score_probes(model, tokenizer, probes, config)
+    assert max(seen) > 2 and 2 in seen  # it did run out of memory, and went on with smaller batches
+    assert_same_results(got, expected)
+
+
+def test_out_of_memory_at_batch_size_one_is_raised(tokenizer, monkeypatch):
+    model = build_model(tokenizer)
+    model.train()
+    fail_above(model, monkeypatch, max_rows=0)
+    with pytest.raises(torch.OutOfMemoryError):
+        score_probes(model, tokenizer, mcq_probes(3), ScoringConfig(batch_size=4))
+    assert all(m.training for m in model.modules())  # restored on the way out, too
