@@ -182,7 +182,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if cache_path.is_file():
             try:
                 base = BaseCache.load(cache_path, expect=key).results.select(self.probes.ids)
-            except CacheMismatchError as e:
+            except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
                 if resuming:
                     raise
                 logger.warning("forgetwatch: %s\nScoring the base model now.", e)

@@ -4,6 +4,7 @@
     forgetwatch probes show probes.jsonl
     forgetwatch cache   --model <dir or hub id> --probes probes.jsonl -o base.parquet
     forgetwatch compare --model <checkpoint>    --probes probes.jsonl --base base.parquet [--json]
+    forgetwatch report  <output_dir> [-o DIR]
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("-o", "--output", default=None, help="also write this checkpoint's per-probe results (.parquet or .jsonl)")
     _scoring_args(m, defaults=False)
     m.set_defaults(func=cmd_compare)
+
+    r = sub.add_parser("report", help="plots and an HTML page from a training run's local record (no W&B needed)")
+    r.add_argument("output_dir", help="the trainer's output_dir (or its forgetwatch/ folder)")
+    r.add_argument("-o", "--output", default=None, help="directory to write to (default: <output_dir>/forgetwatch/report/)")
+    r.set_defaults(func=cmd_report)
     return p
 
 
@@ -208,6 +214,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
         for f in flips[: args.flips]:
             print(f"  {f['direction']}  {f['id']}  [{f['category']}]  base: {f['base_prediction']!r}  now: {f['prediction']!r}  gold: {f['gold']!r}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import make_report
+
+    print(make_report(args.output_dir, args.output))
     return 0
 
 

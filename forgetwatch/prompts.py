@@ -17,7 +17,7 @@ from .answers import LETTERS
 from .probes import Probe
 
 # Bump when any text below changes: cached base results made with other prompts are then refused.
-PROMPT_VERSION = 1
+PROMPT_VERSION = 2
 
 _COT_MCQ = "Think step by step, then give your final answer on the last line as 'Answer: X', where X is the letter of the correct option."
 _COT_SHORT = "Think step by step, then give your final answer on the last line as 'Answer: <answer>'."

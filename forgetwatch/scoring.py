@@ -462,7 +462,8 @@ def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
 def _stop_strings(chat: bool, cot: bool) -> list[str]:
     if chat:
         return []  # the chat template's end-of-turn token is the model's EOS
-    return ["\n\nQuestion:", "\nQuestion:"] if cot else ["\n"]
+    # Not a bare "\n": small models often open their answer with a newline, and the first non-empty line is kept.
+    return ["\n\nQuestion:", "\nQuestion:"] if cot else ["\n\n", "\nQuestion:"]
 
 
 def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar) -> ProbeResults:

@@ -104,12 +104,12 @@ def reference_letter(model, tokenizer, probe: Probe, chat: bool) -> np.ndarray:
 
 
 def reference_generate(model, tokenizer, probe: Probe, chat: bool, max_new_tokens: int) -> str:
-    """Greedy `model.generate` on one unpadded prompt; without a chat template the answer ends at the first newline."""
+    """Greedy `model.generate` on one unpadded prompt; without a chat template the answer ends at a blank line."""
     prompt = prompts.generation_prompt(probe, tokenizer, chat, cot=False, system_prompt=None)
     ids = torch.tensor([enc(tokenizer, prompt, chat)])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-    return text if chat else text.split("\n")[0]
+    return text if chat else text.split("\n\n")[0].split("\nQuestion:")[0]
 
 
 def expected_outcome(probe: Probe, text: str) -> int:
@@ -272,8 +272,8 @@ def test_generate_outcomes_follow_answer_extraction(tokenizer, chat):
         Probe("sp", "short", "What is the capital of France?", answers=("Paris", "Paris, France")),
         Probe("n", "short", "2 + 2 = ?", answers=("4",), numeric=True),
     ]
-    # The prompt ends with ":" (plain) or "\n" (chat). Model 1 answers " B" (then "\n", which ends a plain
-    # answer; with chat it repeats to the token budget), model 2 answers " Paris" then end-of-turn.
+    # The prompt ends with ":" (plain) or "\n" (chat). Model 1 answers " B\n" over and over up to the token
+    # budget (the first line is the answer), model 2 answers " Paris" then end-of-turn.
     says_b = bigram_model(tokenizer, {":": "ĠB", "Ċ": "ĠB", "ĠB": "Ċ"})
     says_paris = bigram_model(tokenizer, {":": "ĠParis", "Ċ": "ĠParis", "ĠParis": "<|im_end|>"})
     config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=6)
@@ -290,7 +290,7 @@ def test_generate_outcomes_follow_answer_extraction(tokenizer, chat):
         outcome, pred_index, prediction = expected[name]
         assert res.outcome.tolist() == outcome, name
         assert res.pred_index.tolist() == pred_index and res.prediction == prediction
-    assert score_probes(says_b, tokenizer, probes[:1], config).generation == ([" B\n B\n B\n"] if chat is None else [" B"])
+    assert score_probes(says_b, tokenizer, probes[:1], config).generation == [" B\n B\n B\n"]
 
 
 def test_generation_config_with_a_list_of_eos_ids(tokenizer):

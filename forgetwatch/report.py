@@ -1,0 +1,413 @@
+"""A run's local record as PNG plots and one HTML page: `forgetwatch report <output_dir>`, no W&B needed.
+
+    <output_dir>/forgetwatch/report/
+        report.html                        title, run, the plots, a per-category table, the flipped probes
+        forgetting_backward_transfer.png   overall F and BT vs step: raw (solid, Wilson 95% band), chance-adjusted (dashed)
+        forgetting_by_category.png         F per category, one panel each (shared axes)
+        backward_transfer_by_category.png  BT per category, one panel each (shared axes)
+        accuracy.png                       accuracy vs step, overall and per category
+
+Everything comes from the record (`metrics.jsonl`, `flips.jsonl`, `probes.jsonl`, `evals/`); nothing is
+recomputed from a model. Plots use matplotlib's Agg canvas directly (no pyplot, no global backend change);
+every file is written atomically, the HTML last, so the page never points at a missing plot.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._io import atomic_write
+from .probes import ProbeSet
+from .record import RunRecord, load_record
+
+__all__ = ["make_report"]
+
+OVERALL = "overall"
+MAX_ROWS = 200
+_DPI = 110
+_F_COLOR, _BT_COLOR = "tab:red", "tab:blue"
+_PNG = {
+    "overall": "forgetting_backward_transfer.png",
+    "forgetting": "forgetting_by_category.png",
+    "backward_transfer": "backward_transfer_by_category.png",
+    "accuracy": "accuracy.png",
+}
+_LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
+
+
+def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, max_rows: int = MAX_ROWS) -> Path:
+    """Write PNG plots and a self-contained `report.html` from the local record of a training run.
+
+    Args:
+        output_dir: the trainer's `output_dir` (or its `forgetwatch/` folder) of a run made with
+            `ForgetWatchCallback`; the record may belong to a run still in progress.
+        out_dir: where to write the report; default `<output_dir>/forgetwatch/report/`.
+        max_rows: at most this many rows in each table of flipped probes (forgotten, learned); the page says
+            how many more there are.
+
+    Returns:
+        The path of `report.html`; the PNGs it shows are next to it.
+
+    Raises:
+        FileNotFoundError: `output_dir` holds no forgetwatch record.
+        ValueError: the record has no evaluation yet.
+        ImportError: matplotlib is not installed (`pip install 'forgetwatch[report]'`).
+
+    Example:
+        >>> from forgetwatch.report import make_report
+        >>> page = make_report("outputs/sft-demo")  # doctest: +SKIP
+        >>> page  # doctest: +SKIP
+        PosixPath('outputs/sft-demo/forgetwatch/report/report.html')
+    """
+    if max_rows < 0:
+        raise ValueError(f"`max_rows` must be >= 0, got {max_rows}")
+    record, probes, rows = _load(output_dir)
+    figure_cls, canvas_cls = _matplotlib()  # fail before writing anything
+    out = Path(out_dir) if out_dir is not None else record.root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+
+    categories = [c for c in rows[-1]["metrics"] if c != OVERALL]
+    figures = {"overall": _plot_overall(figure_cls, rows, len(probes))}
+    if categories:
+        for metric in ("forgetting", "backward_transfer"):
+            figures[metric] = _plot_by_category(figure_cls, rows, categories, metric)
+    figures["accuracy"] = _plot_accuracy(figure_cls, rows, categories)
+    for key, fig in figures.items():
+        canvas_cls(fig)
+        with atomic_write(out / _PNG[key], "wb") as f:
+            fig.savefig(f, format="png", dpi=_DPI)
+
+    forgotten, learned = _final_flips(record, probes, rows[-1]["step"])
+    page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows)
+    path = out / "report.html"
+    with atomic_write(path) as f:
+        f.write(page)
+    return path
+
+
+# -- the record ---------------------------------------------------------------------------------------------
+def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]]]:
+    how = ("run training with `ForgetWatchCallback` (it writes the record under <output_dir>/forgetwatch/), "
+           "then pass that output_dir")
+    if not Path(output_dir).is_dir():
+        raise FileNotFoundError(f"{output_dir}: no such directory; {how}")
+    try:
+        record = load_record(output_dir)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}; {how}") from None
+    rows = sorted(record.read_metrics(), key=lambda r: r["step"])
+    if not rows:
+        raise ValueError(
+            f"{record.root}: the record has no evaluation yet ({record.root / 'metrics.jsonl'} is missing or empty); "
+            "the callback writes the first one (the base model, step 0) when training starts"
+        )
+    probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
+    return record, probes, rows
+
+
+def _series(rows: list[dict[str, Any]], name: str, field: str) -> np.ndarray:
+    return np.array([float(r["metrics"].get(name, {}).get(field, math.nan)) for r in rows])
+
+
+def _steps(rows: list[dict[str, Any]]) -> np.ndarray:
+    return np.array([r["step"] for r in rows])
+
+
+def _adjusted(rows: list[dict[str, Any]], name: str) -> bool:
+    """Whether the group has multiple-choice probes (otherwise the adjusted curve is the raw one)."""
+    return bool(rows[-1]["metrics"].get(name, {}).get("adjusted", False))
+
+
+def _final_flips(record: RunRecord, probes: ProbeSet, final_step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The probes forgotten (base right, wrong now) and learned (base wrong, right now) at the final evaluation.
+
+    `flips.jsonl` holds one row per change of correctness between consecutive evaluations, so a probe's last
+    row gives its state now. Multiple-choice predictions come from the final evaluation's `pred_index`
+    (a forgotten probe can move between wrong options without a flip); short answers keep their last flip's text.
+    """
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(record.read_flips(), key=lambda r: r["step"]):
+        if r["step"] <= final_step:
+            by_id.setdefault(r["id"], []).append(r)
+    pred_index = None
+    if final_step in record.eval_steps():
+        pi = record.read_eval(final_step)["pred_index"]
+        pred_index = pi if len(pi) == len(probes) else None
+
+    forgotten, learned = [], []
+    for pid, flips in by_id.items():
+        first, last = flips[0], flips[-1]
+        # Before its first flip a probe was as at base; vs_base says the same where the record has it.
+        base_ok = first["direction"] == "1→0"
+        now_ok = last["direction"] == "0→1"
+        state = last.get("vs_base") or {(1, 0): "forgotten", (0, 1): "learned"}.get((base_ok, now_ok), "")
+        if state not in ("forgotten", "learned"):
+            continue
+        prediction = last.get("prediction", "")
+        if pred_index is not None and pid in probes:
+            i = probes.index_of(pid)
+            p = probes[i]
+            if p.kind == "mcq" and 0 <= int(pred_index[i]) < len(p.choices):
+                prediction = p.choices[int(pred_index[i])]
+        row = {
+            "id": pid, "category": last.get("category", ""), "question": last.get("question", ""), "gold": last.get("gold", ""),
+            "base_prediction": last.get("base_prediction", ""), "prediction": prediction,
+            "first_step": min(f["step"] for f in flips if f.get("vs_base", state) == state), "changes": len(flips),
+        }
+        (forgotten if state == "forgotten" else learned).append(row)
+    key = lambda r: (r["category"], r["first_step"], r["id"])  # noqa: E731
+    return sorted(forgotten, key=key), sorted(learned, key=key)
+
+
+# -- plots --------------------------------------------------------------------------------------------------
+def _matplotlib():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError(f"`forgetwatch report` draws its plots with matplotlib ({e}): pip install 'forgetwatch[report]'") from e
+    return Figure, FigureCanvasAgg
+
+
+def _style_axis(ax, ylabel: str | None = "share of probes") -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+
+
+def _draw_metric(ax, rows, name: str, metric: str, color: str, label: str | None) -> None:
+    """Raw (solid, markers) with its Wilson band, chance-adjusted (dashed) when the group has multiple choice."""
+    x = _steps(rows)
+    ax.fill_between(x, _series(rows, name, f"{metric}_ci_low"), _series(rows, name, f"{metric}_ci_high"),
+                    color=color, alpha=0.15, linewidth=0, label=f"{label}, 95% Wilson interval" if label else None)
+    ax.plot(x, _series(rows, name, metric), color=color, marker="o", markersize=4, linewidth=2, label=label)
+    if _adjusted(rows, name):
+        ax.plot(x, _series(rows, name, f"{metric}_adjusted"), color=color, linestyle="--", marker="o", markersize=3,
+                linewidth=1.5, label=f"{label}, chance-adjusted" if label else None)
+
+
+def _plot_overall(figure_cls, rows, n_probes: int):
+    fig = figure_cls(figsize=(8, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    for metric, color in (("forgetting", _F_COLOR), ("backward_transfer", _BT_COLOR)):
+        _draw_metric(ax, rows, OVERALL, metric, color, _LABEL[metric])
+    _style_axis(ax)
+    ax.set_xlabel("optimizer step")
+    ax.set_title(f"Forgetting and backward transfer vs the base model, all {n_probes} probes")
+    # below the axes, never over the curves; filled column by column: a column for F, one for BT
+    handles, labels = ax.get_legend_handles_labels()
+    order = [1, 2, 0, 4, 5, 3] if len(handles) == 6 else range(len(handles))
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center",
+               ncols=2 if len(handles) > 3 else 1, fontsize="small", frameon=False)
+    return fig
+
+
+def _grid(n: int) -> tuple[int, int]:
+    cols = min(n, 4)
+    return math.ceil(n / cols), cols
+
+
+def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
+    nrows, ncols = _grid(len(categories))
+    fig = figure_cls(figsize=(3.3 * ncols + 0.6, 2.5 * nrows + 1.2), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
+    color = _F_COLOR if metric == "forgetting" else _BT_COLOR
+    final = rows[-1]["metrics"]
+    for ax, cat in zip(axes, categories):
+        _draw_metric(ax, rows, cat, metric, color, None)
+        _style_axis(ax, ylabel=None)
+        ax.set_title(f"{cat} (n={final.get(cat, {}).get('n', '?')})", fontsize="medium")
+        ax.tick_params(labelbottom=True)
+    # One y range for all panels, set once every panel is drawn (a limit set earlier would freeze autoscaling).
+    top = max(np.nanmax(np.r_[_series(rows, c, f"{metric}_ci_high"), _series(rows, c, metric), 0.0]) for c in categories)
+    axes[0].set_ylim(0, top * 1.06 if top > 0 else 0.05)
+    for ax in axes[len(categories):]:
+        ax.set_visible(False)
+    fig.supxlabel("optimizer step")
+    fig.supylabel("share of probes")
+    what = "Forgetting (1→0)" if metric == "forgetting" else "Backward transfer (0→1)"
+    # One colour per figure: the line styles are explained in the title instead of a legend.
+    fig.suptitle(f"{what} per category vs the base model\n"
+                 "solid: raw, shaded: Wilson 95% interval, dashed: chance-adjusted (multiple-choice categories)")
+    return fig
+
+
+def _plot_accuracy(figure_cls, rows, categories: list[str]):
+    from matplotlib import colormaps
+
+    fig = figure_cls(figsize=(9, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    x = _steps(rows)
+    cmap = colormaps["tab10" if len(categories) <= 10 else "tab20"]
+    final = rows[-1]["metrics"]
+    for i, cat in enumerate(categories):
+        ax.plot(x, _series(rows, cat, "accuracy_post"), color=cmap(i % cmap.N), linestyle=("-", "--", ":")[i // cmap.N % 3],
+                marker="o", markersize=3, linewidth=1.2, label=f"{cat} (n={final[cat]['n']})")
+    ax.plot(x, _series(rows, OVERALL, "accuracy_post"), color="black", marker="o", markersize=4, linewidth=2.5,
+            label=f"overall (n={final[OVERALL]['n']})")
+    ax.axhline(final[OVERALL]["accuracy_pre"], color="black", linestyle=":", linewidth=1, label="overall, base model")
+    _style_axis(ax, ylabel="accuracy (share of probes correct)")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("optimizer step")
+    ax.set_title("Accuracy on the probes, overall and per category")
+    fig.legend(loc="outside right upper", fontsize="small")
+    return fig
+
+
+# -- the page -----------------------------------------------------------------------------------------------
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _f(value: float) -> str:
+    return f"{value:.3f}"
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+dl.meta { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
+dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
+.summary { background: #f6f8fa; border-left: 4px solid #888; padding: 0.6em 1em; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.5em; vertical-align: top; }
+th { background: #f0f0f0; position: sticky; top: 0; }
+table.metrics td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.metrics tr.overall td { font-weight: 600; border-top: 2px solid #999; }
+table.flips td.q { max-width: 36em; white-space: pre-wrap; }
+table.flips td.id { font-family: ui-monospace, monospace; font-size: 0.85em; overflow-wrap: anywhere; max-width: 16em; }
+.note { color: #555; font-size: 0.9em; }
+"""
+
+_METRIC_COLS = ("category", "n", "acc base", "acc now", "1→0", "0→1", "F", "F adj", "F 95% CI", "BT", "BT adj", "invalid")
+_FLIP_COLS = ("id", "category", "question", "gold", "base prediction", "prediction now", "first flipped at step", "changes")
+
+
+def _metrics_row(name: str, m: dict[str, Any]) -> str:
+    adj = _f if m.get("adjusted") else (lambda v: "n/a")
+    cells = [
+        m["n"], _f(m["accuracy_pre"]), _f(m["accuracy_post"]), m["forgotten"], m["learned"], _f(m["forgetting"]),
+        adj(m["forgetting_adjusted"]), f"[{_f(m['forgetting_ci_low'])}, {_f(m['forgetting_ci_high'])}]",
+        _f(m["backward_transfer"]), adj(m["backward_transfer_adjusted"]), _f(m["invalid_rate_post"]),
+    ]
+    cls = ' class="overall"' if name == OVERALL else ""
+    return (f'<tr{cls} data-category="{_e(name)}"><td>{_e(name)}</td>'
+            + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
+
+
+def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_step: int) -> str:
+    what = {"forgotten": "right at base, wrong now (1→0)", "learned": "wrong at base, right now (0→1)"}[kind]
+    head = f'<h3 id="{kind}">{kind.capitalize()} at step {final_step}: {len(flips)} probes ({what})</h3>'
+    if not flips:
+        return head + '<p class="note">none</p>'
+    body = []
+    for r in flips[:max_rows]:
+        cells = [(r["id"], "id"), (r["category"], ""), (r["question"], "q"), (r["gold"], ""), (r["base_prediction"], ""),
+                 (r["prediction"], ""), (r["first_step"], "num"), (r["changes"], "num")]
+        body.append(f'<tr data-id="{_e(r["id"])}">' + "".join(f'<td class="{c}">{_e(v)}</td>' for v, c in cells) + "</tr>")
+    more = len(flips) - max_rows
+    tail = f'<p class="note">… and {more} more not shown (the full list is in flips.jsonl).</p>' if more > 0 else ""
+    return (head + f'<table class="flips" data-kind="{kind}"><thead><tr>' + "".join(f"<th>{_e(c)}</th>" for c in _FLIP_COLS)
+            + "</tr></thead><tbody>" + "\n".join(body) + "</tbody></table>" + tail)
+
+
+def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: list[str], figures: list[str],
+          forgotten: list[dict[str, Any]], learned: list[dict[str, Any]], max_rows: int) -> str:
+    from . import __version__
+
+    final = rows[-1]
+    fm = final["metrics"]
+    o = fm[OVERALL]
+    run_dir = Path(output_dir).resolve()
+    name = record.root.parent.name if record.root.name == "forgetwatch" else record.root.name
+    kinds = Counter(p.kind if p.kind == "short" else f"multiple choice (k={p.num_choices})" for p in probes)
+    steps = [r["step"] for r in rows]
+    adj = (lambda v: f", chance-adjusted {_f(v)}") if o.get("adjusted") else (lambda v: "")
+
+    meta = [
+        ("run dir", str(run_dir)),
+        ("record", str(record.root.resolve())),
+        ("probes", f"{len(probes)} ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))}); fingerprint {probes.fingerprint}"),
+        ("categories", ", ".join(categories) or "none"),
+        ("evaluations", f"{len(rows)}, at steps {', '.join(map(str, steps[:12]))}{' …' if len(steps) > 12 else ''}"),
+        ("final evaluation", f"step {final['step']}, epoch {float(final.get('epoch') or 0):.2f}"),
+    ]
+    summary = (
+        f"At step {final['step']}: accuracy {_f(o['accuracy_pre'])} → {_f(o['accuracy_post'])} "
+        f"(net {o['net_change']:+.3f}). Forgot {o['forgotten']} of {o['n']} probes: F = {_f(o['forgetting'])}"
+        f"{adj(o['forgetting_adjusted'])}, 95% CI [{_f(o['forgetting_ci_low'])}, {_f(o['forgetting_ci_high'])}]. "
+        f"Learned {o['learned']}: BT = {_f(o['backward_transfer'])}{adj(o['backward_transfer_adjusted'])}, "
+        f"95% CI [{_f(o['backward_transfer_ci_low'])}, {_f(o['backward_transfer_ci_high'])}]. "
+        f"McNemar exact p = {o['mcnemar_p']:.3g}."
+    )
+    captions = {
+        "overall": "Share of all probes forgotten (right at base, wrong now) and learned (wrong at base, right now) at each "
+                   "evaluation. Solid: raw, with its Wilson 95% interval shaded; dashed: minus the flips expected from "
+                   "guessing among each multiple-choice probe's options.",
+        "forgetting": "Forgetting per category, same encoding; all panels share their axes.",
+        "backward_transfer": "Backward transfer per category, same encoding; all panels share their axes.",
+        "accuracy": "Accuracy now, overall (black) and per category; the dotted line is the base model's overall accuracy.",
+    }
+    figs = "\n".join(
+        f'<figure><img src="{_e(_PNG[k])}" alt="{_e(captions[k])}"><figcaption>{_e(captions[k])}</figcaption></figure>'
+        for k in figures
+    )
+    table = (
+        '<table class="metrics"><thead><tr>' + "".join(f"<th>{_e(c)}</th>" for c in _METRIC_COLS) + "</tr></thead><tbody>"
+        + "\n".join(_metrics_row(c, fm[c]) for c in categories) + "\n" + _metrics_row(OVERALL, o) + "</tbody></table>"
+    )
+    mismatch = ""
+    if (len(forgotten), len(learned)) != (o["forgotten"], o["learned"]):
+        mismatch = (f'<p class="note">flips.jsonl gives {len(forgotten)} forgotten and {len(learned)} learned probes, '
+                    f"metrics.jsonl counts {o['forgotten']} and {o['learned']}: the record is incomplete.</p>")
+    short_note = ""
+    if any(p.kind == "short" for p in probes):
+        short_note = ('<p class="note">Short-answer probes show the answer given at their last flip; multiple-choice '
+                      "probes show the option chosen at the final evaluation.</p>")
+    title = f"forgetwatch report: {name}"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{_e(title)}</h1>
+<dl class="meta">
+{"".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)}
+</dl>
+<p class="summary">{_e(summary)}</p>
+
+<h2>Curves</h2>
+{figs}
+
+<h2 id="categories">Per category at step {_e(final["step"])}</h2>
+{table}
+<p class="note">Rates are shares of the group's n probes; invalid (unparseable) answers count as wrong. F adj / BT adj
+subtract the flips expected from guessing among each probe's own k options; groups of short-answer probes only have
+no chance term (n/a). invalid: share of unparseable answers now.</p>
+
+<h2 id="flips">Flipped probes at step {_e(final["step"])}, vs the base model</h2>
+{mismatch}{short_note}
+{_flips_table("forgotten", forgotten, max_rows, final["step"])}
+{_flips_table("learned", learned, max_rows, final["step"])}
+
+<p class="note">Made by forgetwatch {_e(__version__)} from {_e(record.root.resolve())}.</p>
+</body>
+</html>
+"""

