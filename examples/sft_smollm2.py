@@ -48,6 +48,7 @@ def gsm8k_sft_dataset(n: int) -> Dataset:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="default: the offline SmolLM2-135M-Instruct")
     p.add_argument("--output-dir", default="outputs/sft-demo")
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--eval-steps", type=int, default=10, help="score the probes every this many steps")
@@ -60,7 +61,7 @@ def main() -> None:
 
     if args.report_to == "wandb" and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
         os.environ.setdefault("WANDB_MODE", "offline")  # no account here: keep the run on disk, sync it later
-    model_dir = smollm2_path()
+    model_dir = args.model or smollm2_path()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
