@@ -25,6 +25,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp makes the file private (0600); give it the permissions any new file would get
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -39,6 +39,7 @@ _PNG = {
     "backward_transfer": "backward_transfer_by_category.png",
     "accuracy": "accuracy.png",
 }
+_VS_BASE = {(True, True): "retained", (True, False): "forgotten", (False, True): "learned", (False, False): "never known"}
 _LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
 
 
@@ -143,11 +144,10 @@ def _final_flips(record: RunRecord, probes: ProbeSet, final_step: int) -> tuple[
 
     forgotten, learned = [], []
     for pid, flips in by_id.items():
-        first, last = flips[0], flips[-1]
-        # Before its first flip a probe was as at base; vs_base says the same where the record has it.
-        base_ok = first["direction"] == "1→0"
-        now_ok = last["direction"] == "0→1"
-        state = last.get("vs_base") or {(1, 0): "forgotten", (0, 1): "learned"}.get((base_ok, now_ok), "")
+        # Until its first flip a probe is as it was at base, so the record's vs_base can be derived where missing.
+        base_ok = flips[0]["direction"] == "1→0"
+        states = [f.get("vs_base") or _VS_BASE[base_ok, f["direction"] == "0→1"] for f in flips]
+        state, last = states[-1], flips[-1]
         if state not in ("forgotten", "learned"):
             continue
         prediction = last.get("prediction", "")
@@ -159,7 +159,7 @@ def _final_flips(record: RunRecord, probes: ProbeSet, final_step: int) -> tuple[
         row = {
             "id": pid, "category": last.get("category", ""), "question": last.get("question", ""), "gold": last.get("gold", ""),
             "base_prediction": last.get("base_prediction", ""), "prediction": prediction,
-            "first_step": min(f["step"] for f in flips if f.get("vs_base", state) == state), "changes": len(flips),
+            "first_step": next(f["step"] for f, st in zip(flips, states, strict=True) if st == state), "changes": len(flips),
         }
         (forgotten if state == "forgotten" else learned).append(row)
     key = lambda r: (r["category"], r["first_step"], r["id"])  # noqa: E731
@@ -176,10 +176,18 @@ def _matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def _style_axis(ax, ylabel: str | None = "share of probes") -> None:
+def _plain(text: str) -> str:
+    """Text from the record as matplotlib shows it: literal, never mathtext (`$x$` would parse, a bad one raise)."""
+    return str(text).replace("$", r"\$")
+
+
+def _style_axis(ax, rows, ylabel: str | None = "share of probes") -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(rows) <= 12:
+        ax.set_xticks(_steps(rows))  # a tick at every evaluation
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
     if ylabel:
@@ -202,7 +210,7 @@ def _plot_overall(figure_cls, rows, n_probes: int):
     ax = fig.add_subplot()
     for metric, color in (("forgetting", _F_COLOR), ("backward_transfer", _BT_COLOR)):
         _draw_metric(ax, rows, OVERALL, metric, color, _LABEL[metric])
-    _style_axis(ax)
+    _style_axis(ax, rows)
     ax.set_xlabel("optimizer step")
     ax.set_title(f"Forgetting and backward transfer vs the base model, all {n_probes} probes")
     # below the axes, never over the curves; filled column by column: a column for F, one for BT
@@ -224,10 +232,10 @@ def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
     color = _F_COLOR if metric == "forgetting" else _BT_COLOR
     final = rows[-1]["metrics"]
-    for ax, cat in zip(axes, categories):
+    for ax, cat in zip(axes, categories, strict=False):  # axes: a full grid
         _draw_metric(ax, rows, cat, metric, color, None)
-        _style_axis(ax, ylabel=None)
-        ax.set_title(f"{cat} (n={final.get(cat, {}).get('n', '?')})", fontsize="medium")
+        _style_axis(ax, rows, ylabel=None)
+        ax.set_title(_plain(f"{cat} (n={final.get(cat, {}).get('n', '?')})"), fontsize="medium")
         ax.tick_params(labelbottom=True)
     # One y range for all panels, set once every panel is drawn (a limit set earlier would freeze autoscaling).
     top = max(np.nanmax(np.r_[_series(rows, c, f"{metric}_ci_high"), _series(rows, c, metric), 0.0]) for c in categories)
@@ -253,11 +261,11 @@ def _plot_accuracy(figure_cls, rows, categories: list[str]):
     final = rows[-1]["metrics"]
     for i, cat in enumerate(categories):
         ax.plot(x, _series(rows, cat, "accuracy_post"), color=cmap(i % cmap.N), linestyle=("-", "--", ":")[i // cmap.N % 3],
-                marker="o", markersize=3, linewidth=1.2, label=f"{cat} (n={final[cat]['n']})")
+                marker="o", markersize=3, linewidth=1.2, label=_plain(f"{cat} (n={final[cat]['n']})"))
     ax.plot(x, _series(rows, OVERALL, "accuracy_post"), color="black", marker="o", markersize=4, linewidth=2.5,
             label=f"overall (n={final[OVERALL]['n']})")
     ax.axhline(final[OVERALL]["accuracy_pre"], color="black", linestyle=":", linewidth=1, label="overall, base model")
-    _style_axis(ax, ylabel="accuracy (share of probes correct)")
+    _style_axis(ax, rows, ylabel="accuracy (share of probes correct)")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("optimizer step")
     ax.set_title("Accuracy on the probes, overall and per category")
@@ -310,14 +318,14 @@ def _metrics_row(name: str, m: dict[str, Any]) -> str:
 
 def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_step: int) -> str:
     what = {"forgotten": "right at base, wrong now (1→0)", "learned": "wrong at base, right now (0→1)"}[kind]
-    head = f'<h3 id="{kind}">{kind.capitalize()} at step {final_step}: {len(flips)} probes ({what})</h3>'
+    head = f'<h3 id="{kind}">{kind.capitalize()} at step {final_step}: {len(flips)} probes, {what}</h3>'
     if not flips:
         return head + '<p class="note">none</p>'
     body = []
     for r in flips[:max_rows]:
-        cells = [(r["id"], "id"), (r["category"], ""), (r["question"], "q"), (r["gold"], ""), (r["base_prediction"], ""),
-                 (r["prediction"], ""), (r["first_step"], "num"), (r["changes"], "num")]
-        body.append(f'<tr data-id="{_e(r["id"])}">' + "".join(f'<td class="{c}">{_e(v)}</td>' for v, c in cells) + "</tr>")
+        cells = [(r["id"], ' class="id"'), (r["category"], ""), (r["question"], ' class="q"'), (r["gold"], ""),
+                 (r["base_prediction"], ""), (r["prediction"], ""), (r["first_step"], ' class="num"'), (r["changes"], ' class="num"')]
+        body.append(f'<tr data-id="{_e(r["id"])}">' + "".join(f"<td{c}>{_e(v)}</td>" for v, c in cells) + "</tr>")
     more = len(flips) - max_rows
     tail = f'<p class="note">… and {more} more not shown (the full list is in flips.jsonl).</p>' if more > 0 else ""
     return (head + f'<table class="flips" data-kind="{kind}"><thead><tr>' + "".join(f"<th>{_e(c)}</th>" for c in _FLIP_COLS)

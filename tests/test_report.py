@@ -1,0 +1,262 @@
+"""`forgetwatch report`: a synthetic run record (written with RunRecord, metrics from compute_report) -> PNGs + HTML.
+
+No model, no training: the record is built in tmp_path the way the callback writes it (step 0 is the base model,
+flips are changes since the previous evaluation).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import struct
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+
+from forgetwatch.cli import main
+from forgetwatch.metrics import compute_report
+from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.record import RunRecord
+from forgetwatch.report import _final_flips, make_report
+
+STEPS = (0, 10, 20, 30)
+SCRIPT = "<script>alert('x')</script> Which gas do plants absorb?"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SHORT = r"trivia <&> $\frac{$"  # escaped in HTML; in matplotlib, literal (as mathtext it would not even parse)
+
+
+def _probes() -> ProbeSet:
+    probes = [Probe("mc/0", "mcq", SCRIPT, ("oxygen", "carbon dioxide", "neon", "argon"), 1, category="science")]
+    for i in range(1, 24):
+        k = 4 if i % 3 else 3
+        probes.append(Probe(f"mc/{i}", "mcq", f"Question {i} & more?", tuple(f"option {j} of {i}" for j in range(k)), i % k,
+                            category="science" if i < 12 else "history"))
+    for i in range(12):
+        probes.append(Probe(f"sa/{i}", "short", f"Short question {i}?", answers=(f"answer {i}",), category=SHORT))
+    return ProbeSet(probes)
+
+
+def _outcomes(n: int) -> list[np.ndarray]:
+    """Outcome per evaluation; probe 0 is forgotten at step 10 and stays wrong, probe 1 is learned at step 30."""
+    rng = np.random.default_rng(0)
+    base = rng.choice(np.array([1, 0], np.int8), size=n, p=[0.6, 0.4])
+    base[0], base[1], base[5] = 1, 0, -1  # probe 5: invalid at base
+    out = [base]
+    for _ in STEPS[1:]:
+        now = out[-1].copy()
+        flip = rng.random(n) < 0.2
+        now[flip] = np.where(now[flip] == 1, 0, 1)
+        now[rng.random(n) < 0.03] = -1
+        now[0], now[1] = 0, 0
+        out.append(now)
+    out[-1][1] = 1
+    return out
+
+
+def _answer(p: Probe, outcome: int, step: int) -> tuple[int, str]:
+    """(pred_index, prediction text); a wrong multiple-choice answer moves between wrong options with the step."""
+    if outcome == -1:
+        return -1, ""
+    if p.kind == "mcq":
+        idx = p.gold if outcome == 1 else (p.gold + 1 + (step // 10) % (p.num_choices - 1)) % p.num_choices
+        return idx, p.choices[idx]
+    return -1, p.answers[0] if outcome == 1 else f"wrong at {step}"
+
+
+def build_record(run_dir: Path, vs_base: bool = True, steps: tuple[int, ...] = STEPS) -> tuple[ProbeSet, list[np.ndarray], dict]:
+    """A record as ForgetWatchCallback writes it; returns the probes, the outcomes and the final report."""
+    probes = _probes()
+    record = RunRecord(run_dir / "forgetwatch")
+    record.root.mkdir(parents=True)
+    probes.to_jsonl(record.root / "probes.jsonl")
+    k = [p.num_choices for p in probes]
+    cats = [p.category for p in probes]
+    outcomes = _outcomes(len(probes))[: len(steps)]
+    base = outcomes[0]
+    base_pred = [_answer(p, int(base[i]), 0)[1] for i, p in enumerate(probes)]
+    report = {}
+    for e, step in enumerate(steps):
+        now = outcomes[e]
+        answers = [_answer(p, int(now[i]), step) for i, p in enumerate(probes)]
+        record.write_eval(step, now, np.array([a[0] for a in answers]), np.zeros(len(probes)))
+        report = compute_report(base, now, k, cats)
+        record.append_metrics({"step": step, "epoch": step / 40, "seconds": 1.5,
+                               "metrics": {name: m.to_dict() for name, m in report.items()}})
+        if e == 0:
+            continue
+        was, is_ = outcomes[e - 1] == 1, now == 1
+        rows = []
+        for i in np.flatnonzero(was != is_):
+            p = probes[int(i)]
+            row = {"step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                   "base_prediction": base_pred[i], "prediction": answers[i][1], "direction": "0→1" if is_[i] else "1→0"}
+            if vs_base:
+                row["vs_base"] = {(1, 1): "retained", (1, 0): "forgotten", (0, 1): "learned", (0, 0): "never known"}[
+                    (int(base[i] == 1), int(is_[i]))]
+            rows.append(row)
+        record.append_flips(rows)
+    return probes, outcomes, report
+
+
+class _Page(HTMLParser):
+    """Images, per-category table rows and flipped-probe rows of report.html, as text."""
+
+    def __init__(self):
+        super().__init__()
+        self.imgs: list[str] = []
+        self.metrics: dict[str, list[str]] = {}
+        self.flips: dict[str, dict[str, list[str]]] = {}
+        self._table: str | None = None
+        self._row: list[str] | None = None
+        self._key: str | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a["src"])
+        elif tag == "table":
+            self._table = a.get("data-kind", a.get("class"))
+        elif tag == "tr" and ("data-category" in a or "data-id" in a):
+            self._row, self._key = [], a.get("data-category", a.get("data-id"))
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            if self._table == "metrics":
+                self.metrics[self._key] = self._row
+            else:
+                self.flips.setdefault(self._table, {})[self._key] = self._row
+            self._row = None
+
+
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def _expected_row(m) -> list[str]:
+    adj = (lambda v: f"{v:.3f}") if m.adjusted else (lambda v: "n/a")
+    return [str(m.n), f"{m.accuracy_pre:.3f}", f"{m.accuracy_post:.3f}", str(m.forgotten), str(m.learned),
+            f"{m.forgetting:.3f}", adj(m.forgetting_adjusted), f"[{m.forgetting_ci[0]:.3f}, {m.forgetting_ci[1]:.3f}]",
+            f"{m.backward_transfer:.3f}", adj(m.backward_transfer_adjusted), f"{m.invalid_rate_post:.3f}"]
+
+
+def test_report_from_the_command_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    probes, outcomes, final = build_record(run)
+    assert main(["report", str(run)]) == 0
+    path = run / "forgetwatch" / "report" / "report.html"
+    assert capsys.readouterr().out.strip() == str(path)
+    assert path.is_file()
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary files left
+    html_text = path.read_text(encoding="utf-8")
+    page = _parse(path)
+
+    # every plot the page shows is a real PNG beside it
+    assert len(page.imgs) == 4
+    for src in page.imgs:
+        png = path.parent / src
+        data = png.read_bytes()
+        assert data[:8] == PNG_SIGNATURE, src
+        width, height = struct.unpack(">II", data[16:24])  # IHDR
+        assert len(data) > 20_000 and width >= 600 and height >= 400, (src, len(data), width, height)
+
+    # one row per category and one for all probes, with the final evaluation's values
+    assert list(page.metrics) == ["history", "science", SHORT, "overall"]
+    for name, m in final.items():
+        assert page.metrics[name] == [name, *_expected_row(m)], name
+    assert page.metrics[SHORT][7] == "n/a"  # short answers: no chance adjustment
+
+    # the flipped probes at the end, vs base
+    base, now = outcomes[0], outcomes[-1]
+    forgotten = {probes[i].id for i in np.flatnonzero((base == 1) & (now != 1))}
+    learned = {probes[i].id for i in np.flatnonzero((base != 1) & (now == 1))}
+    assert forgotten and learned
+    assert set(page.flips["forgotten"]) == forgotten and set(page.flips["learned"]) == learned
+    assert len(forgotten) == final["overall"].forgotten and len(learned) == final["overall"].learned
+    p0 = probes["mc/0"]
+    row = page.flips["forgotten"]["mc/0"]
+    # id, category, question, gold, base prediction, prediction now (the final evaluation's option), first step, changes
+    assert row == ["mc/0", "science", SCRIPT, "carbon dioxide", "carbon dioxide", _answer(p0, 0, 30)[1], "10", "1"]
+    assert _answer(p0, 0, 30)[1] != _answer(p0, 0, 10)[1]  # the flip row at step 10 has another wrong option
+    assert page.flips["learned"]["mc/1"][6] == "30"
+
+    # everything from the data is escaped
+    assert "<script" not in html_text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html_text
+    assert html.escape(SHORT) in html_text
+    assert str(run.resolve()) in html_text
+
+
+def test_report_out_dir_row_cap_and_flips_without_vs_base(tmp_path):
+    run = tmp_path / "run"
+    probes, outcomes, final = build_record(run, vs_base=False)
+    out = tmp_path / "elsewhere"
+    path = make_report(run / "forgetwatch", out, max_rows=2)  # the record folder itself is accepted too
+    assert path == out / "report.html" and not (run / "forgetwatch" / "report").exists()
+    page = _parse(path)
+    assert all((out / src).is_file() for src in page.imgs)
+    n_forgotten = final["overall"].forgotten
+    assert len(page.flips["forgotten"]) == 2
+    assert f"… and {n_forgotten - 2} more not shown" in path.read_text(encoding="utf-8")
+    # without vs_base (older records) the state is derived from the directions
+    base, now = outcomes[0], outcomes[-1]
+    forgotten, learned = _final_flips(RunRecord(run / "forgetwatch"), probes, STEPS[-1])
+    assert {r["id"] for r in forgotten} == {probes[i].id for i in np.flatnonzero((base == 1) & (now != 1))}
+    assert {r["id"] for r in learned} == {probes[i].id for i in np.flatnonzero((base != 1) & (now == 1))}
+    assert next(r["first_step"] for r in forgotten if r["id"] == "mc/0") == 10
+
+
+def test_report_of_the_base_evaluation_only(tmp_path):
+    run = tmp_path / "run"
+    _, _, final = build_record(run, steps=(0,))
+    page = _parse(make_report(run))
+    assert len(page.imgs) == 4 and page.metrics["overall"][4:6] == ["0", "0"]
+    assert page.flips == {}
+
+
+def test_missing_record_is_exit_2_with_what_to_do(tmp_path, capsys):
+    missing = tmp_path / "nothing-here"
+    assert main(["report", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "no such directory" in err and "ForgetWatchCallback" in err
+
+    assert main(["report", str(tmp_path)]) == 2  # a directory, but no record in it
+    err = capsys.readouterr().err
+    assert str(tmp_path) in err and "probes.jsonl" in err and "ForgetWatchCallback" in err
+
+    rec = tmp_path / "started" / "forgetwatch"
+    rec.mkdir(parents=True)
+    _probes().to_jsonl(rec / "probes.jsonl")
+    assert main(["report", str(tmp_path / "started")]) == 2  # the run has not evaluated yet
+    assert "no evaluation yet" in capsys.readouterr().err
+
+
+def test_without_matplotlib_the_error_says_what_to_install(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    build_record(run, steps=(0,))
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["report", str(run)]) == 2
+    assert "pip install 'forgetwatch[report]'" in capsys.readouterr().err
+    assert not (run / "forgetwatch" / "report").exists()
+
+
+def test_metrics_rows_are_json_lines(tmp_path):
+    """The synthetic record reads back like a real one (guards the fixture itself)."""
+    run = tmp_path / "run"
+    build_record(run)
+    lines = (run / "forgetwatch" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(STEPS)
+    assert RunRecord(run / "forgetwatch").eval_steps() == list(STEPS)
