@@ -61,9 +61,7 @@ def main() -> None:
         callbacks=[ForgetWatchCallback(args.probes, eval_steps=args.eval_steps, per_suite=args.per_suite)],
     )
     trainer.train()
-    for row in load_record(args.output_dir).read_metrics():
-        m = row["metrics"]["overall"]
-        print(f"step {row['step']:>4}: forgetting {m['forgetting']:.3f}  backward transfer {m['backward_transfer']:.3f}  accuracy {m['accuracy_post']:.3f}")
+    print(load_record(args.output_dir).format_curves())
 
 
 if __name__ == "__main__":

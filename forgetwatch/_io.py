@@ -40,4 +40,5 @@ def file_lock(path: str | os.PathLike, timeout: float = 600) -> FileLock:
     """A lock file beside `path`, so that parallel processes (ranks, jobs) write it one at a time."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(path) + ".lock", timeout=timeout)
+    # Hidden, and never deleted: removing a lock file while another process waits on it breaks the lock.
+    return FileLock(str(path.parent / f".{path.name}.lock"), timeout=timeout)

@@ -85,6 +85,18 @@ class RunRecord:
     def read_flips(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "flips.jsonl")
 
+    def format_curves(self) -> str:
+        """One line per evaluation: step, forgetting, backward transfer (raw and adjusted), accuracy."""
+        lines = []
+        for row in self.read_metrics():
+            m = row["metrics"]["overall"]
+            lines.append(
+                f"step {row['step']:>5}: forgetting {m['forgetting']:.3f} (adj {m['forgetting_adjusted']:.3f})  "
+                f"backward transfer {m['backward_transfer']:.3f} (adj {m['backward_transfer_adjusted']:.3f})  "
+                f"accuracy {m['accuracy_post']:.3f}"
+            )
+        return "\n".join(lines)
+
     def outcome_matrix(self) -> tuple[list[int], np.ndarray]:
         """(steps, matrix) with matrix[e, i] the outcome of probe i at the e-th evaluation."""
         steps = self.eval_steps()

