@@ -1,0 +1,66 @@
+"""What recipes/sft.py and recipes/grpo.py share: model path, data + callback, W&B mode, the closing summary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from data import (  # recipes/data.py: the script's directory is on sys.path
+    drop_probe_overlap,
+    load_train_dataset,
+)
+
+from forgetwatch import ForgetWatchCallback, load_record
+from forgetwatch.models import smollm2_path
+
+
+def resolve_model(model_args, training_args) -> str:
+    """`smollm2` is the offline SmolLM2-135M-Instruct; the trainer builds the model from these kwargs."""
+    if model_args.model_name_or_path == "smollm2":
+        model_args.model_name_or_path = str(smollm2_path())
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    return model_args.model_name_or_path
+
+
+def data_and_callbacks(script_args, training_args, fw_args, stage: str) -> tuple[Any, list]:
+    """The training set, without any row that asks a probe's question, and the callback (when probes are set)."""
+    # Built first: it loads the probes, which the training data must not contain.
+    callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args.forgetwatch_probes else []
+    with training_args.main_process_first(desc="loading the training data"):
+        dataset = load_train_dataset(script_args.dataset_name, stage, config=script_args.dataset_config,
+                                     split=script_args.dataset_train_split)
+        if callbacks:
+            dataset, dropped = drop_probe_overlap(dataset, callbacks[0].probes)
+            if dropped and training_args.process_index == 0:
+                print(f"dropped {dropped} training rows that ask a probe's question ({len(dataset)} left)")
+    report_to = training_args.report_to or []
+    if "wandb" in report_to and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
+        os.environ.setdefault("WANDB_MODE", "offline")  # not logged in: keep the run on disk, `wandb sync` it later
+    return dataset, callbacks
+
+
+def finish(trainer, training_args, callbacks: list) -> None:
+    """Save the model and print where everything is: the model, the forgetwatch record, the W&B run."""
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        print(f"model saved to {training_args.output_dir}")
+        if callbacks:
+            record = load_record(training_args.output_dir)
+            print(record.format_curves())
+            print(f"forgetwatch record: {record.root}  (replay file: {record.root / 'replay.jsonl'})")
+        if "wandb" in (training_args.report_to or []):
+            import wandb
+
+            run_dir = Path(wandb.run.dir).parent if wandb.run is not None else None
+            wandb.finish()
+            if run_dir is not None and os.environ.get("WANDB_MODE") == "offline":
+                print(f"W&B run (offline): {run_dir}\n  upload it with: wandb sync {run_dir}")
+    if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers, destroy the process group
+        trainer.end()
