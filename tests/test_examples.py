@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import build_model, build_tokenizer, requires_olmo_eval
+from conftest import requires_olmo_eval
 
 from forgetwatch import load_record
 
@@ -16,12 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def tiny_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess:

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
-    build_model,
-    build_tokenizer,
     requires_olmo_eval,
 )
 
@@ -161,15 +159,6 @@ def test_training_rows_that_ask_a_probe_question_are_dropped():
 
 
 # -- the scripts, end to end ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
