@@ -118,7 +118,7 @@ class MLflowLogger(MetricLogger):
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.mlflow.active_run() is not None:
-            self.mlflow.log_metrics(metrics, step=step, synchronous=False)
+            self.mlflow.log_metrics(metrics, step=step)
 
 
 class TrackioLogger(MetricLogger):

@@ -615,3 +615,25 @@ def test_tensorboard_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
             assert scalars[logged_name(group, name)] == pytest.approx(expected, abs=1e-6), (group, name)
     assert sorted(scalars["forgetwatch/forgetting"]) == [0, 2, 4]
     assert sorted(scalars["train/loss"]) == [1, 2, 3, 4]  # the trainer's own writer, same directory
+
+
+def test_mlflow_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()  # a file store (mlflow-skinny has no SQL backend)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "forgetwatch-test")
+    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher()], report_to=["mlflow"], max_steps=4)
+    trainer.train()
+    mlflow.end_run()
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("forgetwatch-test").experiment_id])
+    metrics = metric_rows(load_record(tmp_path / "out"))
+    for group in ("overall", "add"):
+        for name, field in LOGGED.items():
+            history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, logged_name(group, name))}
+            assert history == pytest.approx({s: row["metrics"][group][field] for s, row in metrics.items()}, abs=1e-6)
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4]  # the trainer's own
