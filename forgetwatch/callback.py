@@ -231,7 +231,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
-        if state.global_step % self.eval_steps == 0:
+        # The last step is scored here too, not in on_train_end: by then the report_to integrations (which run
+        # first) may have ended their runs (mlflow, trackio).
+        if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):

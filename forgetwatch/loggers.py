@@ -131,7 +131,8 @@ class TrackioLogger(MetricLogger):
         self.trackio = trackio
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
-        self.trackio.log({**metrics, STEP_KEY: step}, step=step)
+        # Like the trainer's TrackioCallback: no `step=` (it would move trackio's own counter under the trainer's rows)
+        self.trackio.log({**metrics, STEP_KEY: step})
 
 
 def _tensorboard_dir(output_dir: str) -> str:

@@ -625,7 +625,7 @@ def test_mlflow_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "forgetwatch-test")
-    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher()], report_to=["mlflow"], max_steps=4)
+    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher()], report_to=["mlflow"], max_steps=5)
     trainer.train()
     mlflow.end_run()
 
@@ -636,4 +636,26 @@ def test_mlflow_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
         for name, field in LOGGED.items():
             history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, logged_name(group, name))}
             assert history == pytest.approx({s: row["metrics"][group][field] for s, row in metrics.items()}, abs=1e-6)
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4]  # the trainer's own
+    assert sorted(metrics) == [0, 2, 4, 5]  # the last step (5) is logged before the trainer's MLflowCallback ends the run
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4, 5]  # the trainer's own
+
+
+def test_trackio_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
+    trackio = pytest.importorskip("trackio")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", tmp_path / "trackio", raising=False)
+    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher()], report_to=["trackio"], max_steps=5,
+                          project="fw-test", run_name="run")
+    trainer.train()  # the trainer's TrackioCallback finishes the run
+
+    logs = trackio.SQLiteStorage.get_logs("fw-test", "run")
+    metrics = metric_rows(load_record(tmp_path / "out"))
+    for group in ("overall", "add"):
+        for name, field in LOGGED.items():
+            key = logged_name(group, name)
+            got = {int(r["train/global_step"]): r[key] for r in logs if key in r}
+            assert got == pytest.approx({s: row["metrics"][group][field] for s, row in metrics.items()}, abs=1e-6), key
+    assert sorted(metrics) == [0, 2, 4, 5]  # the last step (5) is logged before the trainer's TrackioCallback finishes
+    own = [r for r in logs if "train/loss" in r]
+    assert [int(r["train/global_step"]) for r in own] == [1, 2, 3, 4, 5]  # the trainer's own rows, untouched
+    assert [int(r["step"]) for r in own] == sorted(int(r["step"]) for r in own)  # trackio's own counter still rises
