@@ -39,3 +39,15 @@ demo: setup
 	$(BIN)/forgetwatch report $(DEMO_OUT)
 	@echo "local record: $(DEMO_OUT)/forgetwatch/  (metrics.jsonl, evals/, flips.jsonl, replay.jsonl)"
 	@echo "report:       $(DEMO_OUT)/forgetwatch/report/report.html"
+
+# Benchmarks (not part of `make test`; ~1.5 h on 2 shared CPU cores): one thread each, figures in
+# benchmarks/results/*.json, summarised in benchmarks/RESULTS.md. Quick look: BENCH_MCQ_ARGS="--n 48 --naive-n 6 --chunks 3".
+.PHONY: bench
+BENCH_ENV := OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+bench: setup
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_mcq.py $(BENCH_MCQ_ARGS)
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_generate.py
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_training.py
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_memory.py
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_scale.py

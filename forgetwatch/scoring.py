@@ -358,12 +358,28 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
             kwargs["attention_mask"] = _block_mask(segment, model).to(device)
         else:
             kwargs["attention_mask"] = (segment >= 0).long().to(device)
+        rows_t, pos_t = torch.tensor(reads_row, device=device), torch.tensor(reads_pos, device=device)
+        head = model.get_output_embeddings() if keep_logits else None
+        gather, handle = None, None
         if keep_logits:
             kwargs["logits_to_keep"] = K
-        logits = model(**kwargs).logits
-        logits = logits[:, -K:]
+            if isinstance(head, torch.nn.Module):
+                gather = _gather_read_positions(rows_t, pos_t, K)
+                handle = head.register_forward_pre_hook(gather)
+        try:
+            logits = model(**kwargs).logits
+        finally:
+            if handle is not None:
+                handle.remove()
+        if gather is not None and gather.gathered and logits.shape[:2] == (1, len(reads_tok)):
+            logits = logits[0]  # (R, V): the output head ran on the read positions only
+        else:
+            if gather is not None and gather.gathered:  # a model that reshapes its head's output: run it plainly
+                logits = model(**kwargs).logits
+            logits = logits[:, -K:][rows_t, pos_t]
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # fp32: stable across batch sizes and precisions
-        picked = logprobs[torch.tensor(reads_row), torch.tensor(reads_pos), torch.tensor(reads_tok)].double().cpu().numpy()
+        picked = logprobs[torch.arange(len(reads_tok), device=logprobs.device), torch.tensor(reads_tok, device=logprobs.device)]
+        picked = picked.double().cpu().numpy()
         for (pi, j), lp in zip(reads_opt, picked, strict=True):
             loglik[pi][j] += lp
 
@@ -374,6 +390,25 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
         scores = loglik[pi] / np.array([len(c) for c in p.choices]) if normalize else loglik[pi]
         _decide(results, pi, p, scores, float(loglik[pi][p.gold]))
     return results
+
+
+def _gather_read_positions(rows: torch.Tensor, pos: torch.Tensor, K: int):
+    """A forward pre-hook for the output head: keep only the (row, position) pairs that are read.
+
+    With left padding, `logits_to_keep=K` is set by the row with the most option tokens; the others' kept positions
+    are mostly padding or question, and the vocabulary projection of those wasted ~20% of an MMLU forward. The head
+    sees `(B, K, H)` hidden states and gets `(1, R, H)`, so the logits come back as `(1, R, V)`, one per read.
+    """
+
+    def hook(module, args):
+        hidden = args[0] if args else None
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[1] != K or hook.gathered:
+            return None  # not the (B, K, H) hidden states we expect (or called twice): leave it alone
+        hook.gathered = True
+        return (hidden[rows.to(hidden.device), pos.to(hidden.device)].unsqueeze(0), *args[1:])
+
+    hook.gathered = False
+    return hook
 
 
 def _block_mask(segment: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
