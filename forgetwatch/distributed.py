@@ -1,9 +1,11 @@
 """Scoring across processes (DDP, FSDP, DeepSpeed): split the probes, score the shards, gather on every rank.
 
 Uses the process group the trainer's engine (accelerate / torch.distributed) already set up; nothing of its own.
-Every rank gets the same number of probes of each scoring mode (short shards are padded with a repeat of a
-probe whose result is dropped), so under FSDP / ZeRO-3, where each forward gathers weights from all ranks,
-every rank runs the same forwards and none waits forever.
+Under FSDP / ZeRO-3 each forward gathers weights from all ranks, so every rank must run the same forwards or one
+waits forever. Two layers see to it: every rank gets the same number of probes of each scoring mode (short shards
+are padded with a repeat of a probe whose result is dropped), and `score_probes(..., sync_ranks=True)` pads the
+number of batches to the busiest rank's (options scored one per row differ in count) and generates with
+`synced_gpus`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def score_distributed(model, tokenizer, probes: Sequence[Probe], config: Scoring
     if world_size == 1:
         return score_probes(model, tokenizer, probes, config, progress=progress)
     shard, n_real = plan_shard(probes, config, rank, world_size)
-    part = score_probes(model, tokenizer, shard, config, progress=progress and rank == 0)
+    part = score_probes(model, tokenizer, shard, config, progress=progress and rank == 0, sync_ranks=True)
     part = part.take(range(n_real))  # drop the padding
     gathered: list[ProbeResults | None] = [None] * world_size
     torch.distributed.all_gather_object(gathered, part)

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
 SHORT_MATCHES = ("exact", "contains")
+_MODES = MCQ_MODES  # the order every rank scores them in (short answers are generated)
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 
 
@@ -132,6 +133,7 @@ def score_probes(
     *,
     progress: bool = False,
     desc: str = "scoring probes",
+    sync_ranks: bool = False,
 ) -> ProbeResults:
     """Score every probe with `model`; results come back in the order of `probes`.
 
@@ -141,6 +143,11 @@ def score_probes(
         probes: a `ProbeSet` or a list of `Probe`s (e.g. one rank's shard).
         config: a `ScoringConfig`; defaults to log-likelihood scoring of options.
         progress: show a progress bar.
+        sync_ranks: this is one rank's shard and every rank of the process group calls `score_probes` together
+            (`forgetwatch.distributed.score_distributed` does): each rank then runs as many forwards as the busiest,
+            padding with forwards whose results are dropped, and generation keeps stepping until all ranks finish
+            (`synced_gpus`), so FSDP / ZeRO-3, whose forwards gather weights from every rank, never wait forever.
+            The shards must hold the same scoring modes (`plan_shard` sees to it).
 
     Example:
         >>> from forgetwatch import ProbeSet, score_probes
@@ -157,6 +164,8 @@ def score_probes(
     for i, p in enumerate(probes):
         mode = config.mcq_mode if p.kind == "mcq" else "generate"
         by_mode.setdefault(mode, []).append(i)
+    # A fixed order of modes, whatever order the probes come in: ranks must take them in the same order.
+    by_mode = {mode: by_mode[mode] for mode in _MODES if mode in by_mode}
 
     from tqdm.auto import tqdm
 
@@ -165,11 +174,11 @@ def score_probes(
         for mode, idx in by_mode.items():
             subset = [probes[i] for i in idx]
             if mode in ("loglik", "loglik_norm"):
-                part = _score_loglik(model, tokenizer, subset, config, normalize=mode == "loglik_norm", bar=bar)
+                part = _score_loglik(model, tokenizer, subset, config, mode == "loglik_norm", bar, sync_ranks)
             elif mode == "letter":
-                part = _score_letter(model, tokenizer, subset, config, bar=bar)
+                part = _score_letter(model, tokenizer, subset, config, bar, sync_ranks)
             else:
-                part = _score_generate(model, tokenizer, subset, config, bar=bar)
+                part = _score_generate(model, tokenizer, subset, config, bar, sync_ranks)
             _scatter(results, idx, part)
     bar.close()
     return results
@@ -238,9 +247,15 @@ def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
         return False
 
 
-def _run_batches(items: list, batch_size: int, run: Callable[[list], None], bar) -> None:
-    """Call `run` on consecutive slices of `items`; on out-of-memory halve the slice and retry."""
+def _run_batches(items: list, batch_size: int, run: Callable[..., None], bar, sync_ranks: bool = False) -> None:
+    """Call `run(batch)` on consecutive slices of `items`; on out-of-memory halve the slice and retry.
+
+    With `sync_ranks`, then call `run(items[:1], keep=False)` (a forward whose result is dropped) until this rank has
+    run as many batches as the busiest rank: shards of equal probe counts can still differ in batches (options
+    scored one per row, an out-of-memory retry on one rank only).
+    """
     start = 0
+    batches = 0
     while start < len(items):
         batch = items[start : start + batch_size]
         try:
@@ -254,8 +269,22 @@ def _run_batches(items: list, batch_size: int, run: Callable[[list], None], bar)
                 torch.cuda.empty_cache()
             continue
         start += len(batch)
+        batches += 1
         if bar is not None:
             bar.update(len({it.probe_index for it in batch}))
+    if sync_ranks:
+        for _ in range(_most_over_ranks(batches) - batches):
+            run(items[:1], keep=False)
+
+
+def _most_over_ranks(n: int) -> int:
+    """The largest `n` over all ranks (a collective: every rank calls it)."""
+    dist = torch.distributed
+    # NCCL reduces CUDA tensors only; gloo (and the CPU) takes CPU tensors
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _scatter(results: ProbeResults, idx: list[int], part: ProbeResults) -> None:
@@ -294,7 +323,8 @@ class _Row:
         return len(self.context) + sum(map(len, self.options))
 
 
-def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar) -> ProbeResults:
+def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar,
+                  sync_ranks: bool = False) -> ProbeResults:
     chat = config.uses_chat(tokenizer, generative=False)
     contexts, continuations = zip(*(loglik_request(p, tokenizer, chat, config.system_prompt) for p in probes), strict=True)
     # Tokenise like lm-evaluation-harness: option tokens = encode(context + option)[len(encode(context)):].
@@ -324,7 +354,7 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
     pad_id = _pad_id(tokenizer)
     keep_logits = _supports_logits_to_keep(model)
 
-    def run(batch: list[_Row]) -> None:
+    def run(batch: list[_Row], keep: bool = True) -> None:
         T = max(r.length for r in batch)
         # Left padding puts every row's options at the end, so the last K positions hold all logits we read.
         K = max(sum(map(len, r.options)) + 1 for r in batch)
@@ -377,13 +407,15 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
             if gather is not None and gather.gathered:  # a model that reshapes its head's output: run it plainly
                 logits = model(**kwargs).logits
             logits = logits[:, -K:][rows_t, pos_t]
+        if not keep:
+            return
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # fp32: stable across batch sizes and precisions
         picked = logprobs[torch.arange(len(reads_tok), device=logprobs.device), torch.tensor(reads_tok, device=logprobs.device)]
         picked = picked.double().cpu().numpy()
         for (pi, j), lp in zip(reads_opt, picked, strict=True):
             loglik[pi][j] += lp
 
-    _run_batches(rows, config.batch_size, run, bar)
+    _run_batches(rows, config.batch_size, run, bar, sync_ranks)
 
     results = ProbeResults.empty([p.id for p in probes])
     for pi, p in enumerate(probes):
@@ -447,7 +479,7 @@ def _left_pad(batch: list[_Prompt], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return input_ids, mask
 
 
-def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar) -> ProbeResults:
+def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
     chat = config.uses_chat(tokenizer, generative=False)
     built = [letter_prompt(p, tokenizer, chat, config.system_prompt) for p in probes]
     contexts = [c for c, _ in built]
@@ -473,18 +505,20 @@ def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
     pad_id = _pad_id(tokenizer)
     scores: list[np.ndarray] = [np.zeros(0)] * len(probes)
 
-    def run(batch: list[_Prompt]) -> None:
+    def run(batch: list[_Prompt], keep: bool = True) -> None:
         input_ids, mask = _left_pad(batch, pad_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "position_ids": position_ids.to(device), "use_cache": False}
         if _supports_logits_to_keep(model):
             kwargs["logits_to_keep"] = 1
         logits = model(**kwargs).logits[:, -1]
+        if not keep:
+            return
         logprobs = torch.log_softmax(logits.float(), dim=-1)[:, letter_ids.to(logits.device)].double().cpu().numpy()
         for b, p in enumerate(batch):
             scores[p.probe_index] = logprobs[b, : len(probes[p.probe_index].choices)]
 
-    _run_batches(prompts, config.batch_size, run, bar)
+    _run_batches(prompts, config.batch_size, run, bar, sync_ranks)
     results = ProbeResults.empty([p.id for p in probes])
     for i, p in enumerate(probes):
         _decide(results, i, p, scores[i], float(scores[i][p.gold]))
@@ -501,7 +535,7 @@ def _stop_strings(chat: bool, cot: bool) -> list[str]:
     return ["\n\nQuestion:", "\nQuestion:"] if cot else ["\n\n", "\nQuestion:"]
 
 
-def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar) -> ProbeResults:
+def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
     from transformers import GenerationConfig
 
     results = ProbeResults.empty([p.id for p in probes])
@@ -524,9 +558,8 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
         eos_token_id=eos_ids or None,
         stop_strings=stops or None,
     )
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
 
-    def run(batch: list[_Prompt]) -> None:
+    def run(batch: list[_Prompt], keep: bool = True) -> None:
         input_ids, mask = _left_pad(batch, pad_id)
         out = model.generate(
             input_ids=input_ids.to(device),
@@ -534,8 +567,10 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
             generation_config=gen_config,
             tokenizer=tokenizer if stops else None,
             # ZeRO-3 / FSDP: every rank must keep stepping until all have finished
-            synced_gpus=distributed,
+            synced_gpus=sync_ranks,
         )
+        if not keep:
+            return
         new = out[:, input_ids.shape[1] :].cpu().tolist()
         for b, p in enumerate(batch):
             text = tokenizer.decode(new[b], skip_special_tokens=True)
@@ -543,7 +578,7 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
                 text = text.split(s)[0]
             _judge_generation(results, p.probe_index, probes[p.probe_index], text, config)
 
-    _run_batches(prompts, config.batch_size, run, bar)
+    _run_batches(prompts, config.batch_size, run, bar, sync_ranks)
     return results
 
 

@@ -3,12 +3,14 @@
     python tests/ddp_train.py OUT                                   # one process
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT              # DDP on CPU (gloo)
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --score-only # only `score_distributed` on the base model
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT --score-only --scoring unpacked   # another SCORING config
 
 Training writes the forgetwatch record to OUT/forgetwatch/ and the final weights to OUT/final/ (rank 0).
 Every rank appends what it did to OUT/trace-rank<R>.jsonl: each `score_probes` call made inside
 `score_distributed` (how many probes that rank scored), each base-cache save and each record write, so a
 test can see that probes were split and that only the main process wrote. `--score-only` writes each rank's
-full gathered results to OUT/scored-rank<R>.json. Used by tests/test_distributed.py.
+full gathered results, and how many forwards its model ran, to OUT/scored-rank<R>.json. Used by
+tests/test_distributed.py.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ MAX_STEPS = 4
 EVAL_STEPS = 2
 N_MCQ = 31  # odd counts: on 2 ranks both kinds need a padding probe
 N_SHORT = 3
+
+# --score-only configs. "unpacked" scores one option per row, so ranks whose probes have more options have more rows
+# (the forwards must still be equal, for FSDP / ZeRO-3); "generate" decodes every probe (synced_gpus).
+SCORING = {
+    "default": {},
+    "unpacked": {"pack_choices": False, "batch_size": 4},
+    "generate": {"mcq_mode": "generate", "batch_size": 4, "max_new_tokens": 6},
+}
 
 _WORDS = ["paris", "oxygen", "carbon", "helium", "neon", "fox", "dog", "brown", "lazy", "quick", "seven", "nine"]
 
@@ -139,7 +149,7 @@ def train(out: Path, max_steps: int = MAX_STEPS) -> None:
     _leave_distributed_run()
 
 
-def score_only(out: Path) -> None:
+def score_only(out: Path, scoring: str = "default") -> None:
     """`score_distributed` on the base model, outside any trainer: every rank writes what it got back."""
     import torch.distributed as dist
 
@@ -151,13 +161,15 @@ def score_only(out: Path) -> None:
     try:
         tokenizer = build_tokenizer()
         model = build_model(tokenizer, seed=SEED)
-        results = score_distributed(model, tokenizer, make_probes(), ScoringConfig())
+        forwards = [0]
+        model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        results = score_distributed(model, tokenizer, make_probes(), ScoringConfig(**SCORING[scoring]))
         rank = dist.get_rank()
         payload = {
             "rank": rank, "world_size": dist.get_world_size(), "ids": results.ids,
             "outcome": results.outcome.tolist(), "pred_index": results.pred_index.tolist(),
             "margin": [None if m != m else float(m) for m in results.margin.tolist()],
-            "prediction": results.prediction, "generation": results.generation,
+            "prediction": results.prediction, "generation": results.generation, "forwards": forwards[0],
         }
         (out / f"scored-rank{rank}.json").write_text(json.dumps(payload))
     finally:
@@ -190,10 +202,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("--score-only", action="store_true")
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
+    parser.add_argument("--scoring", choices=sorted(SCORING), default="default", help="with --score-only")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
-        score_only(a.output_dir)
+        score_only(a.output_dir, a.scoring)
     else:
         train(a.output_dir, a.max_steps)
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import build_model, build_tokenizer
-from ddp_train import EVAL_STEPS, make_probes
+from ddp_train import EVAL_STEPS, SCORING, make_probes
 
 from forgetwatch.cache import BaseCache, make_cache_key
 from forgetwatch.distributed import plan_shard, score_distributed, world
@@ -145,6 +145,8 @@ def test_score_distributed_merges_shards_in_probe_order(base_results, monkeypatc
         gathered[:] = [parts.get(r) for r in range(world_size)]
 
     monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    # no process group to pad batches across or to sync generation with: score each simulated shard plainly
+    monkeypatch.setattr(fd, "score_probes", lambda *a, sync_ranks, **k: score_probes(*a, **k))
     for r in range(world_size):  # first round: collect every rank's part (later ranks' parts missing yet)
         rank[0] = r
         try:
@@ -182,13 +184,13 @@ def _forwards(model, tokenizer, probes, config) -> int:
     ScoringConfig(mcq_mode="loglik"),
     ScoringConfig(mcq_mode="loglik_norm", batch_size=4),
     ScoringConfig(mcq_mode="letter", batch_size=5),
-    pytest.param(ScoringConfig(mcq_mode="loglik", pack_choices=False), marks=pytest.mark.xfail(strict=True, reason=(
-        "without packed choices (pack_choices=False, or the default under flash attention) a row is one option, "
-        "so ranks whose probes have more options run more forwards: FSDP / ZeRO-3 would hang (plan_shard pads "
-        "probe counts, not rows)"))),
-], ids=["loglik", "loglik_norm-bs4", "letter-bs5", "loglik-unpacked"])
+], ids=["loglik", "loglik_norm-bs4", "letter-bs5"])
 def test_ranks_run_the_same_number_of_forwards(tokenizer, config):
-    """What the padding is for: every rank's shard costs the same forwards (counted on the model's forward)."""
+    """What the padding is for: every rank's shard costs the same forwards (counted on the model's forward).
+
+    With one option per row (pack_choices=False, the default under flash attention) shards of equal probe counts
+    differ in rows; `sync_ranks` evens that out, which needs a real process group: see
+    test_score_distributed_under_torchrun[unpacked]."""
     model = build_model(tokenizer)
     probes = [p for p in make_probes() if p.kind == "mcq"]  # mixed k; generation's step count is data-dependent
     counts = [_forwards(model, tokenizer, plan_shard(probes, config, r, 2)[0], config) for r in range(2)]
@@ -328,13 +330,18 @@ def test_single_process_run_records_the_same_base(ddp_run, tmp_path):
     assert [json.loads(line)["step"] for line in (tmp_path / "forgetwatch" / "metrics.jsonl").read_text().splitlines()] == steps
 
 
-def test_score_distributed_under_torchrun(tmp_path, base_results):
-    """score_distributed alone: each rank scores its shard, and every rank gets all results in probe order."""
-    run = _torchrun(tmp_path, "--score-only")
+@pytest.mark.parametrize("scoring", list(SCORING))
+def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
+    """score_distributed alone: each rank scores its shard, every rank gets all results in probe order, and both
+    ranks run the same number of forwards (what FSDP / ZeRO-3 need), whatever their shards' options."""
+    run = _torchrun(tmp_path, "--score-only", f"--scoring={scoring}")
     _check_ok(run)
-    ref, _, _ = base_results
+    _, model, tokenizer = base_results
+    ref = score_probes(model, tokenizer, make_probes(), ScoringConfig(**SCORING[scoring]))
     ids = make_probes().ids
     _assert_split(tmp_path, calls=1)
+    forwards = [json.loads((tmp_path / f"scored-rank{rank}.json").read_text())["forwards"] for rank in range(2)]
+    assert forwards[0] == forwards[1] > 0, forwards
     for rank in range(2):
         got = json.loads((tmp_path / f"scored-rank{rank}.json").read_text())
         assert (got["rank"], got["world_size"]) == (rank, 2)
