@@ -20,7 +20,7 @@ from .metrics import compute_report
 from .models import model_identity
 from .probes import ProbeSet
 from .record import RunRecord
-from .replay import replay_examples
+from .replay import ReplayTracker
 from .results import CORRECT, ProbeResults
 from .scoring import ScoringConfig, describe_precision
 
@@ -132,7 +132,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
         self.evaluated_steps: list[int] = []
         self._base: ProbeResults | None = None
-        self._history: list[np.ndarray] = []
+        self._replay: ReplayTracker | None = None
         self._last: ProbeResults | None = None
         self._last_report: dict = {}
         self._scored_step: int | None = None
@@ -161,11 +161,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def replay_examples(self) -> list[dict[str, Any]]:
         """Forgotten probes so far, as training examples (see `forgetwatch.replay.replay_examples`)."""
-        if self._base is None or not self._history:
-            return []
-        steps = [s for s in self.evaluated_steps if s > 0]
-        history = np.stack(self._history[-len(steps):]) if steps else np.zeros((0, len(self.probes)), np.int8)
-        return replay_examples(list(self.probes), self._base.outcome, steps, history)
+        return self._replay.examples() if self._replay is not None else []
 
     # -- trainer events -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
@@ -211,13 +207,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # A resumed run recomputes what came after its checkpoint; a fresh run in a used output_dir starts a new record
         # (keeping its step 0 would give two step-0 rows).
         self._record.truncate_after(state.global_step if resuming else -1)
-        self._history, self.evaluated_steps, self._last = [], [], None
+        self._replay, self.evaluated_steps, self._last = ReplayTracker(self.probes, base.outcome), [], None
         row = None
         for step in self._record.eval_steps():
             row = self._record.read_eval(step)
             self.evaluated_steps.append(step)
             if step > 0:
-                self._history.append(row["outcome"])
+                self._replay.update(step, row["outcome"])
         if row is not None and self.evaluated_steps[-1] > 0:
             # the next evaluation's flips are against the checkpoint's, as in an uninterrupted run (not against the base)
             self._last = ProbeResults.empty(self.probes.ids)
@@ -265,7 +261,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._last, self._last_report = results, report
         self.evaluated_steps.append(step)
         if step > 0:
-            self._history.append(results.outcome.copy())
+            self._replay.update(step, results.outcome)
         try:
             self._record.write_eval(step, results.outcome, results.pred_index, results.margin)
             self._record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3),
@@ -273,7 +269,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             flips = self._flips(prev, results, step)
             self._record.append_flips(flips)
             if self.replay:
-                self._record.write_replay(self.replay_examples())
+                self._record.write_replay(self._replay.lines())
         except Exception:
             logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
             flips = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,11 @@ class RunRecord:
             f.flush()
             os.fsync(f.fileno())
 
-    def write_replay(self, examples: list[dict[str, Any]]) -> Path:
+    def write_replay(self, lines: Iterable[str]) -> Path:
+        """Replace replay.jsonl with these JSONL lines (`ReplayTracker.lines()`)."""
         path = self.root / "replay.jsonl"
         with atomic_write(path) as f:
-            f.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples))
+            f.writelines(lines)
         return path
 
     def eval_steps(self) -> list[int]:

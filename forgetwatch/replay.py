@@ -2,17 +2,80 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from .answers import LETTERS
-from .metrics import first_forgotten_index, forgetting_events
 from .probes import Probe
 from .prompts import question_block
+from .results import CORRECT
 
-__all__ = ["replay_examples"]
+__all__ = ["ReplayTracker", "replay_examples"]
+
+
+class ReplayTracker:
+    """The replay examples of a run, brought up to date one evaluation at a time.
+
+    Only a probe whose correctness changed at an evaluation can change its example (first forgotten step,
+    `recovered`, `forgetting_events`), so each `update` rebuilds those examples alone and keeps the others' JSON
+    lines: at 100,000 probes and 3% flips per evaluation that is ~60 ms an evaluation, file written included,
+    where rebuilding every example from the whole history took ~660 ms and grew with the run
+    (benchmarks/bench_scale.py).
+
+    Args:
+        probes: the probe set, in record order.
+        base: the base model's outcomes (1 correct, 0 wrong, -1 invalid).
+
+    Example:
+        >>> p = Probe("q", "mcq", "2 + 2 = ?", ("3", "4"), 1)
+        >>> tracker = ReplayTracker([p], np.array([1]))
+        >>> tracker.update(10, np.array([0])); tracker.update(20, np.array([1]))
+        >>> ex = tracker.examples()[0]
+        >>> ex["first_forgotten_step"], ex["recovered"], ex["forgetting_events"]
+        (10, True, 1)
+    """
+
+    def __init__(self, probes: Sequence[Probe], base: np.ndarray):
+        self.probes = probes
+        self.base_correct = np.asarray(base) == CORRECT
+        self._was_correct = self.base_correct.copy()
+        self._first_step = np.full(len(probes), -1, np.int64)  # -1: never forgotten
+        self._events = np.zeros(len(probes), np.int64)
+        self._examples: dict[int, dict[str, Any]] = {}
+        self._lines: dict[int, str] = {}
+
+    def update(self, step: int, outcome: np.ndarray) -> None:
+        """Take the outcomes of the evaluation at global step `step` (evaluations in time order)."""
+        correct = np.asarray(outcome) == CORRECT
+        if correct.shape != self._was_correct.shape:
+            raise ValueError(f"`outcome` has shape {correct.shape}, expected ({len(self.probes)},): one per probe")
+        changed = np.flatnonzero(correct != self._was_correct)
+        lost = changed[self._was_correct[changed]]  # correct at the previous evaluation, not now: a forgetting event
+        self._events[lost] += 1
+        first = lost[self.base_correct[lost] & (self._first_step[lost] < 0)]
+        self._first_step[first] = step
+        for i in changed[self._first_step[changed] >= 0].tolist():
+            # a new dict: examples handed out earlier keep their values
+            ex = {**(self._examples.get(i) or _training_example(self.probes[i])),
+                  "first_forgotten_step": int(self._first_step[i]), "recovered": bool(correct[i]),
+                  "forgetting_events": int(self._events[i])}
+            self._examples[i] = ex
+            self._lines.pop(i, None)  # serialised again only when the file is written
+        self._was_correct = correct
+
+    def examples(self) -> list[dict[str, Any]]:
+        """One example per probe forgotten so far, in probe order (see `replay_examples` for the fields)."""
+        return [self._examples[i] for i in sorted(self._examples)]
+
+    def lines(self) -> Iterator[str]:
+        """The examples as JSONL lines, in probe order."""
+        for i in sorted(self._examples):
+            if i not in self._lines:
+                self._lines[i] = json.dumps(self._examples[i], ensure_ascii=False) + "\n"
+            yield self._lines[i]
 
 
 def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[int], history: np.ndarray) -> list[dict[str, Any]]:
@@ -37,31 +100,31 @@ def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[i
         >>> ex["first_forgotten_step"], ex["recovered"], ex["solution"]
         (10, True, 'B')
     """
-    if len(steps) == 0:
-        return []
-    first = first_forgotten_index(base, history)
-    events = forgetting_events(np.vstack([base[None, :], history]))
-    out = []
-    for i in np.flatnonzero(first >= 0):
-        p = probes[i]
-        user = question_block(p, with_letters=p.kind == "mcq")
-        if p.kind == "mcq":
-            user += "\nAnswer with the letter of the correct option."
-            answer, solution = f"{LETTERS[p.gold]}. {p.choices[p.gold]}", LETTERS[p.gold]
-        else:
-            answer, solution = p.answers[0], list(p.answers)
-        out.append({
-            "id": p.id,
-            "category": p.category,
-            "source": p.source,
-            "first_forgotten_step": int(steps[first[i]]),
-            "recovered": bool(history[-1, i] == 1),
-            "forgetting_events": int(events[i]),
-            "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
-            "prompt": [{"role": "user", "content": user}],
-            "completion": [{"role": "assistant", "content": answer}],
-            "solution": solution,
-            "numeric": p.numeric,
-            "num_choices": p.num_choices,
-        })
-    return out
+    tracker = ReplayTracker(probes, base)
+    for step, outcome in zip(steps, history, strict=True):
+        tracker.update(step, outcome)
+    return tracker.examples()
+
+
+def _training_example(p: Probe) -> dict[str, Any]:
+    """A probe as SFT / GRPO data; the history fields are filled in by `ReplayTracker.update`."""
+    user = question_block(p, with_letters=p.kind == "mcq")
+    if p.kind == "mcq":
+        user += "\nAnswer with the letter of the correct option."
+        answer, solution = f"{LETTERS[p.gold]}. {p.choices[p.gold]}", LETTERS[p.gold]
+    else:
+        answer, solution = p.answers[0], list(p.answers)
+    return {
+        "id": p.id,
+        "category": p.category,
+        "source": p.source,
+        "first_forgotten_step": -1,
+        "recovered": False,
+        "forgetting_events": 0,
+        "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+        "prompt": [{"role": "user", "content": user}],
+        "completion": [{"role": "assistant", "content": answer}],
+        "solution": solution,
+        "numeric": p.numeric,
+        "num_choices": p.num_choices,
+    }
