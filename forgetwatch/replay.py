@@ -19,11 +19,11 @@ __all__ = ["ReplayTracker", "replay_examples"]
 class ReplayTracker:
     """The replay examples of a run, brought up to date one evaluation at a time.
 
-    Only a probe whose correctness changed at an evaluation can change its example (first forgotten step,
-    `recovered`, `forgetting_events`), so each `update` rebuilds those examples alone and keeps the others' JSON
-    lines: at 100,000 probes and 3% flips per evaluation that is ~60 ms an evaluation, file written included,
-    where rebuilding every example from the whole history took ~660 ms and grew with the run
-    (benchmarks/bench_scale.py).
+    `update` keeps three numbers per probe (first step forgotten, forgetting events, correct now) with array
+    operations; examples are built when asked for. Only a probe whose correctness changed can change its example,
+    so `lines()` serialises those again and reuses the other lines: at 100,000 probes and 3% flips per evaluation,
+    writing replay.jsonl no longer means rebuilding every example from the whole history (~660 ms an evaluation
+    and growing before; benchmarks/RESULTS.md).
 
     Args:
         probes: the probe set, in record order.
@@ -44,7 +44,7 @@ class ReplayTracker:
         self._was_correct = self.base_correct.copy()
         self._first_step = np.full(len(probes), -1, np.int64)  # -1: never forgotten
         self._events = np.zeros(len(probes), np.int64)
-        self._examples: dict[int, dict[str, Any]] = {}
+        self._stale = np.zeros(len(probes), bool)  # the cached JSON line no longer matches the example
         self._lines: dict[int, str] = {}
 
     def update(self, step: int, outcome: np.ndarray) -> None:
@@ -57,25 +57,24 @@ class ReplayTracker:
         self._events[lost] += 1
         first = lost[self.base_correct[lost] & (self._first_step[lost] < 0)]
         self._first_step[first] = step
-        for i in changed[self._first_step[changed] >= 0].tolist():
-            # a new dict: examples handed out earlier keep their values
-            ex = {**(self._examples.get(i) or _training_example(self.probes[i])),
-                  "first_forgotten_step": int(self._first_step[i]), "recovered": bool(correct[i]),
-                  "forgetting_events": int(self._events[i])}
-            self._examples[i] = ex
-            self._lines.pop(i, None)  # serialised again only when the file is written
+        self._stale[changed] = True
         self._was_correct = correct
 
     def examples(self) -> list[dict[str, Any]]:
         """One example per probe forgotten so far, in probe order (see `replay_examples` for the fields)."""
-        return [self._examples[i] for i in sorted(self._examples)]
+        return [self._example(i) for i in np.flatnonzero(self._first_step >= 0).tolist()]
 
     def lines(self) -> Iterator[str]:
-        """The examples as JSONL lines, in probe order."""
-        for i in sorted(self._examples):
-            if i not in self._lines:
-                self._lines[i] = json.dumps(self._examples[i], ensure_ascii=False) + "\n"
+        """The examples as JSONL lines, in probe order; only the lines of probes that flipped are made again."""
+        for i in np.flatnonzero(self._first_step >= 0).tolist():
+            if self._stale[i] or i not in self._lines:
+                self._lines[i] = json.dumps(self._example(i), ensure_ascii=False) + "\n"
+                self._stale[i] = False
             yield self._lines[i]
+
+    def _example(self, i: int) -> dict[str, Any]:
+        return {**_training_example(self.probes[i]), "first_forgotten_step": int(self._first_step[i]),
+                "recovered": bool(self._was_correct[i]), "forgetting_events": int(self._events[i])}
 
 
 def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[int], history: np.ndarray) -> list[dict[str, Any]]:
