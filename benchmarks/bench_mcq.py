@@ -13,6 +13,8 @@ context "Question: {q}\\nAnswer:", continuations " {choice}"):
     floor        one bare forward over each question's tokens once and each option's tokens once (question + options
                  concatenated in one row, no block mask), logits_to_keep=1, length-sorted batches of 16, left padding;
                  pre-tokenised, so it is the model's compute alone
+    floor+head   the floor plus what log-likelihood scoring cannot avoid: the vocabulary projection and fp32
+                 log-softmax at one position per option token (on gathered hidden states)
     naive        one unbatched forward per (question, option), full logits, measured on an evenly spaced subset of
                  `--naive-n` questions and extrapolated per question
 
@@ -83,11 +85,16 @@ def run_lm_eval(lm, tok, probes):
 
 
 @torch.inference_mode()
-def run_floor(model, rows, pad_id, batch_size):
-    """rows: pre-tokenised question + options, concatenated; sorted longest first, left-padded, logits_to_keep=1."""
-    rows = sorted(rows, key=len, reverse=True)
-    for s in range(0, len(rows), batch_size):
-        batch = rows[s : s + batch_size]
+def run_floor(model, rows, pad_id, batch_size, option_tokens=None):
+    """rows: pre-tokenised question + options, concatenated; sorted longest first, left-padded, logits_to_keep=1.
+
+    With `option_tokens` (per row, how many of its last tokens are options): "floor+head", the same forward plus the
+    work log-likelihood scoring cannot avoid: the vocabulary projection and fp32 log-softmax at the positions that
+    predict an option token (one per option token), on the decoder's hidden states gathered at those positions.
+    """
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
+    for s in range(0, len(order), batch_size):
+        batch = [rows[i] for i in order[s : s + batch_size]]
         T = len(batch[0])
         ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), T), dtype=torch.long)
@@ -95,7 +102,17 @@ def run_floor(model, rows, pad_id, batch_size):
             ids[b, T - len(r) :] = torch.tensor(r)
             mask[b, T - len(r) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
+        if option_tokens is None:
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
+            continue
+        hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+        rb, rp = [], []
+        for b, i in enumerate(order[s : s + batch_size]):
+            n = option_tokens[i]
+            rb += [b] * n
+            rp += list(range(T - n - 1, T - 1))  # the positions whose next token is an option token
+        logits = model.lm_head(hidden[torch.tensor(rb), torch.tensor(rp)])
+        torch.log_softmax(logits.float(), dim=-1)
 
 
 @torch.inference_mode()
@@ -131,7 +148,8 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
     naive_every = max(1, n // max(args.naive_n, 1)) if args.naive_n else 0
     naive_idx = set(order[::naive_every][: args.naive_n]) if naive_every else set()  # evenly spread over lengths
 
-    sides = ["forgetwatch", "lm-eval", "floor", "naive"]
+    sides = ["forgetwatch", "lm-eval", "floor", "floor+head", "naive"]
+    option_tokens = [sum(map(len, opts)) for _, opts in toks]
     seconds = dict.fromkeys(sides, 0.0)
     tokens = {s: {"calls": 0, "positions": 0, "real": 0, "logit_positions": 0} for s in sides}
     per_chunk = []
@@ -140,9 +158,9 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
     for ci, idx in enumerate(chunks):
         sub = [probes[i] for i in idx]
         naive_sub = [i for i in idx if i in naive_idx]
-        order = sides[ci % 4 :] + sides[: ci % 4]
+        side_order = sides[ci % len(sides) :] + sides[: ci % len(sides)]
         row = {}
-        for side in order:
+        for side in side_order:
             counter.reset()
             t0 = time.perf_counter()
             if side == "forgetwatch":
@@ -155,6 +173,8 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
                     lm_scores[i] = sc[k]
             elif side == "floor":
                 run_floor(model, [floor_rows[i] for i in idx], pad_id, args.batch_size)
+            elif side == "floor+head":
+                run_floor(model, [floor_rows[i] for i in idx], pad_id, args.batch_size, [option_tokens[i] for i in idx])
             elif naive_sub:
                 for i, pr in zip(naive_sub, run_naive(model, tok, [probes[i] for i in naive_sub]), strict=True):
                     naive_pred[i] = pr
@@ -200,12 +220,15 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
         "all_mean_tokens": round(float(np.mean([len(r) for r in floor_rows])), 1),
         "questions_per_s": {
             "forgetwatch": n / seconds["forgetwatch"], "lm-eval": n / seconds["lm-eval"], "floor": n / seconds["floor"],
+            "floor+head": n / seconds["floor+head"],
             "naive": (1 / naive_per_q) if nq_naive else None,
         },
         "tokens": tokens,
         "tokens_needed": sum(map(len, floor_rows)),
         "ratios": {
             "forgetwatch/floor": seconds["forgetwatch"] / seconds["floor"],
+            "floor+head/floor": seconds["floor+head"] / seconds["floor"],
+            "forgetwatch/floor+head": seconds["forgetwatch"] / seconds["floor+head"],
             "lm-eval/forgetwatch": seconds["lm-eval"] / seconds["forgetwatch"],
             "naive/forgetwatch": naive_extrap / seconds["forgetwatch"],
             "naive/forgetwatch (per-token extrapolation)": seconds["naive"] * sum(map(len, floor_rows))
@@ -213,6 +236,7 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
         },
         "per_chunk_ratios": {
             "forgetwatch/floor": [round(r["forgetwatch"] / r["floor"], 3) for r in per_chunk],
+            "forgetwatch/floor+head": [round(r["forgetwatch"] / r["floor+head"], 3) for r in per_chunk],
             "lm-eval/forgetwatch": [round(r["lm-eval"] / r["forgetwatch"], 3) for r in per_chunk],
         },
         "predictions": {
@@ -271,7 +295,8 @@ def main() -> None:
         info["suites"].append(r)
         q, rt, pr = r["questions_per_s"], r["ratios"], r["predictions"]
         print(f"{name}: q/s forgetwatch {q['forgetwatch']:.2f}  lm-eval {q['lm-eval']:.2f}  floor {q['floor']:.2f}  "
-              f"naive {q['naive']:.2f}\n  forgetwatch/floor {rt['forgetwatch/floor']:.3f}  lm-eval/forgetwatch "
+              f"naive {q['naive']:.2f}\n  forgetwatch/floor {rt['forgetwatch/floor']:.3f}  forgetwatch/floor+head "
+              f"{rt['forgetwatch/floor+head']:.3f}  lm-eval/forgetwatch "
               f"{rt['lm-eval/forgetwatch']:.2f}  naive/forgetwatch {rt['naive/forgetwatch']:.2f}  disagreements "
               f"{pr['disagreements_forgetwatch_vs_lm_eval']}  max |d gold loglik| {pr['max_abs_diff_gold_loglik']:.2e}", flush=True)
     info["machine"]["loadavg_at_end"] = [round(x, 2) for x in __import__("os").getloadavg()]

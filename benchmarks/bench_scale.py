@@ -36,7 +36,8 @@ import forgetwatch.callback as cb_module  # noqa: E402
 from forgetwatch import ForgetWatchCallback  # noqa: E402
 from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
 from forgetwatch.record import RunRecord  # noqa: E402
-from forgetwatch.results import CORRECT, ProbeResults  # noqa: E402
+from forgetwatch.replay import ReplayTracker  # noqa: E402
+from forgetwatch.results import ProbeResults  # noqa: E402
 
 
 def synthetic_probes(n: int, rng: np.random.Generator) -> ProbeSet:
@@ -94,7 +95,7 @@ class Timers:
         for name in ("write_eval", "append_metrics", "append_flips", "write_replay"):
             setattr(rec, name, self._wrap(name, getattr(rec, name)))
         callback._flips = self._wrap("flips (rows)", callback._flips)
-        callback.replay_examples = self._wrap("replay_examples", callback.replay_examples)
+        callback._replay.update = self._wrap("replay tracker update", callback._replay.update)
         self._orig_report = cb_module.compute_report
         cb_module.compute_report = self._wrap("compute_report", cb_module.compute_report)
 
@@ -114,6 +115,7 @@ class Timers:
 def new_callback(probes, base, root: Path, replay: bool) -> ForgetWatchCallback:
     cb = ForgetWatchCallback(probes=probes, eval_steps=50, replay=replay)
     cb._base, cb._record, cb._loggers = base, RunRecord(root), []
+    cb._replay = ReplayTracker(probes, base.outcome)  # what on_train_begin sets up
     root.mkdir(parents=True, exist_ok=True)
     probes.to_jsonl(root / "probes.jsonl")
     return cb
@@ -161,85 +163,6 @@ def run(probes, base, stream, root: Path, replay: bool, trace: bool = False, pro
     return out
 
 
-class IncrementalReplay:
-    """A prototype (not part of forgetwatch) of what would close the replay miss: the same replay.jsonl, updated
-    incrementally. Only probes whose correctness changed at this evaluation can change their example (first forgotten
-    step, `recovered`, `forgetting_events`), so only those are rebuilt and re-serialised; the others' JSON lines are
-    cached. `write_every_eval=False` measures the update alone (the file would then be written at the end of training
-    or at checkpoints)."""
-
-    def __init__(self, probes, base_outcome: np.ndarray, path: Path, write_every_eval: bool = True):
-        from forgetwatch.answers import LETTERS
-        from forgetwatch.prompts import question_block
-
-        self.probes, self.path, self.write_every_eval = list(probes), path, write_every_eval
-        self.base = base_outcome
-        self.prev_ok = base_outcome == CORRECT
-        n = len(base_outcome)
-        self.first = np.full(n, -1, np.int64)
-        self.events = np.zeros(n, np.int64)
-        self.static: dict[int, dict] = {}
-        self.lines: dict[int, str] = {}
-        self._letters, self._qb = LETTERS, question_block
-
-    def _static(self, i: int) -> dict:
-        p = self.probes[i]
-        user = self._qb(p, with_letters=p.kind == "mcq")
-        if p.kind == "mcq":
-            user += "\nAnswer with the letter of the correct option."
-            answer, solution = f"{self._letters[p.gold]}. {p.choices[p.gold]}", self._letters[p.gold]
-        else:
-            answer, solution = p.answers[0], list(p.answers)
-        return {"user": user, "answer": answer, "solution": solution}
-
-    def update(self, step: int, outcome: np.ndarray) -> None:
-        import json
-
-        ok = outcome == CORRECT
-        changed = np.flatnonzero(ok != self.prev_ok)
-        lost = changed[self.prev_ok[changed]]  # 1 -> not 1 at this evaluation
-        self.events[lost] += 1
-        new = lost[(self.base[lost] == CORRECT) & (self.first[lost] < 0)]
-        self.first[new] = step
-        for i in changed[self.first[changed] >= 0].tolist():
-            p = self.probes[i]
-            st = self.static.get(i) or self.static.setdefault(i, self._static(i))
-            ex = {
-                "id": p.id, "category": p.category, "source": p.source, "first_forgotten_step": int(self.first[i]),
-                "recovered": bool(ok[i]), "forgetting_events": int(self.events[i]),
-                "messages": [{"role": "user", "content": st["user"]}, {"role": "assistant", "content": st["answer"]}],
-                "prompt": [{"role": "user", "content": st["user"]}],
-                "completion": [{"role": "assistant", "content": st["answer"]}],
-                "solution": st["solution"], "numeric": p.numeric, "num_choices": p.num_choices,
-            }
-            self.lines[i] = json.dumps(ex, ensure_ascii=False) + "\n"
-        self.prev_ok = ok
-        if self.write_every_eval:
-            self.write()
-
-    def write(self) -> None:
-        from forgetwatch._io import atomic_write
-
-        with atomic_write(self.path) as f:
-            f.write("".join(self.lines[i] for i in sorted(self.lines)))
-
-
-def run_incremental(probes, base, stream, root: Path, write_every_eval: bool) -> dict:
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    inc = IncrementalReplay(probes, base.outcome, root / "replay.jsonl", write_every_eval)
-    per_eval = []
-    for e, res in enumerate(stream, start=1):
-        t0 = time.perf_counter()
-        inc.update(50 * e, res.outcome)
-        per_eval.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    inc.write()
-    final_write = time.perf_counter() - t0
-    return {"ms_per_eval_mean": 1000 * float(np.mean(per_eval)), "ms_last_5": [round(1000 * x, 1) for x in per_eval[-5:]],
-            "final_write_ms": 1000 * final_write, "file": root / "replay.jsonl"}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--probes", type=int, default=100_000)
@@ -274,15 +197,6 @@ def main() -> None:
                   f"{r['record_bytes']}; flip rows/eval {r['flip_rows_per_eval']:.0f}\n  by step (ms/eval): {r['ms_per_eval_by_step']}",
                   flush=True)
         info["peak_rss_mb_end"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        # the incremental prototype must produce the very same replay.jsonl as forgetwatch's replay=True run
-        reference = (parent / "replay-True" / "replay.jsonl").read_bytes()
-        for every in (True, False):
-            inc = run_incremental(probes, base, stream, parent / f"incremental-{every}", every)
-            inc["identical_to_forgetwatch_replay"] = inc.pop("file").read_bytes() == reference
-            info[f"prototype_incremental_replay_write_every_eval={every}"] = inc
-            print(f"prototype incremental replay (write every eval: {every}): {inc['ms_per_eval_mean']:.1f} ms/eval, last "
-                  f"{inc['ms_last_5']}, final write {inc['final_write_ms']:.0f} ms, identical file: "
-                  f"{inc['identical_to_forgetwatch_replay']}", flush=True)
         for replay in (False, True):
             tr = run(probes, base, stream, parent / f"trace-{replay}", replay, trace=True)
             info["runs"][f"replay={replay}"]["tracemalloc_peak_mb"] = tr["tracemalloc_peak_mb"]

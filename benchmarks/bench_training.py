@@ -16,7 +16,9 @@ default probe set (100 per suite, 400 probes) is scored once with the trained mo
 the callback's defaults. The table of probing shares for other probe counts and eval_steps is computed from the
 measured per-step training time and per-probe scoring time:
 
-    share = E(P) / (eval_steps * t_step + E(P)),   E(P) = P * (seconds per probe)
+    share = E(P) / (eval_steps * t_step + E(P)),   E(P) = the scoring time of P probes (see `share_tables`)
+
+`--recompute` rebuilds the tables of a saved result without training again.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def make_timer():
     return StepTimer()
 
 
-def run_once(cfg: dict, args, with_callback: bool, output_dir: Path) -> dict:
+def run_once(cfg: dict, args, with_callback: bool, output_dir: Path, instrument=None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -109,6 +111,8 @@ def run_once(cfg: dict, args, with_callback: bool, output_dir: Path) -> dict:
             return out
 
         fw.on_train_begin = timed_begin
+        if instrument is not None:
+            instrument(fw)
     max_steps = args.max_steps or cfg["max_steps"]
     bs = cfg["per_device_train_batch_size"] * cfg.get("gradient_accumulation_steps", 1)
     ds = train_dataset(bs * max_steps)
@@ -138,6 +142,39 @@ def run_once(cfg: dict, args, with_callback: bool, output_dir: Path) -> dict:
     return out
 
 
+def share_tables(summary: dict, per_probe: dict) -> dict:
+    """Probing share of wall time = E(P) / (eval_steps * t_step + E(P)) for probe counts P and eval_steps.
+
+    With the default set measured, E(P) for the default suites (3 multiple-choice suites + triviaqa, so P/4 short-answer
+    probes) = 3P/4 * (seconds per mcq probe) + ceil(P/4 / 16) * (seconds per generation batch of 16): a generation
+    batch runs until its longest answer ends (32 new tokens here), so it costs about the same however full it is.
+    "mcq only" is P * (seconds per mcq probe). Otherwise E(P) = P * (the demo's seconds per probe).
+    """
+    import math
+
+    t_step = summary["train_step_seconds_median"]
+    cost = {}
+    if "seconds_per_mcq_probe" in summary:
+        s_mcq = summary["seconds_per_mcq_probe"]
+        s_batch = summary["default_short_seconds"] / math.ceil(summary["default_short"] / 16)
+        summary["seconds_per_generation_batch_of_16"] = s_batch
+        cost["default suites (3/4 mcq, 1/4 short)"] = lambda p: 0.75 * p * s_mcq + math.ceil(p / 4 / 16) * s_batch
+        cost["mcq only"] = lambda p: p * s_mcq
+    else:
+        spp = per_probe["demo mix"]
+        cost["demo mix"] = lambda p: p * spp
+    return {kind: {p: {"eval_seconds": round(e(p), 2), **{es: e(p) / (es * t_step + e(p)) for es in (10, 25, 50, 100, 200)}}
+                   for p in (100, 200, 400, 800)} for kind, e in cost.items()}
+
+
+def recompute(path: Path) -> None:
+    """Recompute the share tables of a saved result (e.g. after changing the cost model), without training again."""
+    info = json.loads(path.read_text())
+    info["summary"]["share_tables"] = share_tables(info["summary"], {"demo mix": info["summary"]["seconds_per_probe_demo"]})
+    path.write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps(info["summary"]["share_tables"], indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-steps", type=int, default=None, help="default: the recipe's")
@@ -145,7 +182,11 @@ def main() -> None:
     ap.add_argument("--skip-default-probes", action="store_true", help="do not score the 400-probe default set")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="bench_training")
+    ap.add_argument("--recompute", action="store_true", help="only recompute the tables of results/<out>.json")
     args = ap.parse_args()
+    if args.recompute:
+        recompute(_common.RESULTS_DIR / f"{args.out}.json")
+        return
     _common.set_threads(args.threads)
     import os
     import tempfile
@@ -214,11 +255,7 @@ def main() -> None:
             need_step = e_default * 0.95 / 0.05 / 50
             summary["step_seconds_needed_for_5pct_at_defaults"] = need_step
             summary["train_tokens_per_step_needed_for_5pct_at_defaults"] = need_step / t_step * withcb["train_tokens_per_step_mean"]
-        tables = {}
-        for kind, spp in per_probe.items():
-            tables[kind] = {p_count: {es: p_count * spp / (es * t_step + p_count * spp) for es in (10, 25, 50, 100, 200)}
-                            for p_count in (100, 200, 400, 800)}
-        summary["share_tables"] = tables
+        summary["share_tables"] = share_tables(summary, per_probe)
         info["summary"] = summary
     info["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(info["summary"], indent=1))
