@@ -99,6 +99,8 @@ def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[i
         >>> ex["first_forgotten_step"], ex["recovered"], ex["solution"]
         (10, True, 'B')
     """
+    if len(steps) != len(history):
+        raise ValueError(f"`steps` has {len(steps)} entries but `history` has {len(history)} rows: one step per evaluation")
     tracker = ReplayTracker(probes, base)
     for step, outcome in zip(steps, history, strict=True):
         tracker.update(step, outcome)
@@ -106,7 +108,8 @@ def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[i
 
 
 def _training_example(p: Probe) -> dict[str, Any]:
-    """A probe as SFT / GRPO data; the history fields are filled in by `ReplayTracker.update`."""
+    """A probe as SFT / GRPO data; `ReplayTracker._example` fills in the history fields (placeholders here keep
+    the key order of the file)."""
     user = question_block(p, with_letters=p.kind == "mcq")
     if p.kind == "mcq":
         user += "\nAnswer with the letter of the correct option."

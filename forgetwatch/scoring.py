@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 
 MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
 SHORT_MATCHES = ("exact", "contains")
-_MODES = MCQ_MODES  # the order every rank scores them in (short answers are generated)
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 
 
@@ -164,8 +163,9 @@ def score_probes(
     for i, p in enumerate(probes):
         mode = config.mcq_mode if p.kind == "mcq" else "generate"
         by_mode.setdefault(mode, []).append(i)
-    # A fixed order of modes, whatever order the probes come in: ranks must take them in the same order.
-    by_mode = {mode: by_mode[mode] for mode in _MODES if mode in by_mode}
+    # A fixed order of modes (short answers are generated), whatever order the probes come in: ranks must take
+    # them in the same order.
+    by_mode = {mode: by_mode[mode] for mode in MCQ_MODES if mode in by_mode}
 
     from tqdm.auto import tqdm
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: conftest's build_tokenizer / build_model
@@ -172,8 +173,12 @@ def score_only(out: Path, scoring: str = "default") -> None:
             "prediction": results.prediction, "generation": results.generation, "forwards": forwards[0],
         }
         (out / f"scored-rank{rank}.json").write_text(json.dumps(payload))
-    finally:
-        _leave_distributed_run()
+    except BaseException:
+        # fail loudly: the clean exit below would turn an error into exit code 0
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    _leave_distributed_run()
 
 
 def _leave_distributed_run() -> None:

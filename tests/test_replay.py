@@ -59,3 +59,5 @@ def test_outcome_of_the_wrong_length_names_the_shape():
     tracker = ReplayTracker(_probes(3), np.array([1, 1, 0]))
     with pytest.raises(ValueError, match=r"shape \(2,\), expected \(3,\)"):
         tracker.update(1, np.array([1, 0]))
+    with pytest.raises(ValueError, match="`steps` has 1 entries but `history` has 2 rows"):
+        replay_examples(_probes(3), np.array([1, 1, 0]), [5], np.ones((2, 3), np.int8))
