@@ -16,10 +16,12 @@ Plain Python and `re` only: everything here is testable in milliseconds.
 
 from __future__ import annotations
 
-import math
+import contextlib
+import logging
 import operator
 import re
 import string
+import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -33,6 +35,7 @@ __all__ = [
     "extract_short_answer",
     "normalize_answer",
     "extract_number",
+    "parse_math_answer",
     "is_correct_short",
     "short_answer_reward",
     "mcq_reward",
@@ -180,15 +183,56 @@ def extract_final_answer(text: str) -> str | None:
     return None
 
 
-_LABEL = re.compile(r"^(?:\*\*|__)?(?i:final[ \t]+)?(?i:answer)(?:\*\*|__)?[ \t]*:(?:\*\*|__)?[ \t]*")
+# A label the model (or a few-shot prompt it echoes) puts before its answer: "Answer:", "**Final answer:**", "A:".
+_LABEL = re.compile(r"^(?:(?:\*\*|__)?(?:(?i:(?:final|short)[ \t]+)?(?i:answer)|A)(?:\*\*|__)?[ \t]*:(?:\*\*|__)?[ \t]*)+")
+# An instruct model's lead-in before a bare answer: "The answer is", "So the correct answer would be:".
+_LEAD_IN = re.compile(
+    r"^(?i:(?:so|thus|therefore)?,?[ \t]*(?:the[ \t]+)?(?:correct[ \t]+|final[ \t]+|short[ \t]+)?answer"
+    r"[ \t]+(?:is|was|would[ \t]+be|should[ \t]+be|will[ \t]+be)\b)[ \t:]*"
+)
+# A clause that explains the answer rather than being it: "Rome, which is ...", "Rome (the capital)", "Rome because".
+_TRAILING_CLAUSE = re.compile(
+    r",[ \t]+(?i:which|who|whose|where|when|that|because|since|as|although|though|but|so)\b"
+    r"|[ \t]+(?i:because|since|which[ \t]+(?:is|was)|who[ \t]+(?:is|was))\b"
+    r"|[ \t]+\("
+)
+# The end of a first sentence: ". " before a capital, after a lowercase word of 3+ letters or a digit, so that
+# abbreviations ("St. Louis", "U.S. Army", "Dr. No") are not cut.
+_SENTENCE_END = re.compile(r"(?:(?<=[a-z]{3})|(?<=\d))[.!?]+[ \t]+(?=[A-Z\"'\u201c(])")
+_QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb", "`": "`"}
+
+
+def _strip_wrappers(s: str) -> str:
+    # Markdown emphasis and quotes around the whole answer: **"Paris"**, “Paris”, `72`.
+    while True:
+        t = s.strip().strip("*_").strip()
+        if len(t) >= 2 and _QUOTES.get(t[0]) == t[-1]:
+            t = t[1:-1].strip()
+        if t == s:
+            return s
+        s = t
+
+
+def _bare_answer(line: str) -> str:
+    """The answer in one line of a direct (non-CoT) reply: labels, lead-ins, quotes and trailing clauses dropped."""
+    line = _LABEL.sub("", line.strip())
+    line = _LEAD_IN.sub("", line).strip()
+    line = _LABEL.sub("", line)  # "The answer is: Answer: X" happens
+    line = _SENTENCE_END.split(line, maxsplit=1)[0]
+    line = _TRAILING_CLAUSE.split(line, maxsplit=1)[0]
+    return _clean_answer(_strip_wrappers(line))
 
 
 def extract_short_answer(text: str, cot: bool = False) -> str | None:
     """The answer in a short-answer generation, or `None` if there is none.
 
-    Without chain of thought the model is expected to answer straight away, so the answer is the first
-    non-empty line (anything after it is the model rambling on). A leading "Answer:" label on that line is
-    dropped, since the model did answer. With `cot=True` the answer is `extract_final_answer(text)`.
+    Without chain of thought the model is expected to answer straight away, so the answer is read from the first
+    non-empty line (anything after it is the model rambling on). Instruct models wrap it in a sentence, so these
+    are dropped: a leading label ("Answer:", "A:"), a lead-in ("The answer is"), quotes and Markdown emphasis
+    around it, a second sentence ("Rome. It is the capital."), a trailing clause ("Rome, which ...",
+    "Rome (the capital)", "Rome because ...") and a final period. A whole sentence such as "The capital of Italy
+    is Rome." is kept as it is: only `match="contains"` (or `short_mode="greedy_match"`) can credit it.
+    With `cot=True` the answer is `extract_final_answer(text)`.
 
     Args:
         text: the generated text.
@@ -200,22 +244,27 @@ def extract_short_answer(text: str, cot: bool = False) -> str | None:
     Example:
         >>> extract_short_answer("\\n  Sunset Boulevard \\nQuestion: who wrote it?")
         'Sunset Boulevard'
+        >>> extract_short_answer('The answer is "Rome", which is the capital of Italy.')
+        'Rome'
         >>> extract_short_answer("It opened in 1993.\\nAnswer: Sunset Boulevard", cot=True)
         'Sunset Boulevard'
     """
     if cot:
         return extract_final_answer(text)
     for line in text.splitlines():
-        line = _LABEL.sub("", line.strip()).strip()
-        if line:
-            return line
+        answer = _bare_answer(line)
+        if answer:
+            return answer
     return None
 
 
 _APOSTROPHES = "'\u2018\u2019`\u00b4"
 _DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d)")
-_NON_DECIMAL_DOT = re.compile(r"(?<!\d)\.|\.(?!\d)")  # every period but a decimal point
+_NON_DECIMAL_DOT = re.compile(r"\.(?!\d)")  # every period but a decimal point (".5" and "3.5" keep theirs)
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+# "-5", "(-5)", "x = -0.5": a minus (ASCII or U+2212) that starts a number, not a hyphen inside "1-2" or "Jean-5".
+_MINUS = re.compile(r"(?<![\w.])[-\u2212](?=\.?\d)")
+_MINUS_KEEP = "\ue000"
 
 
 def _is_punct(ch: str) -> bool:
@@ -227,8 +276,8 @@ def normalize_answer(s: str) -> str:
 
     Steps: Unicode NFKC, lowercase, drop apostrophes ("Smith's" -> "smiths") and periods ("U.S." -> "us")
     except decimal points ("3.5" stays), drop thousands commas ("1,234" -> "1234"), turn all other
-    punctuation into spaces ("Sunset-Boulevard" -> "sunset boulevard"), remove the articles a/an/the, and
-    collapse whitespace.
+    punctuation into spaces ("Sunset-Boulevard" -> "sunset boulevard") except a minus sign before a number
+    ("-5" stays "-5", so it never equals "5"), remove the articles a/an/the, and collapse whitespace.
 
     This is TriviaQA's rule (punctuation becomes a space) with SQuAD's deletion for the marks that sit inside
     words and numbers, so both "US" / "U.S." and "Sunset Boulevard" / "Sunset-Boulevard" compare equal.
@@ -244,13 +293,17 @@ def normalize_answer(s: str) -> str:
         'sunset boulevard'
         >>> normalize_answer("U.S. population: 1,234.5")
         'us population 1234.5'
+        >>> normalize_answer("-5 degrees"), normalize_answer("1-2")
+        ('-5 degrees', '1 2')
     """
     s = unicodedata.normalize("NFKC", s).lower()
     s = "".join(ch for ch in s if ch not in _APOSTROPHES)
     s = _DIGIT_COMMA.sub("", s)
     s = _NON_DECIMAL_DOT.sub("", s)
+    # A minus sign is kept through the punctuation step in a private-use character (not punctuation).
+    s = _MINUS.sub(_MINUS_KEEP, s)
     s = "".join(" " if ch != "." and _is_punct(ch) else ch for ch in s)
-    s = _ARTICLES.sub(" ", s)
+    s = _ARTICLES.sub(" ", s).replace(_MINUS_KEEP, "-")
     return " ".join(s.split())
 
 
@@ -310,6 +363,66 @@ def extract_number(text: str) -> float | None:
     return numbers[-1] if numbers else None
 
 
+# -- numbers and math with math-verify ------------------------------------------------------------------------
+
+_PLUS = re.compile(r"(?<![\w.])\+(?=\.?\d)")
+
+
+def _math_timeout() -> int | None:
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere run without one.
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def parse_math_answer(answer: str) -> list[Any]:
+    r"""The number or expression in an extracted answer, parsed by `math-verify`; `[]` when there is none.
+
+    math-verify (Hugging Face's answer verifier, used by TRL and open-r1 rewards) reads plain numbers ("1,234",
+    "$18.00", "-3.5", "50%"), fractions and LaTeX ("3/4", "rac{3}{4}", "oxed{7}") and units ("18 dollars").
+    A trailing clause is dropped first, because math-verify takes the last number it finds: "18 dollars (2 x 9)"
+    is 18, not 9.
+
+    Example:
+        >>> parse_math_answer("18 dollars (2 x 9)")[1], parse_math_answer("−5")[1], parse_math_answer("Paris")
+        ('18', '-5', [])
+    """
+    from math_verify import parse
+
+    text = _PLUS.sub("", answer.replace("\u2212", "-"))  # "+7" is 7; U+2212 is a minus math-verify does not know
+    head = _TRAILING_CLAUSE.split(text, maxsplit=1)[0]
+    with _quiet_math_verify():
+        for candidate in dict.fromkeys((head, text)):
+            parsed = parse(candidate, parsing_timeout=_math_timeout())
+            if parsed:
+                return parsed
+    return []
+
+
+@cache
+def _gold_math(gold: str) -> tuple[Any, ...]:
+    # A gold may be a full GSM8K solution ("... #### 72"): its final answer, else the whole text.
+    return tuple(parse_math_answer(extract_final_answer(gold) or gold))
+
+
+def _verify(gold: Sequence[Any], value: Sequence[Any]) -> bool:
+    from math_verify import verify
+
+    with _quiet_math_verify():
+        return bool(verify(list(gold), list(value), timeout_seconds=_math_timeout()))
+
+
+@contextlib.contextmanager
+def _quiet_math_verify():
+    # Without a timeout (off the main thread) math-verify warns on every call; that is expected here.
+    log = logging.getLogger("math_verify")
+    level = log.level
+    if _math_timeout() is None:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 # -- checking ----------------------------------------------------------------------------------------------
 
 
@@ -353,11 +466,11 @@ def is_correct_short(
     if prediction is None:
         return False
     if numeric:
-        golds = [extract_number(str(a)) for a in answers]
-        if all(g is None for g in golds):
+        golds = [g for g in (_gold_math(str(a)) for a in answers) if g]
+        if not golds:
             raise ValueError(f"`answers` {list(answers)!r} has no number, but `numeric` is true")
-        value = extract_number(prediction)
-        return value is not None and any(g is not None and math.isclose(value, g, rel_tol=1e-6) for g in golds)
+        value = parse_math_answer(prediction)
+        return bool(value) and any(_verify(g, value) for g in golds)
     pred = normalize_answer(prediction)
     if not pred:
         return False  # an answer of only punctuation/articles matches nothing, not an alias like "The"

@@ -53,6 +53,8 @@ class ForgetWatchArguments:
     forgetwatch_chat_template: bool | None = field(default=None, metadata={"help": "Wrap prompts in the chat template (default: for generation only, when the tokenizer has one)."})
     forgetwatch_cot: bool = field(default=False, metadata={"help": "Generative probes: ask for reasoning and a final 'Answer:' line."})
     forgetwatch_max_new_tokens: int | None = field(default=None, metadata={"help": "Generation budget for generative probes (default 32, 256 with cot)."})
+    forgetwatch_short_mode: str | None = field(default=None, metadata={"help": "Short-answer scoring: greedy_match (one teacher-forced forward: does greedy decoding produce an accepted answer?) or generate (decode, extract, match). Default greedy_match, generate with cot."})
+    forgetwatch_short_match: str = field(default="exact", metadata={"help": "With short_mode=generate: exact (normalised exact match) or contains (an accepted answer as whole words). Numeric probes compare numbers (math-verify)."})
     forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
     forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
     forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
@@ -83,7 +85,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         seed: with suite names, the subsampling seed.
         base_cache: a cache made by `forgetwatch cache` (or by an earlier run); default
             `<output_dir>/forgetwatch/base.parquet`.
-        mcq_mode, chat_template, cot, max_new_tokens, batch_size: scoring options (see `ScoringConfig`).
+        mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, batch_size: scoring options (see
+            `ScoringConfig`); `short_mode="greedy_match"` (default) scores short answers with one forward,
+            `"generate"` decodes them and matches with `short_match` ("exact" or "contains").
         replay: write forgotten probes to `<output_dir>/forgetwatch/replay.jsonl` as training examples.
         log_table: log a W&B table of the probes that flipped at each evaluation.
 
@@ -106,6 +110,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         chat_template: bool | None = None,
         cot: bool = False,
         max_new_tokens: int | None = None,
+        short_mode: str | None = None,
+        short_match: str = "exact",
         batch_size: int = 16,
         replay: bool = False,
         log_table: bool = True,
@@ -116,14 +122,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
         self.probes = ProbeSet.load(probes, per_suite=per_suite, seed=seed)
         self.eval_steps = eval_steps
-        self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens,
+                                    short_mode=short_mode, short_match=short_match, batch_size=batch_size)
         self.base_cache = base_cache
         self.replay = replay
         self.log_table = log_table
         self._args = {
             "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
             "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
-            "max_new_tokens": max_new_tokens, "batch_size": batch_size, "replay": replay, "log_table": log_table,
+            "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
+            "replay": replay, "log_table": log_table,
         }
         if base_cache and Path(base_cache).is_file():
             # Fail before any training step is spent: a cache for another probe set can never match.
@@ -224,6 +232,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._log_config()
         if not resuming:
             self._report(base, step=0, epoch=0.0, seconds=0.0)
+            _warn_nothing_to_forget(self._last_report)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
@@ -315,6 +324,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _warn_nothing_to_forget(base_report: dict) -> None:
+    empty = [f"{name} ({m.accuracy_pre:.0%} right at base)" for name, m in base_report.items()
+             if name != "overall" and m.nothing_to_forget]
+    if empty:
+        logger.warning(
+            "forgetwatch: nothing to forget in %s: the base model knows nothing there beyond chance, so these categories "
+            "can only show backward transfer. Choose probes the base model knows (or another scoring mode) to watch "
+            "forgetting there.", ", ".join(empty))
 
 
 def _vs_base(base_correct: int, now_correct: int) -> str:

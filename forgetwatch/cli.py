@@ -92,7 +92,11 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--chat-template", choices=tuple(_CHAT), default=d("auto"), help=f"wrap prompts in the chat template{note}")
     p.add_argument("--cot", action=argparse.BooleanOptionalAction, default=d(False), help=f"chain-of-thought generation with a final 'Answer:' line{note}")
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation budget (default 32, 256 with --cot){note}")
-    p.add_argument("--short-match", choices=("exact", "contains"), default=d("exact"), help=f"short-answer matching{note}")
+    # the same names as ScoringConfig's SHORT_MODES / SHORT_MATCHES (tests/test_cli.py pins them): scoring imports torch
+    p.add_argument("--short-mode", choices=("greedy_match", "generate"), default=None,
+                   help="short answers: greedy_match (one forward: would greedy decoding give an accepted answer?) or "
+                        "generate (decode, extract, match)" + (note or "; default greedy_match, generate with --cot"))
+    p.add_argument("--short-match", choices=("exact", "contains"), default=d("exact"), help=f"with --short-mode generate: exact or contains (whole words){note}")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d("float32"), help=f"weights dtype{note}")
     p.add_argument("--batch-size", type=int, default=16, help="questions per forward (default 16)")
     p.add_argument("--per-suite", type=int, default=None, help="with suite names in --probes: probes per suite")
@@ -135,12 +139,13 @@ def _print_summary(probes: ProbeSet) -> None:
 def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = None):
     from .scoring import ScoringConfig
 
-    fields = {"mcq_mode": args.mcq_mode, "cot": args.cot, "short_match": args.short_match, "max_new_tokens": args.max_new_tokens}
+    fields = {"mcq_mode": args.mcq_mode, "cot": args.cot, "short_mode": args.short_mode, "short_match": args.short_match,
+              "max_new_tokens": args.max_new_tokens}
     fields["chat_template"] = _CHAT[args.chat_template] if args.chat_template is not None else None
     dtype = args.dtype
     if base_key is not None:
         scoring = base_key.get("scoring", {})
-        for name in ("mcq_mode", "cot", "short_match", "max_new_tokens"):
+        for name in ("mcq_mode", "cot", "short_mode", "short_match", "max_new_tokens"):
             if fields[name] is None:
                 fields[name] = scoring.get(name)
         if args.chat_template is None:
@@ -152,6 +157,7 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
         chat_template=fields["chat_template"],
         cot=bool(fields["cot"]),
         max_new_tokens=fields["max_new_tokens"],
+        short_mode=fields["short_mode"],
         short_match=fields["short_match"] or "exact",
         batch_size=args.batch_size,
     )
@@ -247,14 +253,19 @@ def format_report(report: dict) -> str:
         adj = (lambda v: f"{v:.3f}") if m.adjusted else (lambda v: "n/a")
         if name == "overall":
             lines.append("-" * len(head))
+        label = f"{name} *" if m.nothing_to_forget and name != "overall" else name
         lines.append(
-            f"{name:<22}{m.n:>6}{m.accuracy_pre:>10.3f}{m.accuracy_post:>9.3f}{m.forgotten:>6}{m.learned:>6}"
+            f"{label:<22}{m.n:>6}{m.accuracy_pre:>10.3f}{m.accuracy_post:>9.3f}{m.forgotten:>6}{m.learned:>6}"
             f"{m.forgetting:>8.3f}{adj(m.forgetting_adjusted):>8}{ci:>16}{m.backward_transfer:>8.3f}"
             f"{adj(m.backward_transfer_adjusted):>8}{m.invalid_rate_post:>9.3f}"
         )
     overall = report["overall"]
     lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
     lines.append("F adj / BT adj subtract flips expected from guessing among each probe's own k options; short-answer probes have no chance term (n/a).")
+    nothing = [k for k in names if k != "overall" and report[k].nothing_to_forget]
+    if nothing:
+        lines.append(f"* nothing to forget ({', '.join(nothing)}): the base model knew nothing there beyond chance "
+                     "(chance-corrected base accuracy 0, or fewer than 2 and under 2% of short answers right); only backward transfer can show.")
     return "\n".join(lines)
 
 

@@ -100,6 +100,9 @@ class ForgettingMetrics:
     mcnemar_p: float  # exact two-sided p-value of forgotten vs learned
     n_mcq: int  # probes with k >= 2; short-answer probes get no chance term
     adjusted: bool  # n_mcq > 0; when False the adjusted values equal the raw ones
+    # Nothing the base knew beyond chance: multiple choice with a chance-corrected base accuracy of 0, short answers
+    # with fewer than 2 and under 2% correct at base. Such a group can only show backward transfer.
+    nothing_to_forget: bool
 
     def to_dict(self) -> dict[str, float | int | bool]:
         """All fields as a flat dict; intervals become `<name>_ci_low` / `<name>_ci_high`."""
@@ -221,7 +224,10 @@ def _metrics_from_table(t: np.ndarray, k_values: np.ndarray) -> ForgettingMetric
     # k-group: n * (k * acc - 1) / (k - 1) = (k * #ok - n) / (k - 1); short answer: #ok as is.
     short_pre_ok = int(pre_ok_g[~is_mcq].sum())
     short_post_ok = int(post_ok_g[~is_mcq].sum())
-    known_pre = float(((kf * a - ng) / (kf - 1)).sum()) + short_pre_ok
+    known_mcq_pre = float(((kf * a - ng) / (kf - 1)).sum())
+    known_pre = known_mcq_pre + short_pre_ok
+    n_short = n - n_mcq
+    nothing_to_forget = (n_mcq == 0 or known_mcq_pre <= 1e-9) and (n_short == 0 or (short_pre_ok < 2 and short_pre_ok < 0.02 * n_short))
     known_post = float(((kf * b - ng) / (kf - 1)).sum()) + short_post_ok
 
     forgetting, backward_transfer = forgotten / n, learned / n
@@ -249,6 +255,7 @@ def _metrics_from_table(t: np.ndarray, k_values: np.ndarray) -> ForgettingMetric
         mcnemar_p=mcnemar_exact(forgotten, learned),
         n_mcq=n_mcq,
         adjusted=n_mcq > 0,
+        nothing_to_forget=nothing_to_forget,
     )
 
 

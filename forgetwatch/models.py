@@ -19,7 +19,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("FORGETWATCH_CACHE", Path.home() / ".cache" / "forgetwatch"))
+    return Path(os.environ.get("FORGETWATCH_CACHE") or Path.home() / ".cache" / "forgetwatch")
 
 
 def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:

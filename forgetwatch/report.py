@@ -298,6 +298,7 @@ table.metrics tr.overall td { font-weight: 600; border-top: 2px solid #999; }
 table.flips td.q { max-width: 36em; white-space: pre-wrap; }
 table.flips td.id { font-family: ui-monospace, monospace; font-size: 0.85em; overflow-wrap: anywhere; max-width: 16em; }
 .note { color: #555; font-size: 0.9em; }
+tr.nothing td { color: #777; }
 """
 
 _METRIC_COLS = ("category", "n", "acc base", "acc now", "1→0", "0→1", "F", "F adj", "F 95% CI", "BT", "BT adj", "invalid")
@@ -311,8 +312,9 @@ def _metrics_row(name: str, m: dict[str, Any]) -> str:
         adj(m["forgetting_adjusted"]), f"[{_f(m['forgetting_ci_low'])}, {_f(m['forgetting_ci_high'])}]",
         _f(m["backward_transfer"]), adj(m["backward_transfer_adjusted"]), _f(m["invalid_rate_post"]),
     ]
-    cls = ' class="overall"' if name == OVERALL else ""
-    return (f'<tr{cls} data-category="{_e(name)}"><td>{_e(name)}</td>'
+    cls = ' class="overall"' if name == OVERALL else (' class="nothing"' if m.get("nothing_to_forget") else "")
+    mark = " *" if m.get("nothing_to_forget") else ""
+    return (f'<tr{cls} data-category="{_e(name)}"><td>{_e(name)}{mark}</td>'
             + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
 
 
@@ -385,6 +387,12 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
     if any(p.kind == "short" for p in probes):
         short_note = ('<p class="note">Short-answer probes show the answer given at their last flip; multiple-choice '
                       "probes show the option chosen at the final evaluation.</p>")
+    nothing = [c for c in categories if fm[c].get("nothing_to_forget")]
+    nothing_note = ""
+    if nothing:
+        nothing_note = (f" * Nothing to forget in {', '.join(nothing)}: the base model knew nothing there beyond chance "
+                        "(multiple choice: chance-corrected base accuracy 0; short answers: fewer than 2 and under 2% "
+                        "right), so these categories can only show backward transfer.")
     title = f"forgetwatch report: {name}"
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -408,7 +416,7 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
 {table}
 <p class="note">Rates are shares of the group's n probes; invalid (unparseable) answers count as wrong. F adj / BT adj
 subtract the flips expected from guessing among each probe's own k options; groups of short-answer probes only have
-no chance term (n/a). invalid: share of unparseable answers now.</p>
+no chance term (n/a). invalid: share of unparseable answers now.{nothing_note}</p>
 
 <h2 id="flips">Flipped probes at step {_e(final["step"])}, vs the base model</h2>
 {mismatch}{short_note}

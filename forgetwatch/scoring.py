@@ -20,9 +20,11 @@ the python / numpy / torch RNG states.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import random
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,14 @@ import torch
 
 from . import answers
 from .probes import Probe
-from .prompts import PROMPT_VERSION, generation_prompt, letter_prompt, loglik_request
+from .prompts import (
+    PROMPT_VERSION,
+    generation_prompt,
+    letter_prompt,
+    loglik_request,
+    short_answer_prefix,
+    short_answer_prompt,
+)
 from .results import CORRECT, INVALID, WRONG, ProbeResults
 
 __all__ = ["ScoringConfig", "score_probes", "describe_precision"]
@@ -40,7 +49,11 @@ __all__ = ["ScoringConfig", "score_probes", "describe_precision"]
 logger = logging.getLogger(__name__)
 
 MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
-SHORT_MATCHES = ("exact", "contains")
+SHORT_MODES = ("generate", "greedy_match")
+SHORT_MATCHES = answers.MATCH_MODES
+# The order in which modes are scored: fixed, so that every rank takes them in the same order. Short answers that are
+# generated are a mode of their own: their prompt (and chat template) is not the multiple-choice one.
+_MODE_ORDER = (*MCQ_MODES, "generate_short", "greedy_match")
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 
 
@@ -51,13 +64,26 @@ class ScoringConfig:
     Args:
         mcq_mode: `"loglik"` (log-likelihood of each option's text), `"loglik_norm"` (divided by its length in
             characters), `"letter"` (compare the option letters' logits after a lettered list), or `"generate"`
-            (greedy decoding, then the letter is extracted). Short-answer probes are always generated.
-        chat_template: wrap prompts in the tokenizer's chat template. `None` (default) uses it for generation
-            when the tokenizer has one, and plain `Question:/Answer:` prompts for log-likelihood and letters.
+            (greedy decoding, then the letter is extracted).
+        chat_template: wrap prompts in the tokenizer's chat template. `None` (default) uses it for free-form
+            generation (multiple choice with `mcq_mode="generate"`, short answers with `cot`) when the tokenizer has
+            one, and plain prompts otherwise: for log-likelihood, letters, and the few-shot short-answer prompt (on
+            SmolLM2-135M-Instruct the plain few-shot prompt gets bare answers where the chat template gets
+            sentences; benchmarks/RESULTS.md).
         cot: ask for reasoning and a final "Answer: X" line before extracting the answer (generation only).
         max_new_tokens: generation budget; default 32, or 256 with `cot`.
-        short_match: `"exact"` (normalised exact match against any accepted answer) or `"contains"` (an accepted
-            answer appears as whole words in the normalised prediction; more lenient).
+        short_mode: how short-answer probes are scored. `"generate"`: greedy decoding after the few-shot prompt, then
+            the answer is extracted and matched (`short_match`). `"greedy_match"`: one forward over the prompt and each
+            accepted answer; correct when greedy decoding would produce an accepted answer as a whole answer: the
+            model's argmax is the answer's token at every answer position, and right after it the argmax is a
+            boundary (end of sequence or turn, whitespace or a newline, or punctuation that does not continue a word
+            or number: not `-`, `'`, `_`, `/`, nor `.`/`,` after a digit). So "Paris" does not match a greedy
+            "Parisian" nor "1" a greedy "12" or "1.5". Costs about one forward instead of a decode; never invalid;
+            `gold_logprob` holds the best accepted answer's summed log-probability. Not with `cot`. Default (`None`):
+            `"greedy_match"`, or `"generate"` with `cot`.
+        short_match: with `short_mode="generate"`: `"exact"` (normalised exact match against any accepted answer) or
+            `"contains"` (an accepted answer appears as whole words in the normalised prediction; more lenient).
+            Numeric probes are compared as numbers with `math-verify` either way.
         system_prompt: an optional system message for chat templates.
         batch_size: questions per forward (halved automatically on out-of-memory).
         pack_choices: put all options of a question in one row behind the shared question (block attention
@@ -72,6 +98,7 @@ class ScoringConfig:
     chat_template: bool | None = None
     cot: bool = False
     max_new_tokens: int | None = None
+    short_mode: str | None = None
     short_match: str = "exact"
     system_prompt: str | None = None
     batch_size: int = 16
@@ -80,12 +107,22 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         if self.mcq_mode not in MCQ_MODES:
             raise ValueError(f"`mcq_mode` must be one of {', '.join(MCQ_MODES)}, got {self.mcq_mode!r}")
+        if self.short_mode is not None and self.short_mode not in SHORT_MODES:
+            raise ValueError(f"`short_mode` must be one of {', '.join(SHORT_MODES)}, got {self.short_mode!r}")
         if self.short_match not in SHORT_MATCHES:
             raise ValueError(f"`short_match` must be one of {', '.join(SHORT_MATCHES)}, got {self.short_match!r}")
+        if self.cot and self.short_mode == "greedy_match":
+            raise ValueError("`short_mode='greedy_match'` scores the answer right after the question, so it cannot follow "
+                             "reasoning: with `cot=True` pass `short_mode='generate'`")
         if self.batch_size < 1:
             raise ValueError(f"`batch_size` must be at least 1, got {self.batch_size}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"`max_new_tokens` must be at least 1, got {self.max_new_tokens}")
+
+    @property
+    def short_scoring(self) -> str:
+        """What `short_mode` resolves to: as given, else "greedy_match", or "generate" with `cot`."""
+        return self.short_mode or ("generate" if self.cot else "greedy_match")
 
     @property
     def new_tokens(self) -> int:
@@ -102,12 +139,13 @@ class ScoringConfig:
         """Everything that changes a probe's result: the part of the cache key that is about scoring."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("batch_size", "pack_choices")}
         d["max_new_tokens"] = self.new_tokens
+        d["short_mode"] = self.short_scoring
         d["prompt_version"] = PROMPT_VERSION
         if tokenizer is not None:
             # what the `chat_template` option resolved to for this tokenizer
             d["chat"] = {
                 "mcq": self.uses_chat(tokenizer, self.mcq_mode == "generate"),
-                "short": self.uses_chat(tokenizer, True),
+                "short": self.uses_chat(tokenizer, self.cot),
             }
         if precision is not None:
             d["precision"] = precision
@@ -161,11 +199,10 @@ def score_probes(
         return results
     by_mode: dict[str, list[int]] = {}
     for i, p in enumerate(probes):
-        mode = config.mcq_mode if p.kind == "mcq" else "generate"
+        mode = config.mcq_mode if p.kind == "mcq" else {"generate": "generate_short"}.get(config.short_scoring, config.short_scoring)
         by_mode.setdefault(mode, []).append(i)
-    # A fixed order of modes (short answers are generated), whatever order the probes come in: ranks must take
-    # them in the same order.
-    by_mode = {mode: by_mode[mode] for mode in MCQ_MODES if mode in by_mode}
+    # A fixed order of modes, whatever order the probes come in: ranks must take them in the same order.
+    by_mode = {mode: by_mode[mode] for mode in _MODE_ORDER if mode in by_mode}
 
     from tqdm.auto import tqdm
 
@@ -177,6 +214,8 @@ def score_probes(
                 part = _score_loglik(model, tokenizer, subset, config, mode == "loglik_norm", bar, sync_ranks)
             elif mode == "letter":
                 part = _score_letter(model, tokenizer, subset, config, bar, sync_ranks)
+            elif mode == "greedy_match":
+                part = _score_greedy_match(model, tokenizer, subset, config, bar, sync_ranks)
             else:
                 part = _score_generate(model, tokenizer, subset, config, bar, sync_ranks)
             _scatter(results, idx, part)
@@ -323,17 +362,37 @@ class _Row:
         return len(self.context) + sum(map(len, self.options))
 
 
-def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar,
-                  sync_ranks: bool = False) -> ProbeResults:
-    chat = config.uses_chat(tokenizer, generative=False)
-    contexts, continuations = zip(*(loglik_request(p, tokenizer, chat, config.system_prompt) for p in probes), strict=True)
-    # Tokenise like lm-evaluation-harness: option tokens = encode(context + option)[len(encode(context)):].
+@dataclass
+class _Continuations:
+    """What one forward tells about each continuation (option or accepted answer) of each prompt."""
+
+    tokens: list[list[list[int]]]  # [prompt][continuation] -> token ids
+    logprobs: list[list[np.ndarray]]  # log-probability of each of those tokens (fp32 log-softmax)
+    argmax: list[list[np.ndarray]]  # the model's greedy token at each of those positions (+1 after, with read_next)
+
+
+def _score_continuations(model, tokenizer, contexts: Sequence[str], continuations: Sequence[Sequence[str]], chat: bool,
+                         config: ScoringConfig, bar, sync_ranks: bool = False, read_next: bool = False,
+                         shared: str | None = None) -> _Continuations:
+    """Teacher-force every continuation after its context: per token, its log-probability and the greedy argmax.
+
+    With `read_next`, the argmax right after each continuation's last token is read too (is it a boundary?).
+    `shared` is text every context starts with (few-shot exemplars): its keys and values are computed once and
+    reused by every row, instead of once per row.
+    """
+    # Tokenise like lm-evaluation-harness: continuation tokens = encode(context + cont)[len(encode(context)):].
     ctx_ids = _encode(tokenizer, list(contexts), chat)
     flat = [c + o for c, opts in zip(contexts, continuations, strict=True) for o in opts]
     whole_ids = _encode(tokenizer, flat, chat)
     pack = config.pack_choices if config.pack_choices is not None else _accepts_custom_masks(model)
+    device = _device(model)
+    prefix = _shared_prefix(model, tokenizer, shared, ctx_ids, chat) if shared else []
+    P = len(prefix)
+    # 100 exemplar tokens before a 20-token question: one forward here, then each row carries its own part only
+    prefix_cache = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values if P else None
 
     rows: list[_Row] = []
+    tokens: list[list[list[int]]] = []
     k = 0
     for pi, (ctx, opts) in enumerate(zip(ctx_ids, continuations, strict=True)):
         option_tokens = []
@@ -343,14 +402,17 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
             if not toks:  # the option merged into the context's last token; score that token instead
                 toks = whole_ids[k - 1][-1:]
             option_tokens.append(toks)
+        tokens.append(option_tokens)
+        own = ctx[P:]
         if pack:
-            rows.append(_Row(pi, ctx, option_tokens, list(range(len(opts)))))
+            rows.append(_Row(pi, own, option_tokens, list(range(len(opts)))))
         else:
-            rows.extend(_Row(pi, ctx, [t], [j]) for j, t in enumerate(option_tokens))
+            rows.extend(_Row(pi, own, [t], [j]) for j, t in enumerate(option_tokens))
     rows.sort(key=lambda r: r.length, reverse=True)
 
-    loglik = [np.zeros(len(p.choices), np.float64) for p in probes]
-    device = _device(model)
+    extra = int(read_next)
+    logprobs = [[np.zeros(len(t), np.float64) for t in opts] for opts in tokens]
+    argmax = [[np.zeros(len(t) + extra, np.int64) for t in opts] for opts in tokens]
     pad_id = _pad_id(tokenizer)
     keep_logits = _supports_logits_to_keep(model)
 
@@ -362,7 +424,7 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
         input_ids = torch.full((B, T), pad_id, dtype=torch.long)
         position_ids = torch.zeros((B, T), dtype=torch.long)
         segment = torch.full((B, T), -1, dtype=torch.long)  # -1 padding, 0 question, j + 1 option j
-        reads_row, reads_pos, reads_tok, reads_opt = [], [], [], []
+        reads_row, reads_pos, reads_tok, reads_at = [], [], [], []
         for b, r in enumerate(batch):
             o = T - r.length
             L = len(r.context)
@@ -375,19 +437,24 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
                 input_ids[b, s : s + n] = torch.tensor(toks)
                 position_ids[b, s : s + n] = torch.arange(L, L + n)
                 segment[b, s : s + n] = j + 1
-                # token i of the option is predicted by the logits at the position before it
-                # (the question's last token for i = 0): kept positions are offset by T - K.
-                preds = [o + L - 1] + list(range(s, s + n - 1))
-                reads_row += [b] * n
+                # token i of the option is predicted by the logits at the position before it (the question's last
+                # token for i = 0); with read_next also the option's last position: what comes after it.
+                # Kept positions are offset by T - K.
+                preds = [o + L - 1] + list(range(s, s + n - 1 + extra))
+                reads_row += [b] * len(preds)
                 reads_pos += [p - (T - K) for p in preds]
-                reads_tok += toks
-                reads_opt += [(r.probe_index, r.option_ids[j])] * n
+                reads_tok += list(toks) + [pad_id] * extra  # the token after is unknown: its log-prob is not used
+                reads_at += [(r.probe_index, r.option_ids[j], t) for t in range(len(preds))]
                 s += n
-        kwargs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": position_ids.to(device), "use_cache": False}
+        kwargs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": (position_ids + P).to(device), "use_cache": False}
         if len(batch) and any(len(r.options) > 1 for r in batch):
-            kwargs["attention_mask"] = _block_mask(segment, model).to(device)
+            kwargs["attention_mask"] = _block_mask(segment, model, P).to(device)
         else:
-            kwargs["attention_mask"] = (segment >= 0).long().to(device)
+            kwargs["attention_mask"] = torch.cat([torch.ones(B, P, dtype=torch.long), (segment >= 0).long()], dim=1).to(device)
+        if P:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(B)
+            kwargs.update(past_key_values=cache, use_cache=True)
         rows_t, pos_t = torch.tensor(reads_row, device=device), torch.tensor(reads_pos, device=device)
         head = model.get_output_embeddings() if keep_logits else None
         gather, handle = None, None
@@ -409,19 +476,132 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
             logits = logits[:, -K:][rows_t, pos_t]
         if not keep:
             return
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # fp32: stable across batch sizes and precisions
-        picked = logprobs[torch.arange(len(reads_tok), device=logprobs.device), torch.tensor(reads_tok, device=logprobs.device)]
-        picked = picked.double().cpu().numpy()
-        for (pi, j), lp in zip(reads_opt, picked, strict=True):
-            loglik[pi][j] += lp
+        logprobs_t = torch.log_softmax(logits.float(), dim=-1)  # fp32: stable across batch sizes and precisions
+        reads = torch.arange(len(reads_tok), device=logprobs_t.device)
+        picked = logprobs_t[reads, torch.tensor(reads_tok, device=logprobs_t.device)].double().cpu().numpy()
+        greedy = logprobs_t.argmax(dim=-1).cpu().numpy()
+        for (pi, j, t), lp, g in zip(reads_at, picked, greedy, strict=True):
+            argmax[pi][j][t] = g
+            if t < len(logprobs[pi][j]):
+                logprobs[pi][j][t] = lp
 
     _run_batches(rows, config.batch_size, run, bar, sync_ranks)
+    return _Continuations(tokens, logprobs, argmax)
 
+
+def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar,
+                  sync_ranks: bool = False) -> ProbeResults:
+    chat = config.uses_chat(tokenizer, generative=False)
+    contexts, continuations = zip(*(loglik_request(p, tokenizer, chat, config.system_prompt) for p in probes), strict=True)
+    scored = _score_continuations(model, tokenizer, contexts, continuations, chat, config, bar, sync_ranks)
     results = ProbeResults.empty([p.id for p in probes])
     for pi, p in enumerate(probes):
-        scores = loglik[pi] / np.array([len(c) for c in p.choices]) if normalize else loglik[pi]
-        _decide(results, pi, p, scores, float(loglik[pi][p.gold]))
+        loglik = np.array([lp.sum() for lp in scored.logprobs[pi]])
+        scores = loglik / np.array([len(c) for c in p.choices]) if normalize else loglik
+        _decide(results, pi, p, scores, float(loglik[p.gold]))
     return results
+
+
+# -- short answers by teacher-forced greedy match -------------------------------------------------------------
+
+# Punctuation that continues a word ("Jean-Paul", "O'Brien", "and/or", "snake_case"): no boundary after an answer.
+_JOINERS = frozenset("-\u2010\u2011'\u2019_/")
+
+
+class _Boundaries:
+    """Whether a greedy token ends an answer: see `ScoringConfig.short_mode`. Cached per token id."""
+
+    def __init__(self, tokenizer, eos_ids: Sequence[int]):
+        self.tokenizer = tokenizer
+        self.special = {int(t) for t in (*getattr(tokenizer, "all_special_ids", ()), *eos_ids)}
+        self._first: dict[int, str] = {}
+
+    def __call__(self, token_id: int, after_digit: bool) -> bool:
+        if token_id in self.special:
+            return True
+        if token_id not in self._first:
+            self._first[token_id] = self.tokenizer.decode([token_id])[:1]
+        ch = self._first[token_id]
+        if not ch or ch.isspace():
+            return True
+        if after_digit and ch in ".,":  # "1" is not the answer when greedy says "1.5" or "1,000"
+            return False
+        return ch not in _JOINERS and answers._is_punct(ch)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    # a list, not a set: generation configs often hold a list of EOS ids (unhashable)
+    eos = [t for t in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)) if t is not None]
+    return sorted({int(x) for t in eos for x in (t if isinstance(t, (list, tuple)) else [t])})
+
+
+# Accepted answers teacher-forced per probe. TriviaQA lists 17 aliases on average (up to 108: Wikipedia redirect
+# titles such as "The weather in Barcelona"), 71 tokens, more than the question. Kept: the first (the answer
+# itself), the variants that normalised matching accepts and tokens do not (measured on SmolLM2, benchmarks/
+# RESULTS.md): case ("CONCORDE" -> "Concorde", "concorde"), a leading article dropped ("The Georgia Peach" ->
+# "Georgia Peach") or added to a one-word answer ("Moon" -> "The moon"); then the shortest other aliases.
+MAX_ALIASES = 10
+_ARTICLE = re.compile(r"^(?:the|a|an)\s+", re.IGNORECASE)
+
+
+def _answer_continuations(probe: Probe, chat: bool) -> list[str]:
+    # After a plain "Answer:" the model writes " Paris"; in a chat turn the answer opens the turn.
+    aliases = [a.strip() for a in probe.answers]
+    first = aliases[0]
+    variants = [first, first[:1].upper() + first[1:].lower() if first.isupper() else first, first.lower(),
+                _ARTICLE.sub("", first)]
+    if " " not in first and not probe.numeric:
+        variants.append("The " + first.lower())
+    kept = list(dict.fromkeys(v for v in variants + sorted(aliases[1:], key=len) if v))[:MAX_ALIASES]
+    return [a if chat else " " + a for a in kept]
+
+
+def _score_greedy_match(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
+    chat = config.uses_chat(tokenizer, generative=False)
+    contexts = [short_answer_prompt(p, tokenizer, chat, config.system_prompt) for p in probes]
+    continuations = [_answer_continuations(p, chat) for p in probes]
+    shared = short_answer_prefix(tokenizer, chat, config.system_prompt)
+    scored = _score_continuations(model, tokenizer, contexts, continuations, chat, config, bar, sync_ranks, read_next=True,
+                                  shared=shared)
+    boundary = _Boundaries(tokenizer, _eos_ids(model, tokenizer))
+    results = ProbeResults.empty([p.id for p in probes])
+    for pi in range(len(probes)):
+        best: tuple[int, float, int] | None = None  # (matched tokens, log-prob, alias): the greedy path's closest alias
+        correct = None
+        for j, (toks, lp, am) in enumerate(zip(scored.tokens[pi], scored.logprobs[pi], scored.argmax[pi], strict=True)):
+            n = len(toks)
+            matched = int(np.argmin(np.append(am[:n] == np.array(toks), False)))  # length of the greedy prefix
+            if matched == n and boundary(int(am[n]), continuations[pi][j].rstrip()[-1:].isdigit()):
+                correct = j if correct is None or lp.sum() > scored.logprobs[pi][correct].sum() else correct
+            if best is None or (matched, lp.sum()) > best[:2]:
+                best = (matched, float(lp.sum()), j)
+        results.gold_logprob[pi] = max(float(lp.sum()) for lp in scored.logprobs[pi])
+        if correct is not None:
+            results.outcome[pi] = CORRECT
+            results.prediction[pi] = continuations[pi][correct].strip()
+        else:
+            # What greedy decoding starts with: the alias's tokens it follows, then the token where it leaves them.
+            m, _, j = best
+            results.outcome[pi] = WRONG
+            results.prediction[pi] = tokenizer.decode(scored.tokens[pi][j][:m] + [int(scored.argmax[pi][j][m])]).strip() + "…"
+    return results
+
+
+def _shared_prefix(model, tokenizer, shared: str, ctx_ids: list[list[int]], chat: bool) -> list[int]:
+    """The tokens of `shared` that every context starts with, or [] when not worth it or not possible."""
+    import inspect
+
+    try:
+        if "past_key_values" not in inspect.signature(model.forward).parameters:
+            return []
+    except (TypeError, ValueError):
+        return []
+    # The last token may merge with the text that follows ("Question:" + " Who" vs "Question: "), so it is left to
+    # the rows; and each row keeps at least one token of its own, whose logits predict its first answer token.
+    ids = _encode(tokenizer, [shared], chat)[0][:-1]
+    if len(ids) < 16 or any(len(c) <= len(ids) or c[: len(ids)] != ids for c in ctx_ids):
+        return []
+    return ids
 
 
 def _gather_read_positions(rows: torch.Tensor, pos: torch.Tensor, K: int):
@@ -443,8 +623,9 @@ def _gather_read_positions(rows: torch.Tensor, pos: torch.Tensor, K: int):
     return hook
 
 
-def _block_mask(segment: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
-    """(B, 1, T, T) mask: causal, and an option sees the question and itself, never another option."""
+def _block_mask(segment: torch.Tensor, model: torch.nn.Module, prefix: int = 0) -> torch.Tensor:
+    """(B, 1, T, prefix + T) mask: causal, and an option sees the (cached) shared prefix, the question and itself,
+    never another option."""
     T = segment.shape[1]
     q = segment[:, :, None]
     k = segment[:, None, :]
@@ -452,7 +633,7 @@ def _block_mask(segment: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
     allowed = causal & (k >= 0) & ((k == 0) | (k == q))
     # Padding queries see themselves only, so no softmax row is empty (NaN); their outputs are never read.
     allowed |= torch.eye(T, dtype=torch.bool) & (q < 0)
-    allowed = allowed[:, None]
+    allowed = torch.cat([torch.ones(segment.shape[0], T, prefix, dtype=torch.bool), allowed], dim=2)[:, None]
     if getattr(model.config, "_attn_implementation", "eager") == "eager":
         # eager attention adds the mask to the scores
         mask = torch.zeros(allowed.shape, dtype=torch.float32)
@@ -539,17 +720,15 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
     from transformers import GenerationConfig
 
     results = ProbeResults.empty([p.id for p in probes])
-    # mcq and short probes may use different templates (chat applies to generation by default)
-    chat = config.uses_chat(tokenizer, generative=True)
+    # called for multiple-choice or for short-answer probes, never both: they may differ in chat template
+    chat = config.uses_chat(tokenizer, generative=probes[0].kind == "mcq" or config.cot)
     texts = [generation_prompt(p, tokenizer, chat, config.cot, config.system_prompt) for p in probes]
     ids = _encode(tokenizer, texts, chat)
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
     pad_id = _pad_id(tokenizer)
     stops = _stop_strings(chat, config.cot)
-    # a list, not a set: generation configs often hold a list of EOS ids (unhashable)
-    eos = [t for t in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)) if t is not None]
-    eos_ids: list[int] = sorted({int(x) for t in eos for x in (t if isinstance(t, (list, tuple)) else [t])})
+    eos_ids = _eos_ids(model, tokenizer)
     gen_config = GenerationConfig(
         max_new_tokens=config.new_tokens,
         do_sample=False,
@@ -593,7 +772,7 @@ def _judge_generation(results: ProbeResults, i: int, probe: Probe, text: str, co
         results.outcome[i] = CORRECT if pred == probe.gold else WRONG
         return
     pred = answers.extract_short_answer(text, cot=config.cot)
-    if pred is None or (probe.numeric and answers.extract_number(pred) is None):
+    if pred is None or (probe.numeric and not answers.parse_math_answer(pred)):
         results.outcome[i] = INVALID
         return
     results.prediction[i] = pred

@@ -14,6 +14,7 @@ from forgetwatch.answers import (
     is_correct_short,
     mcq_reward,
     normalize_answer,
+    parse_math_answer,
     short_answer_reward,
 )
 
@@ -27,6 +28,7 @@ def test_all_is_pinned():
         "extract_short_answer",
         "normalize_answer",
         "extract_number",
+        "parse_math_answer",
         "is_correct_short",
         "short_answer_reward",
         "mcq_reward",
@@ -199,7 +201,7 @@ def test_extract_final_answer_none(text):
         ("\n\n Sunset Boulevard\nQuestion: next one", "Sunset Boulevard"),
         ("Answer: Paris", "Paris"),
         ("**Answer:** Paris", "Paris"),
-        ("Paris. It is the capital.", "Paris. It is the capital."),
+        ("Paris. It is the capital.", "Paris"),
         ("", None),
         (" \n\t\n", None),
     ],
@@ -353,7 +355,7 @@ def test_contains_is_more_lenient_than_exact():
         ("The answer is 72.", ["72"], True),
         ("0.75", ["3/4"], True),
         (r"\frac{3}{4}", ["0.75"], True),
-        ("72.0000001", ["72"], True),  # within 1e-6 relative
+        ("72.00", ["72"], True),
         ("72.001", ["72"], False),
         ("-5", ["5"], False),
         ("0", ["0"], True),
@@ -552,3 +554,75 @@ def test_rewards_run_inside_a_real_grpo_trainer(tmp_path, tokenizer, tiny_model,
     logs = trainer.state.log_history[0]
     assert "rewards/short_answer/mean" in logs
     assert 0.0 <= logs["forgetwatch/short_answer_invalid"] <= 1.0
+
+
+# -- replies of a real instruct model (SmolLM2-135M-Instruct, greedy, captured verbatim) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "extracted"),
+    [
+        ("The capital of Italy is Rome.", "The capital of Italy is Rome"),  # a sentence stays a sentence
+        ("The USS Kormal (LAS-1)", "The USS Kormal"),
+        ("Denmark, 1992", "Denmark, 1992"),
+        ("The New York City Menswear Museum", "The New York City Menswear Museum"),
+        ("A sabii is a carnivorous mammal that is native to the Americas", "A sabii is a carnivorous mammal that is native to the Americas"),
+        (" Oscar Wilde", "Oscar Wilde"),
+        (" 1.5 x 10^15 meters", "1.5 x 10^15 meters"),
+        ("A: A: Oslo", "Oslo"),  # few-shot labels echoed
+        ("The answer is \"Rome\", which is the capital of Italy.", "Rome"),
+        ("**Answer:** *Paris*", "Paris"),
+        ("Rome. It is the capital of Italy.", "Rome"),
+        ("So the correct answer would be: Lisbon", "Lisbon"),
+        ("Rome because it is the capital", "Rome"),
+        ("\u201cJupiter\u201d", "Jupiter"),
+        # abbreviations are not sentence ends
+        ("St. Louis", "St. Louis"),
+        ("U.S. Army", "U.S. Army"),
+        ("Dr. No", "Dr. No"),
+        ("Oslo. It is in Norway.", "Oslo"),
+        ("Washington, D.C.", "Washington, D.C"),
+    ],
+)
+def test_extract_short_answer_from_instruct_replies(reply, extracted):
+    assert extract_short_answer(reply) == extracted
+
+
+@pytest.mark.parametrize(
+    ("reply", "aliases", "exact", "contains"),
+    [
+        ("The capital of Italy is Rome.", ["Rome"], False, True),
+        ("The answer is Rome.", ["Rome"], True, True),
+        ("Rome, which is the capital of Italy.", ["Rome"], True, True),
+        ("The USS Kormal (LAS-1)", ["USS Kormal"], True, True),  # article and parenthesis dropped
+        ("Denmark, 1992", ["Denmark"], False, True),
+        ("Parisian cafes", ["Paris"], False, False),
+    ],
+)
+def test_matching_instruct_replies(reply, aliases, exact, contains):
+    answer = extract_short_answer(reply)
+    assert is_correct_short(answer, aliases, match="exact") is exact
+    assert is_correct_short(answer, aliases, match="contains") is contains
+
+
+def test_numeric_sentences_are_checked_with_math_verify():
+    # "A week is approximately 7 days." was the model's whole reply to a numeric question
+    assert is_correct_short(extract_short_answer("A week is approximately 7 days."), ["7"], numeric=True)
+    assert is_correct_short("18 dollars (2 x 9)", ["18"], numeric=True)  # the trailing clause is not the answer
+    assert parse_math_answer("Paris") == []
+    assert is_correct_short(r"$\frac{3}{4}$", ["0.75"], numeric=True)
+
+
+@pytest.mark.parametrize("match", ["exact", "contains"])
+@pytest.mark.parametrize(("prediction", "gold", "expected"), [("-5", "5", False), ("5", "-5", False), ("-5", "-5", True),
+                                                                ("\u22125", "-5", True), ("-0.5", "0.5", False)])
+def test_a_minus_sign_survives_every_mode(match, prediction, gold, expected):
+    assert is_correct_short(prediction, [gold], match=match) is expected
+    assert is_correct_short(prediction, [gold], numeric=True) is expected
+    assert is_correct_short(f"it is {prediction} degrees", [gold], match="contains") is expected
+
+
+def test_normalize_keeps_a_minus_but_not_a_hyphen():
+    assert normalize_answer("-5") == "-5" and normalize_answer("(-5)") == "-5"
+    assert normalize_answer("1-2") == "1 2" and normalize_answer("Jean-Paul") == "jean paul"
+    assert normalize_answer(".5") == ".5" != normalize_answer("5")

