@@ -222,11 +222,11 @@ def main() -> None:
         # multiple-choice and the short-answer (generated) probes are timed apart
         per_probe = {"demo mix": e_demo / n_probes}
         if not args.skip_default_probes:
-            from forgetwatch import ProbeSet
+            from forgetwatch import load_probes
             from forgetwatch.scoring import ScoringConfig, score_probes
 
             model, tok, fw = kept
-            default_set = ProbeSet.load(cfg["forgetwatch_probes"], per_suite=100, seed=0)
+            default_set = load_probes(cfg["forgetwatch_probes"], per_suite=100, seed=0)
             mcq = [p for p in default_set if p.kind == "mcq"]
             short = [p for p in default_set if p.kind != "mcq"]
             t0 = time.perf_counter()

@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from forgetwatch import ProbeSet, compute_report, score_probes
+from forgetwatch import compute_report, load_probes, score_probes
 from forgetwatch.cli import format_report
 from forgetwatch.models import load_model
 
@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("--per-suite", type=int, default=20)
     args = p.parse_args()
 
-    probes = ProbeSet.load(args.probes, per_suite=args.per_suite)
+    probes = load_probes(args.probes, per_suite=args.per_suite)
     model, tokenizer = load_model(args.base)
     base = score_probes(model, tokenizer, probes, progress=True, desc="base")
     if args.other:

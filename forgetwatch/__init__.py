@@ -2,7 +2,7 @@
 
 Example:
     >>> from forgetwatch import ProbeSet, score_probes, compute_report
-    >>> probes = ProbeSet.from_suites(["arc_easy", "mmlu"], per_suite=100)  # doctest: +SKIP
+    >>> probes = load_probes("arc_easy,mmlu", per_suite=100)  # doctest: +SKIP
 """
 
 from .cache import BaseCache, CacheMismatchError, make_cache_key
@@ -10,6 +10,7 @@ from .metrics import ForgettingMetrics, compute_metrics, compute_report
 from .probes import Probe, ProbeFormatError, ProbeSet
 from .record import load_record
 from .results import ProbeResults
+from .suites import load_probes
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "ScoringConfig",
     "compute_metrics",
     "compute_report",
+    "load_probes",
     "load_record",
     "make_cache_key",
     "score_probes",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,16 @@ from .record import RunRecord
 from .replay import ReplayTracker
 from .results import CORRECT, ProbeResults
 from .scoring import ScoringConfig, describe_precision
+from .suites import load_probes
 
 __all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "forgetwatch"
+# Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_SERIAL = itertools.count()
 
 
 @dataclass
@@ -120,7 +126,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
-        self.probes = ProbeSet.load(probes, per_suite=per_suite, seed=seed)
+        self.probes = load_probes(probes, per_suite=per_suite, seed=seed)
         self.eval_steps = eval_steps
         self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens,
                                     short_mode=short_mode, short_match=short_match, batch_size=batch_size)
@@ -139,6 +145,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
             cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
         self.evaluated_steps: list[int] = []
+        self._started = False
+        self._serial = next(_SERIAL)
+        _LIVE.add(self)
         self._base: ProbeResults | None = None
         self._replay: ReplayTracker | None = None
         self._last: ProbeResults | None = None
@@ -147,6 +156,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._record: RunRecord | None = None
         self._loggers: list = []
         self._is_main = True
+        self._progress = True
         self._k = np.array([p.num_choices for p in self.probes])
         self._categories = [p.category for p in self.probes]
 
@@ -160,7 +170,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         args = dict(self._args)
         if args["probes"] is None and self._record is not None:
             args["probes"] = str(self._record.root / "probes.jsonl")  # a ProbeSet object is restored from the record
-        return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps)}}
+        # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
+        return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True}}
 
     # -- results for Python users ---------------------------------------------------------------------------
     @property
@@ -173,31 +184,47 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     # -- trainer events -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if getattr(self, "_restored", False):
+            self._share_state_with_the_users_object()
+        self._started = True
         tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
         self._is_main = state.is_world_process_zero
+        self._progress = not args.disable_tqdm
         self._record = RunRecord(Path(args.output_dir) / "forgetwatch")
         autocast = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
         key = make_cache_key(model_identity(model), self.probes, scoring_key)
-        cache_path = Path(self.base_cache) if self.base_cache else self._record.root / "base.parquet"
+        own_cache = self._record.root / "base.parquet"
+        cache_path = Path(self.base_cache) if self.base_cache else own_cache
         resuming = state.global_step > 0
+        # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
+        # the base was scored at the start, the one written into the record.
+        candidates = list(dict.fromkeys([cache_path, own_cache] if resuming else [cache_path]))
 
-        base = None
-        if cache_path.is_file():
+        base, problems, mismatched = None, [], False
+        for path in candidates:
+            if not path.is_file():
+                problems.append(f"{path}: no such file")
+                continue
             try:
-                base = BaseCache.load(cache_path, expect=key).results.select(self.probes.ids)
+                base = BaseCache.load(path, expect=key).results.select(self.probes.ids)
+                break
             except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
-                if resuming:
-                    raise
-                logger.warning("forgetwatch: %s\nScoring the base model now.", e)
+                problems.append(str(e))
+                mismatched = True
+                if not resuming:
+                    logger.warning("forgetwatch: %s\nScoring the base model now.", e)
         if base is None:
             if resuming:
-                raise FileNotFoundError(
-                    f"{cache_path}: resuming at step {state.global_step} needs the base model's cache from the first run "
-                    "(the model has already changed); pass `base_cache=` pointing to it"
+                error = CacheMismatchError if mismatched else FileNotFoundError
+                raise error(
+                    f"resuming at step {state.global_step} needs the base model's results from the first run (the model "
+                    "has already changed), and none matches:\n  " + "\n  ".join(problems)
+                    + "\nPass `base_cache=` pointing to the cache the first run used."
                 )
             t0 = time.perf_counter()
-            base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main)
+            base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
+                                     desc="forgetwatch: scoring the base model")
             logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
@@ -252,12 +279,25 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 lg.close()
 
     # -- internals ------------------------------------------------------------------------------------------
+    def _share_state_with_the_users_object(self) -> None:
+        """With `restore_callback_states_from_checkpoint=True` the Trainer replaces the user's callback by a new one built
+        from the checkpoint, so the object the user holds would never see the run. Find it (same probes and options, never
+        started, the latest made) and let it share this instance's attributes: it then reads the live record, steps, replay."""
+        same = {k: v for k, v in self._args.items() if k != "probes"}
+        mine = [cb for cb in list(_LIVE) if cb is not self and not cb._started and cb.probes.fingerprint == self.probes.fingerprint
+                and {k: v for k, v in cb._args.items() if k != "probes"} == same]
+        if mine:
+            max(mine, key=lambda cb: cb._serial).__dict__ = self.__dict__
+
     def _evaluate(self, model, processing_class, state) -> None:
         if self._base is None:
             raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
         t0 = time.perf_counter()
-        results = score_distributed(model, _tokenizer(processing_class), self.probes, self.config)
+        # a bar as for the base (an evaluation can pause training for minutes), unless the trainer's bars are off
+        results = score_distributed(model, _tokenizer(processing_class), self.probes, self.config,
+                                    progress=self._is_main and self._progress, desc=f"forgetwatch: step {state.global_step}")
         seconds = time.perf_counter() - t0
+        logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(self.probes), state.global_step, seconds)
         self._scored_step = state.global_step
         if self._is_main:
             self._report(results, state.global_step, state.epoch or 0.0, seconds)

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from .probes import ProbeFormatError, ProbeSet
+from .suites import from_suites, load_probes
 
 _CHAT = {"auto": None, "on": True, "off": False}
 
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
-        parser.print_help()
+        # `forgetwatch probes` alone prints the help of `probes`, not of the whole command
+        (getattr(args, "help_parser", None) or parser).print_help()
         return 2
     try:
         return args.func(args) or 0
@@ -38,9 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forgetwatch", description="See what your model forgets: per-probe 1→0 / 0→1 tracking.")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
-    probes = sub.add_parser("probes", help="build, inspect and list probe sets").add_subparsers(title="probes commands", metavar="COMMAND")
+    probes_parser = sub.add_parser("probes", help="build, inspect and list probe sets")
+    probes_parser.set_defaults(help_parser=probes_parser)
+    probes = probes_parser.add_subparsers(title="probes commands", metavar="COMMAND")
     b = probes.add_parser("build", help="build a probe set from built-in suites")
     b.add_argument("suites", nargs="+", help="suite names (see `forgetwatch probes suites`)")
     b.add_argument("--per-suite", type=int, default=None, help="probes per suite, stratified by category (default: all)")
@@ -77,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)")
     p.add_argument("--probes", required=True, help="a probe JSONL file, or comma-separated suite names")
@@ -104,7 +115,7 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
 
 
 def cmd_probes_build(args: argparse.Namespace) -> int:
-    probes = ProbeSet.from_suites(args.suites, per_suite=args.per_suite, seed=args.seed)
+    probes = from_suites(args.suites, per_suite=args.per_suite, seed=args.seed)
     probes.to_jsonl(args.output)
     print(f"wrote {len(probes)} probes to {args.output} (fingerprint {probes.fingerprint})")
     _print_summary(probes)
@@ -165,7 +176,7 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
 
 
 def _load_probes(args: argparse.Namespace) -> ProbeSet:
-    return ProbeSet.load(args.probes, per_suite=args.per_suite, seed=args.seed)
+    return load_probes(args.probes, per_suite=args.per_suite, seed=args.seed)
 
 
 def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str):

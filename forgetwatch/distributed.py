@@ -47,13 +47,16 @@ def plan_shard(probes: Sequence[Probe], config: ScoringConfig, rank: int, world_
     return real + pads, len(real)
 
 
-def score_distributed(model, tokenizer, probes: Sequence[Probe], config: ScoringConfig, progress: bool = False) -> ProbeResults:
-    """Score `probes` split across all ranks; every rank returns the full results in the order of `probes`."""
+def score_distributed(model, tokenizer, probes: Sequence[Probe], config: ScoringConfig, progress: bool = False,
+                      desc: str = "scoring probes") -> ProbeResults:
+    """Score `probes` split across all ranks; every rank returns the full results in the order of `probes`.
+
+    With `progress`, rank 0 shows a bar for its shard (`desc` labels it)."""
     rank, world_size = world()
     if world_size == 1:
-        return score_probes(model, tokenizer, probes, config, progress=progress)
+        return score_probes(model, tokenizer, probes, config, progress=progress, desc=desc)
     shard, n_real = plan_shard(probes, config, rank, world_size)
-    part = score_probes(model, tokenizer, shard, config, progress=progress and rank == 0, sync_ranks=True)
+    part = score_probes(model, tokenizer, shard, config, progress=progress and rank == 0, desc=desc, sync_ranks=True)
     part = part.take(range(n_real))  # drop the padding
     gathered: list[ProbeResults | None] = [None] * world_size
     torch.distributed.all_gather_object(gathered, part)

@@ -13,9 +13,10 @@ from forgetting the fact.
                                        BT - F = acc_post - acc_pre
 
 Chance adjustment (multiple choice only). An item is either known or answered by a uniform guess among
-its k options, pre and post independently, so some flips are luck. Items are grouped by k and the
-expected lucky flips of each group are summed; short-answer probes (k = 0) add no expected flips but
-count in N:
+its k options, pre and post independently, so some flips are luck. Items are grouped by category and k and
+the expected lucky flips of each cell are summed (so "overall" is the sum of its categories, not a pooling of
+every k-item, which would mix a 0.9-accurate category with a 0.3-accurate one); short-answer probes (k = 0) add
+no expected flips but count in N:
 
     chance = sum_g n_g * (1 - acc_pre_g) * (1 - acc_post_g) / (k_g - 1) / N
     F_adj  = max(F  - chance, 0)             BT_adj = max(BT - chance, 0)
@@ -116,16 +117,15 @@ class ForgettingMetrics:
         return out
 
     def scalars(self) -> dict[str, float]:
-        """The headline numbers for logging: F, BT (raw and chance-adjusted), accuracy, net change, invalid rate."""
-        return {
-            "forgetting": self.forgetting,
-            "backward_transfer": self.backward_transfer,
-            "forgetting_adjusted": self.forgetting_adjusted,
-            "backward_transfer_adjusted": self.backward_transfer_adjusted,
-            "accuracy": self.accuracy_post,
-            "net_change": self.net_change,
-            "invalid_rate": self.invalid_rate_post,
-        }
+        """The headline numbers for logging: F, BT (raw and chance-adjusted), accuracy, net change, invalid rate.
+
+        A group of short-answer probes only has no chance term, so its "adjusted" values would only repeat the raw
+        ones under a name that promises more: they are left out."""
+        out = {"forgetting": self.forgetting, "backward_transfer": self.backward_transfer}
+        if self.adjusted:
+            out.update(forgetting_adjusted=self.forgetting_adjusted, backward_transfer_adjusted=self.backward_transfer_adjusted)
+        out.update(accuracy=self.accuracy_post, net_change=self.net_change, invalid_rate=self.invalid_rate_post)
+        return out
 
 
 def compute_metrics(pre: ArrayLike, post: ArrayLike, num_choices: ArrayLike) -> ForgettingMetrics:
@@ -194,14 +194,19 @@ def _compute_report(
         code += cat_codes * (n_k * 9)
     n_cats = max(len(names), 1)
     table = np.bincount(code, minlength=n_cats * n_k * 9).reshape(n_cats, n_k, 3, 3)
-    report = {OVERALL: _metrics_from_table(table.sum(axis=0), k_values)}
+    # Overall sums the expected lucky flips of every (category, k) cell, so that it agrees with the categories: grouping
+    # all k = 4 items across categories would mix a 0.9-accurate category with a 0.3-accurate one.
+    report = {OVERALL: _metrics_from_table(table, k_values)}
     for i, name in enumerate(names):
-        report[name] = _metrics_from_table(table[i], k_values)
+        report[name] = _metrics_from_table(table[i : i + 1], k_values)
     return report
 
 
-def _metrics_from_table(t: np.ndarray, k_values: np.ndarray) -> ForgettingMetrics:
-    """Metrics from a (k_group, pre + 1, post + 1) count table; index 0 = invalid, 1 = wrong, 2 = correct."""
+def _metrics_from_table(cells: np.ndarray, k_values: np.ndarray) -> ForgettingMetrics:
+    """Metrics from a (category, k_group, pre + 1, post + 1) count table; index 0 = invalid, 1 = wrong, 2 = correct.
+
+    The chance term is summed over (category, k) cells; everything else is linear in the counts."""
+    t = cells.sum(axis=0)
     n_g = t.sum(axis=(1, 2))
     pre_ok_g = t[:, 2, :].sum(axis=1)
     post_ok_g = t[:, :, 2].sum(axis=1)
@@ -214,12 +219,16 @@ def _metrics_from_table(t: np.ndarray, k_values: np.ndarray) -> ForgettingMetric
 
     is_mcq = k_values >= 2
     n_mcq = int(n_g[is_mcq].sum())
+    # Expected lucky flips of a (category, k) cell: n * (1 - acc_pre) * (1 - acc_post) / (k - 1)
+    #   = (n - #pre_ok) * (n - #post_ok) / (n * (k - 1)); e.g. 1000 * 0.2 * 0.3 / 3 = 20 flips.
+    sub = cells[:, is_mcq].astype(np.float64)  # (category, k >= 2, pre, post)
+    cn, ca, cb = sub.sum(axis=(2, 3)), sub[:, :, 2, :].sum(axis=-1), sub[:, :, :, 2].sum(axis=-1)
+    ck = np.broadcast_to(k_values[is_mcq].astype(np.float64), cn.shape)
+    filled = cn > 0
+    expected_flips = float(((cn - ca) * (cn - cb) / (np.where(filled, cn, 1) * (ck - 1)))[filled].sum())
     present = is_mcq & (n_g > 0)
     kf = k_values[present].astype(np.float64)
     ng, a, b = (x[present].astype(np.float64) for x in (n_g, pre_ok_g, post_ok_g))
-    # Expected lucky flips of a k-group: n * (1 - acc_pre) * (1 - acc_post) / (k - 1)
-    #   = (n - #pre_ok) * (n - #post_ok) / (n * (k - 1)); e.g. 1000 * 0.2 * 0.3 / 3 = 20 flips.
-    expected_flips = float(((ng - a) * (ng - b) / (ng * (kf - 1))).sum())
     # Chance-corrected correct counts, summed over groups before the clip:
     # k-group: n * (k * acc - 1) / (k - 1) = (k * #ok - n) / (k - 1); short answer: #ok as is.
     short_pre_ok = int(pre_ok_g[~is_mcq].sum())

@@ -321,32 +321,6 @@ class ProbeSet:
             probes.append(Probe.from_dict(record, f"{origin} row {i}"))
         return cls(probes, origin=str(origin))
 
-    @classmethod
-    def from_suites(cls, names: Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
-        """Concatenate built-in suites (see `forgetwatch.suites`), each subsampled to `per_suite` probes.
-
-        Example:
-            >>> ProbeSet.from_suites(["arc_easy", "mmlu"], per_suite=100)  # doctest: +SKIP
-        """
-        from .suites import load_suite
-
-        probes: list[Probe] = []
-        for name in names:
-            probes.extend(load_suite(name, n=per_suite, seed=seed))
-        return cls(probes, origin="suites:" + ",".join(names))
-
-    @classmethod
-    def load(cls, spec: ProbeSet | str | os.PathLike | Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
-        """A `ProbeSet` as given, from a JSONL path, or from built-in suite names ("arc_easy,mmlu" or a list)."""
-        if isinstance(spec, ProbeSet):
-            return spec
-        if isinstance(spec, (str, os.PathLike)):
-            s = str(spec)
-            if s.endswith(".jsonl") or os.path.sep in s or Path(s).is_file():
-                return cls.from_jsonl(s)
-            return cls.from_suites([n.strip() for n in s.split(",") if n.strip()], per_suite, seed)
-        return cls.from_suites(list(spec), per_suite, seed)
-
     # -- selection ---------------------------------------------------------------------------------------
     def subsample(self, n: int, seed: int = 0, stratify: bool = True) -> ProbeSet:
         """Pick `n` probes at random (seeded), in proportion to each category's size; keeps the original order.

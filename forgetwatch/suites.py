@@ -48,13 +48,14 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .probes import Probe, ProbeFormatError, ProbeSet
 
-__all__ = ["SUITES", "SuiteSpec", "list_suites", "load_suite"]
+__all__ = ["SUITES", "SuiteSpec", "from_suites", "list_suites", "load_probes", "load_suite"]
 
 logger = logging.getLogger(__name__)
 
@@ -571,3 +572,37 @@ def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
     ps = ProbeSet(probes, origin=f"suite {name} ({origin})")
     logger.debug("suite %s: %d probes from %s", name, len(ps), origin)
     return ps if n is None else ps.subsample(n, seed=seed)
+
+
+def from_suites(names: Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
+    """Concatenate built-in suites, each subsampled to `per_suite` probes (stratified by category).
+
+    Example:
+        >>> from_suites(["arc_easy", "mmlu"], per_suite=100)  # doctest: +SKIP
+    """
+    probes: list[Probe] = []
+    for name in names:
+        probes.extend(load_suite(name, n=per_suite, seed=seed))
+    return ProbeSet(probes, origin="suites:" + ",".join(names))
+
+
+def load_probes(spec: ProbeSet | str | os.PathLike | Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
+    """A `ProbeSet` as given, from a JSONL path, or from built-in suite names ("arc_easy,mmlu" or a list).
+
+    Args:
+        spec: a `ProbeSet`, a probe JSONL file, or suite names (comma-separated, or a list).
+        per_suite: with suite names, probes per suite (all when `None`).
+        seed: with suite names, the subsampling seed.
+
+    Example:
+        >>> load_probes("arc_easy,triviaqa", per_suite=50).categories  # doctest: +SKIP
+        ('arc_easy', 'triviaqa')
+    """
+    if isinstance(spec, ProbeSet):
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        s = str(spec)
+        if s.endswith(".jsonl") or os.path.sep in s or Path(s).is_file():
+            return ProbeSet.from_jsonl(s)
+        return from_suites([n.strip() for n in s.split(",") if n.strip()], per_suite, seed)
+    return from_suites(list(spec), per_suite, seed)

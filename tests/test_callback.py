@@ -265,7 +265,11 @@ def test_sft_wandb_scalars_equal_the_local_record(sft_run):
         assert list(groups) == ["overall", *CATEGORIES]
         for group, m in groups.items():
             for name, field in LOGGED.items():
-                assert r[logged_name(group, name)] == m[field], (step, group, name)
+                if name.endswith("_adjusted") and not m["adjusted"]:
+                    assert logged_name(group, name) not in r  # short answers only: no chance term, no "adjusted" curve
+                else:
+                    assert r[logged_name(group, name)] == m[field], (step, group, name)
+    assert not groups["short"]["adjusted"] and "forgetwatch/short/forgetting" in logged[-1]
     assert any(m["metrics"]["overall"]["forgotten"] > 0 for m in metrics.values())  # the LR is high enough to flip
 
     # the trainer's own W&B rows: every step's loss, none of our keys merged into them
@@ -294,7 +298,7 @@ def test_sft_wandb_flip_tables_summary_and_axis(sft_run):
     final = {k: v for k, v in summary.items() if k.startswith("forgetwatch/final/")}
     assert final == {
         f"forgetwatch/final/{name}" if group == "overall" else f"forgetwatch/final/{group}/{name}": last[group][field]
-        for group in last for name, field in LOGGED.items()
+        for group in last for name, field in LOGGED.items() if last[group]["adjusted"] or not name.endswith("_adjusted")
     }
 
     assert {"glob_name": "forgetwatch/*", "step_metric": "train/global_step",
@@ -559,6 +563,27 @@ def test_resume_with_a_mismatched_or_missing_cache_fails_before_a_step(sft_run, 
 # -- resume ---------------------------------------------------------------------------------------------------------
 
 
+def test_resume_finds_the_base_the_run_scored_when_the_given_cache_was_absent(tokenizer, tmp_path):
+    # base_cache names a file that does not exist: the first run scores the base and keeps it in its record
+    given = tmp_path / "not-made-yet.parquet"
+    first = sft_trainer(tokenizer, tmp_path / "out", [watcher(base_cache=str(given), replay=True), CrashBeforeStep(4)],
+                        save_strategy="steps", save_steps=2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        first.train()
+    assert not given.exists() and (tmp_path / "out" / "forgetwatch" / "base.parquet").is_file()
+    mine = watcher(base_cache=str(given), replay=True)
+    resumed = sft_trainer(tokenizer, tmp_path / "out", [mine], save_strategy="steps", save_steps=2,
+                          restore_callback_states_from_checkpoint=True)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))  # was FileNotFoundError
+    assert resumed.state.global_step == 6
+    assert load_record(tmp_path / "out").eval_steps() == [0, 2, 4, 6]
+    # the object the user holds sees the resumed run, though the Trainer rebuilt the callback from the checkpoint
+    restored = the_watcher(resumed)
+    assert restored is not mine
+    assert mine.evaluated_steps == [0, 2, 4, 6] and mine.record_dir == tmp_path / "out" / "forgetwatch"
+    assert mine.replay_examples() == restored.replay_examples()
+
+
 def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
     out = tmp_path / "out"
     first = sft_trainer(tokenizer, out, [watcher(), CrashBeforeStep(5)], save_strategy="steps", save_steps=2)
@@ -706,3 +731,11 @@ def test_nothing_to_forget_is_warned_once(tokenizer, tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if "nothing to forget" in r.getMessage()]
     assert len(warnings) == 1 and all(f"{c} (" in warnings[0] for c in empty)
     assert not any(f"{c} (" in warnings[0] for c in base if c not in empty)
+
+
+def test_evaluations_show_progress_unless_the_trainer_hides_its_bars(tokenizer, tmp_path, capsys):
+    sft_trainer(tokenizer, tmp_path / "bars", [watcher()], max_steps=2, disable_tqdm=False).train()
+    err = capsys.readouterr().err
+    assert "forgetwatch: scoring the base model" in err and "forgetwatch: step 2" in err
+    sft_trainer(tokenizer, tmp_path / "quiet", [watcher()], max_steps=2, disable_tqdm=True).train()
+    assert "forgetwatch:" not in capsys.readouterr().err

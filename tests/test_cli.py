@@ -87,6 +87,16 @@ def test_console_script_help():
 def test_no_command_prints_help(capsys):
     code, out, _ = run(capsys)
     assert code == 2 and out.startswith("usage: forgetwatch")
+    code, out, _ = run(capsys, "probes")  # a command group alone prints its own help
+    assert code == 2 and out.startswith("usage: forgetwatch probes") and "build" in out and "--per-suite" not in out
+
+
+def test_version(capsys):
+    import forgetwatch
+
+    with pytest.raises(SystemExit) as e:
+        run(capsys, "--version")
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"forgetwatch {forgetwatch.__version__}"
 
 
 def test_bad_option_value_is_an_argparse_error(capsys):

@@ -213,9 +213,19 @@ def test_adjusted_forgetting_is_clipped_after_pooling():
     report = compute_report(pre, post, np.full(200, 2), ["a"] * 100 + ["b"] * 100)
     assert report["a"].forgetting_adjusted == 0.0
     assert report["b"].forgetting_adjusted == pytest.approx(0.36)
-    # Pooled k=2 group: acc 0.65 -> 0.40, chance = 0.35 * 0.60 = 0.21, F = 0.25, F_adj = 0.04
-    # (averaging the clipped per-category values would give 0.18).
-    assert report["overall"].forgetting_adjusted == pytest.approx(0.04)
+    # Overall sums the categories' expected flips: (25 + 14) / 200 = 0.195, F = 0.25, F_adj = 0.055 (clipped once, after
+    # summing; averaging the clipped per-category values would give 0.18).
+    assert report["overall"].chance == pytest.approx(0.195)
+    assert report["overall"].forgetting_adjusted == pytest.approx(0.055)
+
+
+def test_overall_chance_is_the_sum_of_the_categories():
+    # two k = 4 categories of 100, 0.9 -> 0.9 and 0.3 -> 0.3 (no flips): chances 0.1 * 0.1 / 3 and 0.7 * 0.7 / 3.
+    # Pooling every k = 4 item (acc 0.6) would give 0.4 * 0.4 / 3 = 0.053 overall, against 0.083 for the categories.
+    pre = np.array([1] * 90 + [0] * 10 + [1] * 30 + [0] * 70)
+    report = compute_report(pre, pre, np.full(200, 4), ["easy"] * 100 + ["hard"] * 100)
+    assert report["easy"].chance == pytest.approx(0.01 / 3) and report["hard"].chance == pytest.approx(0.49 / 3)
+    assert report["overall"].chance == pytest.approx((0.01 / 3 + 0.49 / 3) / 2)  # 0.0833
 
 
 # --- uncertainty -----------------------------------------------------------------------------------
@@ -285,7 +295,10 @@ def test_report_per_category_matches_subsets_and_sums_to_overall():
     overall = report["overall"]
     for field in ("n", "retained", "forgotten", "learned", "never", "n_mcq"):
         assert sum(getattr(report[name], field) for name in names) == getattr(overall, field)
-    assert overall == compute_metrics(pre, post, k)
+    # every count and rate of the overall row is the pooled one; the chance term is the sum of the categories'
+    assert overall.chance == pytest.approx(sum(report[name].chance * report[name].n for name in names) / overall.n)
+    pooled = compute_metrics(pre, post, k)
+    assert (overall.forgotten, overall.learned, overall.forgetting_max) == (pooled.forgotten, pooled.learned, pooled.forgetting_max)
     cats_a = np.asarray(cats)
     for name in names:
         mask = cats_a == name
@@ -319,6 +332,8 @@ def test_to_dict_and_scalars():
         "net_change": m.net_change,
         "invalid_rate": m.invalid_rate_post,
     }
+    short = compute_metrics([1, 0], [0, 1], [0, 0])  # short answers only: no chance term, no adjusted values logged
+    assert sorted(short.scalars()) == ["accuracy", "backward_transfer", "forgetting", "invalid_rate", "net_change"]
 
 
 def test_accepts_lists_and_bools():

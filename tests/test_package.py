@@ -1,7 +1,9 @@
 """The public surface: a pinned `__all__`, lazy heavy imports, and the console script."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import forgetwatch
 
@@ -10,7 +12,7 @@ def test_all_is_pinned():
     assert sorted(forgetwatch.__all__) == [
         "BaseCache", "CacheMismatchError", "ForgetWatchArguments", "ForgetWatchCallback", "ForgettingMetrics", "Probe",
         "ProbeFormatError", "ProbeResults", "ProbeSet", "ScoringConfig", "compute_metrics", "compute_report",
-        "load_record", "make_cache_key", "score_probes",
+        "load_probes", "load_record", "make_cache_key", "score_probes",
     ]
     for name in forgetwatch.__all__:
         assert getattr(forgetwatch, name) is not None
@@ -30,3 +32,27 @@ def test_unknown_attribute_raises():
         assert "NoSuchThing" in str(e)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_no_import_circle():
+    """No two modules of the package import each other, directly or through others (lazy imports in functions count)."""
+    pkg = Path(forgetwatch.__file__).parent
+    graph = {}
+    for path in pkg.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:  # from . import x
+                    deps.update(alias.name for alias in node.names)
+        graph[path.stem] = deps - {"__init__"}
+    graph.pop("__init__")  # the package's front door imports everything, and nothing imports it back
+
+    def visit(node, stack):
+        assert node not in stack, "import circle: " + " -> ".join([*stack, node])
+        for dep in graph.get(node, ()):
+            visit(dep, [*stack, node])
+
+    for module in graph:
+        visit(module, [])

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from forgetwatch import Probe, ProbeFormatError, ProbeSet
+from forgetwatch import Probe, ProbeFormatError, ProbeSet, load_probes
 
 
 def mcq(pid="q1", **kw):
@@ -100,8 +100,8 @@ def test_subsample_is_seeded_stratified_and_ordered():
 
 def test_load_dispatches_on_spec(tmp_path):
     path = write(tmp_path, [mcq("a")])
-    assert ProbeSet.load(str(path)).ids == ["a"]
-    ps = ProbeSet.load(path)
-    assert ProbeSet.load(ps) is ps
+    assert load_probes(str(path)).ids == ["a"]
+    ps = load_probes(path)
+    assert load_probes(ps) is ps
     with pytest.raises(ValueError, match="arc_easy"):
-        ProbeSet.load("no_such_suite")
+        load_probes("no_such_suite")

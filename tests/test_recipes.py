@@ -175,7 +175,7 @@ def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[s
 def _check_record(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
     rows = [json.loads(line) for line in (output_dir / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[0]["metrics"]["overall"]["n"] == 12  # 4 suites x 3 probes
+    assert rows[0]["metrics"]["overall"]["n"] == 15  # 5 suites x 3 probes
     assert (output_dir / "config.json").is_file()  # the trained model was saved
     assert f"forgetwatch record: {output_dir / 'forgetwatch'}" in proc.stdout
 
