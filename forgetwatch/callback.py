@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from .cache import BaseCache, CacheMismatchError, make_cache_key
-from .distributed import score_distributed
+from .distributed import broadcast_from_main, score_distributed
 from .loggers import make_loggers
 from .metrics import compute_report
 from .models import model_identity
@@ -197,31 +197,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         own_cache = self._record.root / "base.parquet"
         cache_path = Path(self.base_cache) if self.base_cache else own_cache
         resuming = state.global_step > 0
-        # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
-        # the base was scored at the start, the one written into the record.
-        candidates = list(dict.fromkeys([cache_path, own_cache] if resuming else [cache_path]))
-
-        base, problems, mismatched = None, [], False
-        for path in candidates:
-            if not path.is_file():
-                problems.append(f"{path}: no such file")
-                continue
-            try:
-                base = BaseCache.load(path, expect=key).results.select(self.probes.ids)
-                break
-            except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
-                problems.append(str(e))
-                mismatched = True
-                if not resuming:
-                    logger.warning("forgetwatch: %s\nScoring the base model now.", e)
+        # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
+        # see, a cache written while another reads) would score apart and the others wait forever.
+        base, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
+        if error is not None:
+            raise error
         if base is None:
-            if resuming:
-                error = CacheMismatchError if mismatched else FileNotFoundError
-                raise error(
-                    f"resuming at step {state.global_step} needs the base model's results from the first run (the model "
-                    "has already changed), and none matches:\n  " + "\n  ".join(problems)
-                    + "\nPass `base_cache=` pointing to the cache the first run used."
-                )
             t0 = time.perf_counter()
             base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
                                      desc="forgetwatch: scoring the base model")
@@ -279,6 +260,50 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 lg.close()
 
     # -- internals ------------------------------------------------------------------------------------------
+    def _find_base(self, key: dict, cache_path: Path, own_cache: Path, step: int) -> tuple[ProbeResults | None, Exception | None]:
+        """The base results to use, or None to score the base now; or the error a resume must stop with."""
+        resuming = step > 0
+        # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
+        # the base was scored at the start, the one written into the record.
+        problems, mismatched = [], False
+        for path in dict.fromkeys([cache_path, own_cache] if resuming else [cache_path]):
+            if not path.is_file():
+                problems.append(f"{path}: no such file")
+                if not resuming and self.base_cache:
+                    logger.warning("forgetwatch: base_cache %s does not exist; scoring the base model now. A cache this run "
+                                   "accepts: %s", path, self._cache_command(key))
+                continue
+            try:
+                return BaseCache.load(path, expect=key).results.select(self.probes.ids), None
+            except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
+                problems.append(str(e))
+                mismatched = True
+                if not resuming:
+                    logger.warning("forgetwatch: %s\nScoring the base model now. A cache this run accepts: %s",
+                                   e, self._cache_command(key))
+        if not resuming:
+            return None, None
+        error = CacheMismatchError if mismatched else FileNotFoundError
+        return None, error(
+            f"resuming at step {step} needs the base model's results from the first run (the model has already changed), "
+            "and none matches:\n  " + "\n  ".join(problems) + "\nPass `base_cache=` pointing to the cache the first run used."
+        )
+
+    def _cache_command(self, key: dict) -> str:
+        """The `forgetwatch cache` command that makes a cache matching `key` (model, probes, scoring, precision)."""
+        from .cli import cache_command
+
+        origin = self.probes.origin
+        if origin.startswith("suites:"):
+            probes = origin.removeprefix("suites:")
+            per_suite, seed = self._args.get("per_suite"), self._args.get("seed", 0)
+            probes += (f" --per-suite {per_suite}" if per_suite else "") + (f" --seed {seed}" if seed else "")
+        elif origin.endswith(".jsonl"):
+            probes = origin
+        else:  # a ProbeSet built in code: the run's record keeps it as JSONL
+            probes = str(self._record.root / "probes.jsonl") if self._record else "probes.jsonl"
+        return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet")
+
     def _share_state_with_the_users_object(self) -> None:
         """With `restore_callback_states_from_checkpoint=True` the Trainer replaces the user's callback by a new one built
         from the checkpoint, so the object the user holds would never see the run. Find it (same probes and options, never

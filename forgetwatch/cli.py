@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")
     m.add_argument("--json", action="store_true", help="print the report as JSON")
     m.add_argument("--flips", type=int, default=10, help="flipped probes to list in the table (default 10)")
+    m.add_argument("--allow-other-model", action="store_true",
+                   help="compare although the model's architecture differs from the cache's base model (two different models)")
     m.add_argument("-o", "--output", default=None, help="also write this checkpoint's per-probe results (.parquet or .jsonl)")
     _scoring_args(m, defaults=False)
     m.set_defaults(func=cmd_compare)
@@ -109,6 +111,9 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
                         "generate (decode, extract, match)" + (note or "; default greedy_match, generate with --cot"))
     p.add_argument("--short-match", choices=("exact", "contains"), default=d("exact"), help=f"with --short-mode generate: exact or contains (whole words){note}")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d("float32"), help=f"weights dtype{note}")
+    p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default=d("none"),
+                   help="score under torch.autocast in this dtype, as a Trainer with bf16=True / fp16=True (TRL's default) "
+                        f"runs the model; the callback then accepts the cache{note}"),
     p.add_argument("--batch-size", type=int, default=16, help="questions per forward (default 16)")
     p.add_argument("--per-suite", type=int, default=None, help="with suite names in --probes: probes per suite")
     p.add_argument("--seed", type=int, default=0, help="with suite names in --probes: subsampling seed")
@@ -153,7 +158,7 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
     fields = {"mcq_mode": args.mcq_mode, "cot": args.cot, "short_mode": args.short_mode, "short_match": args.short_match,
               "max_new_tokens": args.max_new_tokens}
     fields["chat_template"] = _CHAT[args.chat_template] if args.chat_template is not None else None
-    dtype = args.dtype
+    dtype, autocast = args.dtype, args.autocast
     if base_key is not None:
         scoring = base_key.get("scoring", {})
         for name in ("mcq_mode", "cot", "short_mode", "short_match", "max_new_tokens"):
@@ -161,8 +166,11 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
                 fields[name] = scoring.get(name)
         if args.chat_template is None:
             fields["chat_template"] = scoring.get("chat_template")
+        precision = str(scoring.get("precision", "float32"))
         if dtype is None:
-            dtype = str(scoring.get("precision", "float32")).split("+")[0]
+            dtype = precision.split("+")[0]
+        if autocast is None:
+            autocast = precision.split("+autocast-")[1] if "+autocast-" in precision else "none"
     config = ScoringConfig(
         mcq_mode=fields["mcq_mode"] or "loglik",
         chat_template=fields["chat_template"],
@@ -172,20 +180,29 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
         short_match=fields["short_match"] or "exact",
         batch_size=args.batch_size,
     )
-    return config, dtype or "float32"
+    return config, dtype or "float32", None if autocast in (None, "none") else autocast
 
 
 def _load_probes(args: argparse.Namespace) -> ProbeSet:
     return load_probes(args.probes, per_suite=args.per_suite, seed=args.seed)
 
 
-def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str):
+def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autocast: str | None, check=None):
+    import contextlib
+
+    import torch
+
     from .models import load_model
     from .scoring import describe_precision, score_probes
 
     model, tokenizer = load_model(args.model, dtype=dtype, revision=args.revision, device=args.device)
-    results = score_probes(model, tokenizer, probes, config, progress=True, desc=f"scoring {args.model}")
-    return model, results, config.key(tokenizer, describe_precision(model))
+    if check is not None:
+        check(model)  # before the scoring time is spent
+    device_type = next(model.parameters()).device.type
+    context = torch.autocast(device_type, dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext()
+    with context:
+        results = score_probes(model, tokenizer, probes, config, progress=True, desc=f"scoring {args.model}")
+    return model, results, config.key(tokenizer, describe_precision(model, autocast=autocast))
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -193,8 +210,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from .models import model_identity
 
     probes = _load_probes(args)
-    config, dtype = _scoring_config(args)
-    model, results, scoring_key = _score(args, probes, config, dtype)
+    config, dtype, autocast = _scoring_config(args)
+    model, results, scoring_key = _score(args, probes, config, dtype, autocast)
     identity = model_identity(model, weights_hash=args.hash_weights)
     identity["name_or_path"] = args.model if args.model != "smollm2" else identity["name_or_path"]
     identity["revision"] = args.revision or identity["revision"]
@@ -212,8 +229,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base = BaseCache.load(args.base)
     # A cache for another probe set can never match: refuse it before loading and scoring the model.
     base.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=args.base)
-    config, dtype = _scoring_config(args, base.key)
-    model, results, scoring_key = _score(args, probes, config, dtype)
+    config, dtype, autocast = _scoring_config(args, base.key)
+    base_model = base.key.get("model", {})
+
+    def same_architecture(model) -> None:
+        # A base and its fine-tune share an architecture; a cache of another model compares nothing meaningful.
+        built, now = base_model.get("architecture"), model_identity(model)["architecture"]
+        if built and now and built != now and not args.allow_other_model:
+            raise ValueError(
+                f"{args.base} was made with {base_model.get('name_or_path') or 'a model'} (architecture {built}), but "
+                f"--model {args.model} is another architecture ({now}): not a fine-tune of that base. Use the base "
+                "model's own cache, or pass --allow-other-model to compare two different models on purpose."
+            )
+
+    model, results, scoring_key = _score(args, probes, config, dtype, autocast, check=same_architecture)
     # The checkpoint is meant to differ from the base model: compare everything but the model's identity.
     base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
     if args.output:
@@ -223,9 +252,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes])
     flips = _flips(probes, pre, results)
     if args.json:
-        print(json.dumps({"base": args.base, "model": args.model, "n": len(probes),
+        print(json.dumps({"base": args.base, "base_model": base_model, "model": args.model, "n": len(probes),
                           "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}, indent=1))
         return 0
+    print(f"base: {base_model.get('name_or_path') or '?'} ({base_model.get('architecture') or 'architecture unknown'}), "
+          f"cache {args.base}\nnow:  {args.model}\n")
     print(format_report(report))
     if flips and args.flips:
         print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
@@ -251,6 +282,34 @@ def _flips(probes: ProbeSet, pre, post) -> list[dict[str, Any]]:
                 "gold": p.gold_text, "base_prediction": pre.prediction[i], "prediction": post.prediction[i],
             })
     return out
+
+
+def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: str = "base.parquet") -> str:
+    """The `forgetwatch cache` command whose cache matches `scoring_key` (what a callback expects), for messages.
+
+    Example:
+        >>> cache_command("org/model", "probes.jsonl", {"mcq_mode": "loglik", "precision": "float32+autocast-bfloat16"})
+        'forgetwatch cache --model org/model --probes probes.jsonl --dtype float32 --autocast bfloat16 -o base.parquet'
+    """
+    parts = ["forgetwatch cache", f"--model {model or '<your base model>'}", f"--probes {probes}"]
+    s = scoring_key
+    if s.get("mcq_mode", "loglik") != "loglik":
+        parts.append(f"--mcq-mode {s['mcq_mode']}")
+    if s.get("chat_template") is not None:
+        parts.append(f"--chat-template {'on' if s['chat_template'] else 'off'}")
+    if s.get("cot"):
+        parts.append("--cot")
+    if s.get("short_mode") and s["short_mode"] != ("generate" if s.get("cot") else "greedy_match"):
+        parts.append(f"--short-mode {s['short_mode']}")
+    if s.get("short_match", "exact") != "exact":
+        parts.append(f"--short-match {s['short_match']}")
+    if s.get("max_new_tokens") and s["max_new_tokens"] != (256 if s.get("cot") else 32):
+        parts.append(f"--max-new-tokens {s['max_new_tokens']}")
+    dtype, _, autocast = str(s.get("precision", "float32")).partition("+autocast-")
+    parts.append(f"--dtype {dtype}")
+    if autocast:
+        parts.append(f"--autocast {autocast}")
+    return " ".join([*parts, f"-o {output}"])
 
 
 def format_report(report: dict) -> str:

@@ -18,7 +18,7 @@ from .probes import Probe
 from .results import ProbeResults
 from .scoring import ScoringConfig, score_probes
 
-__all__ = ["world", "plan_shard", "score_distributed"]
+__all__ = ["world", "plan_shard", "score_distributed", "broadcast_from_main"]
 
 
 def world() -> tuple[int, int]:
@@ -26,6 +26,20 @@ def world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def broadcast_from_main(obj):
+    """Rank 0's `obj` on every rank (a collective: every rank calls it); `obj` itself without a process group.
+
+    Example:
+        >>> base, error = broadcast_from_main(find_base() if rank == 0 else None)  # doctest: +SKIP
+    """
+    rank, world_size = world()
+    if world_size == 1:
+        return obj
+    box = [obj if rank == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def plan_shard(probes: Sequence[Probe], config: ScoringConfig, rank: int, world_size: int) -> tuple[list[Probe], int]:

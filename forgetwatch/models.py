@@ -10,7 +10,7 @@ from typing import Any
 
 from ._io import file_lock
 
-__all__ = ["load_model", "smollm2_path", "model_identity"]
+__all__ = ["load_model", "smollm2_path", "model_identity", "architecture_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,21 +87,51 @@ def load_model(name_or_path: str, dtype: str = "float32", revision: str | None =
     return model, tokenizer
 
 
-def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
-    """What identifies a model for the base cache: its name or path and revision, optionally a weights hash.
+# Config fields that say nothing about the weights: where they were loaded from, in which dtype, by which version, and
+# what trainers set on the way (TRL sets pad_token_id; dropout is a training choice).
+_VOLATILE_CONFIG = {"_name_or_path", "_commit_hash", "transformers_version", "torch_dtype", "dtype", "use_cache",
+                    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "output_attentions",
+                    "output_hidden_states", "return_dict", "quantization_config", "problem_type", "id2label", "label2id",
+                    "chunk_size_feed_forward", "gradient_checkpointing"}
 
-    The hash (sha256 over every parameter's bytes, in name order) is exact but reads all weights; the
-    default identity trusts the path or Hub id and its commit.
+
+def _volatile(key: str) -> bool:
+    return key in _VOLATILE_CONFIG or key.endswith("_token_id") or "dropout" in key
+
+
+def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
+    """What identifies a model for the base cache: its name or path, revision and architecture; optionally a weights hash.
+
+    Everything here is the same on every rank and under any sharding: the architecture is a hash of the model's config
+    (a fine-tune keeps it, another model does not), never a count of the parameters a rank happens to hold (under FSDP1
+    a rank holds a shard, under ZeRO-3 none). A PEFT model reports its base model's config. The weights hash (sha256 over
+    every tensor of the state dict, in name order) is exact but reads all weights.
+
+    Example:
+        >>> model_identity(model)  # doctest: +SKIP
+        {'name_or_path': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'revision': None, 'architecture': 'llama-3f2a9c41d0e6'}
     """
     config = getattr(model, "config", None)
     ident: dict[str, Any] = {
         "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
         "revision": getattr(config, "_commit_hash", None),
-        "num_parameters": int(sum(p.numel() for p in model.parameters())),
+        "architecture": architecture_id(config),
     }
     if weights_hash:
         ident["weights_sha256"] = hash_weights(model)
     return ident
+
+
+def architecture_id(config: Any) -> str | None:
+    """`<model_type>-<hash of the config's weight-shaping fields>`, or None without a config."""
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    import hashlib
+    import json
+
+    fields = {k: v for k, v in config.to_dict().items() if not _volatile(k)}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{getattr(config, 'model_type', 'model')}-{digest}"
 
 
 def hash_weights(model: Any) -> str:

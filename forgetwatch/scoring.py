@@ -269,12 +269,31 @@ def _pad_id(tokenizer: Any) -> int:
 
 def _encode(tokenizer: Any, texts: list[str], chat: bool) -> list[list[int]]:
     # A rendered chat template already holds its special tokens; plain prompts get the tokenizer's own (BOS).
-    return tokenizer(texts, add_special_tokens=not chat)["input_ids"]
+    ids = tokenizer(texts, add_special_tokens=not chat)["input_ids"]
+    if not chat and _appends_eos(tokenizer):
+        # A prompt is the start of a text, never a finished one: an EOS after it would be scored in place of the
+        # option's first token, and generation would start after an end of sequence.
+        ids = [x[:-1] if x and x[-1] == tokenizer.eos_token_id else x for x in ids]
+    return ids
+
+
+def _appends_eos(tokenizer: Any) -> bool:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return False
+    with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(with_special) and with_special[-1] == eos and eos not in tokenizer("a", add_special_tokens=False)["input_ids"]
 
 
 def _accepts_custom_masks(model: torch.nn.Module) -> bool:
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    return impl in ("eager", "sdpa")
+    return impl in ("eager", "sdpa") and not _uses_alibi(model.config)
+
+
+def _uses_alibi(config: Any) -> bool:
+    # ALiBi models build their position bias from a 2-D padding mask (Bloom's `build_alibi_tensor` unpacks its shape),
+    # so a packed 4-D mask crashes them: they score one option per row.
+    return getattr(config, "model_type", "") in ("bloom", "mpt") or bool(getattr(config, "alibi", False))
 
 
 def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -496,7 +515,10 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
     scored = _score_continuations(model, tokenizer, contexts, continuations, chat, config, bar, sync_ranks)
     results = ProbeResults.empty([p.id for p in probes])
     for pi, p in enumerate(probes):
-        loglik = np.array([lp.sum() for lp in scored.logprobs[pi]])
+        # Options with the same tokens get the first one's score, so that they tie exactly and the lowest index wins;
+        # packed in one row, the same tokens at other positions can differ in the last bits (up to 1.3e-5 measured).
+        first = {}
+        loglik = np.array([scored.logprobs[pi][first.setdefault(tuple(t), j)].sum() for j, t in enumerate(scored.tokens[pi])])
         scores = loglik / np.array([len(c) for c in p.choices]) if normalize else loglik
         _decide(results, pi, p, scores, float(loglik[p.gold]))
     return results

@@ -43,14 +43,14 @@ def build_tokenizer():
     return fast
 
 
-def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdpa"):
+def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdpa", hidden: int = 64):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
+        hidden_size=hidden,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,

@@ -273,3 +273,22 @@ def test_concurrent_saves_leave_a_valid_file(tmp_path, suffix):
     seed = int(final.key["model"]["name_or_path"].split("-")[1])
     assert_same(final.results, sample_results(probe_set(_N_ROWS[suffix]).ids, seed=seed))
     assert leftovers(tmp_path) == []
+
+
+def test_model_identity_is_the_same_under_sharding_and_training_settings(tokenizer):
+    """Every rank must reach the same cache decision: identity never counts the parameters a rank holds."""
+    import torch
+    from conftest import build_model
+
+    from forgetwatch.models import model_identity
+
+    model = build_model(tokenizer)
+    full = model_identity(model)
+    with torch.no_grad():  # ZeRO-3 leaves each rank's parameters empty; FSDP1 leaves a shard
+        for p in model.parameters():
+            p.data = p.data.new_empty(0)
+    assert model_identity(model) == full
+    assert model_identity(build_model(tokenizer, seed=5, dropout=0.1)) == full  # other weights and dropout: same base model
+    model.config.pad_token_id = 0  # TRL sets it before training
+    assert model_identity(model) == full
+    assert model_identity(build_model(tokenizer, hidden=128))["architecture"] != full["architecture"]

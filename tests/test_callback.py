@@ -106,7 +106,7 @@ def length_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 3) for c in completions]
 
 
-def sft_trainer(tokenizer, out: Path, callbacks=(), *, dropout: float = 0.0, dataset=None, **overrides):
+def sft_trainer(tokenizer, out: Path, callbacks=(), *, dropout: float = 0.0, dataset=None, model=None, **overrides):
     """A TRL SFTTrainer with TRL's defaults (bf16 autocast, gradient checkpointing), 6 steps of batch 4, high LR."""
     from trl import SFTConfig, SFTTrainer
 
@@ -116,7 +116,7 @@ def sft_trainer(tokenizer, out: Path, callbacks=(), *, dropout: float = 0.0, dat
     }
     kwargs.update(overrides)
     return SFTTrainer(
-        model=build_model(tokenizer, seed=SEED, dropout=dropout), args=SFTConfig(**kwargs),
+        model=model if model is not None else build_model(tokenizer, seed=SEED, dropout=dropout), args=SFTConfig(**kwargs),
         train_dataset=dataset if dataset is not None else sft_dataset(), processing_class=tokenizer, callbacks=list(callbacks),
     )
 
@@ -739,3 +739,38 @@ def test_evaluations_show_progress_unless_the_trainer_hides_its_bars(tokenizer, 
     assert "forgetwatch: scoring the base model" in err and "forgetwatch: step 2" in err
     sft_trainer(tokenizer, tmp_path / "quiet", [watcher()], max_steps=2, disable_tqdm=True).train()
     assert "forgetwatch:" not in capsys.readouterr().err
+
+
+def test_a_cli_cache_made_like_the_trainer_runs_is_used(tokenizer, tiny_model_dir, tmp_path, caplog):
+    """The cache-once workflow with TRL's default bf16 autocast: a float32 cache is refused with the exact command that
+    makes an accepted one; that command's cache is then used as it is, on the trainer's first step."""
+    import shlex
+
+    from transformers import AutoModelForCausalLM
+
+    from forgetwatch.cli import main
+
+    probes = tmp_path / "probes.jsonl"
+    make_probes().to_jsonl(probes)
+    fp32 = tmp_path / "fp32.parquet"
+    assert main(["cache", "--model", str(tiny_model_dir), "--probes", str(probes), "--max-new-tokens", "4", "-o", str(fp32)]) == 0
+    caplog.set_level(logging.WARNING, logger="forgetwatch")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    sft_trainer(tokenizer, tmp_path / "a", [ForgetWatchCallback(str(probes), eval_steps=2, base_cache=str(fp32), **SCORING)],
+                model=model, max_steps=1).train()
+    (warning,) = [r.getMessage() for r in caplog.records if "A cache this run accepts" in r.getMessage()]
+    assert "scoring.precision: cache has 'float32', now 'float32+autocast-bfloat16'" in warning
+    command = warning.split("A cache this run accepts: ")[1].strip()
+    assert "--autocast bfloat16" in command and f"--model {tiny_model_dir}" in command and command.endswith(f"-o {fp32}")
+
+    bf16 = tmp_path / "bf16.parquet"
+    argv = shlex.split(command.removeprefix("forgetwatch ").replace(f"-o {fp32}", f"-o {bf16}"))
+    assert main(argv) == 0
+    caplog.clear()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    sft_trainer(tokenizer, tmp_path / "b", [ForgetWatchCallback(str(probes), eval_steps=2, base_cache=str(bf16), **SCORING)],
+                model=model, max_steps=1).train()
+    assert not [r for r in caplog.records if "cache" in r.getMessage()]  # accepted as it is
+    assert not (tmp_path / "b" / "forgetwatch" / "base.parquet").exists()  # nothing re-scored
+    record = load_record(tmp_path / "b")
+    assert np.array_equal(record.read_eval(0)["outcome"], BaseCache.load(bf16).results.outcome)

@@ -272,6 +272,8 @@ def test_cache_then_compare_roundtrip(capsys, tmp_path, tiny_dirs):
     code, out, _ = run(capsys, "compare", "--model", noisy_dir, "--probes", probe_file, "--base", base, "--flips", "3")
     assert code == 0
     lines = out.splitlines()
+    assert lines[0].startswith("base: ") and f"cache {base}" in lines[0] and lines[1] == f"now:  {noisy_dir}"
+    lines = lines[lines.index("") + 1 :]
     assert lines[0].split() == ["category", "n", "acc", "base", "acc", "now", "1→0", "0→1", "F", "F", "adj", "F", "95%", "CI", "BT", "BT", "adj", "invalid"]
     row = next(line for line in lines if line.startswith("overall")).split()
     assert row[:6] == ["overall", str(len(probes)), f"{overall['accuracy_pre']:.3f}", f"{overall['accuracy_post']:.3f}",
@@ -467,3 +469,22 @@ def test_real_model_answers_some_triviaqa_by_greedy_match(capsys, tmp_path, smol
     assert cache.key["scoring"]["short_mode"] == "greedy_match" and cache.key["scoring"]["chat"]["short"] is False
     assert (cache.results.outcome == 1).sum() >= 1
     assert np.isfinite(cache.results.gold_logprob).all()
+
+
+def test_compare_refuses_another_models_cache(capsys, tmp_path, tiny_dirs, tokenizer):
+    """A cache of one model compared with a model of another architecture is refused, unless asked for on purpose."""
+    model_dir, noisy_dir, probe_file = tiny_dirs
+    base = tmp_path / "base.parquet"
+    assert run(capsys, "cache", "--model", model_dir, "--probes", probe_file, "-o", base)[0] == 0
+    other = tmp_path / "other-arch"
+    build_model(tokenizer, hidden=128).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    code, out, err = run(capsys, "compare", "--model", other, "--probes", probe_file, "--base", base)
+    assert_usage_error(code, err, str(base), "another architecture", "--allow-other-model")
+    assert out == ""
+    code, out, err = run(capsys, "compare", "--model", other, "--probes", probe_file, "--base", base, "--allow-other-model", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["base_model"] == BaseCache.load(base).key["model"] and report["base_model"]["architecture"].startswith("llama-")
+    # a fine-tune (same architecture, other weights) is the intended use: no flag needed
+    assert run(capsys, "compare", "--model", noisy_dir, "--probes", probe_file, "--base", base, "--json")[0] == 0

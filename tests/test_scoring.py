@@ -12,7 +12,11 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
+from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
+    build_model,
+    build_tokenizer,
+    requires_smollm,
+)
 
 from forgetwatch import answers, prompts
 from forgetwatch.answers import LETTERS
@@ -601,3 +605,53 @@ def test_greedy_match_computes_the_exemplars_once(tokenizer, monkeypatch):
     # the same results as with the exemplars recomputed in every row
     monkeypatch.setattr("forgetwatch.scoring._shared_prefix", lambda *a, **k: [])
     assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4)), atol=1e-4)
+
+
+# -- edge cases -------------------------------------------------------------------------------------------------
+
+
+@requires_smollm
+def test_duplicate_options_tie_exactly_and_the_lowest_index_wins(smollm):
+    """Packed in one row, the same option text at another position scored up to 1e-5 apart on SmolLM2 (and index 1
+    won once in 7); options with the same tokens must tie exactly, so the lowest index wins by construction."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(smollm), AutoTokenizer.from_pretrained(smollm)
+    texts = ["carbon dioxide", "the Eiffel Tower", "a large grocery store", "ride a bicycle", "feeling very happy",
+             "New York City", "the kitchen sink"]
+    probes = [Probe(f"d{i}", "mcq", f"Which of these is the answer to question {i}?", (t, t), gold=0) for i, t in enumerate(texts)]
+    res = score_probes(model, tok, probes, ScoringConfig(pack_choices=True))
+    assert res.pred_index.tolist() == [0] * len(probes) and res.margin.tolist() == [0.0] * len(probes)
+
+
+def eos_appending_tokenizer():
+    from tokenizers import processors
+
+    tok = build_tokenizer()
+    eos = tok.eos_token_id
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A <|im_end|>", special_tokens=[("<|im_end|>", eos)])
+    assert tok("a")["input_ids"][-1] == eos
+    return tok
+
+
+@pytest.mark.parametrize("mode", ["loglik", "letter", "greedy_match"])
+def test_a_tokenizer_that_appends_eos_scores_like_one_that_does_not(tokenizer, mode):
+    model = build_model(tokenizer).eval()
+    probes = mcq_probes(8, seed=5) + SHORT
+    config = ScoringConfig(mcq_mode=mode if mode != "greedy_match" else "loglik", chat_template=False)
+    assert_same_results(score_probes(model, eos_appending_tokenizer(), probes, config),
+                        score_probes(model, tokenizer, probes, config))
+
+
+def test_alibi_models_score_one_option_per_row(tokenizer):
+    """Bloom's ALiBi bias is built from a 2-D mask: the packed 4-D mask crashed it ("too many values to unpack")."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    config = BloomConfig(vocab_size=len(tokenizer), hidden_size=64, n_layer=2, n_head=4, pad_token_id=tokenizer.pad_token_id)
+    model = BloomForCausalLM(config).eval()
+    probes = mcq_probes(8, seed=2)
+    res = score_probes(model, tokenizer, probes, ScoringConfig())
+    assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(pack_choices=False)))
+    ref = [reference_loglik(model, tokenizer, p, plain_context(p)) for p in probes]
+    check_decisions(res, probes, ref, [r[p.gold] for r, p in zip(ref, probes, strict=True)], atol=1e-4)
