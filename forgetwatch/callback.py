@@ -76,7 +76,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     and the cache written. Every `eval_steps` optimizer steps (and at the end) the model being trained is
     scored again, under the training precision, and the callback logs `forgetwatch/forgetting` (1→0 rate),
     `forgetwatch/backward_transfer` (0→1), their chance-adjusted versions, `accuracy`, `net_change` and
-    `invalid_rate`, overall and as `forgetwatch/<category>/<metric>`, on the trainer's global-step axis, to
+    `invalid_rate`, overall and as `forgetwatch_<metric>/<category>`, on the trainer's global-step axis, to
     each `report_to` backend (wandb, tensorboard, mlflow, trackio), plus a W&B table of the probes that
     flipped. It always writes a local record under `<output_dir>/forgetwatch/` (see `forgetwatch.record`).
 
@@ -202,6 +202,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         base, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
         if error is not None:
             raise error
+        if self._is_main and not resuming and _set_aside(self._record.root) and base is not None and cache_path == own_cache:
+            BaseCache(key, base).save(own_cache)  # the base this run uses, from the record it just set aside
         if base is None:
             t0 = time.perf_counter()
             base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
@@ -220,8 +222,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
         self._record.root.mkdir(parents=True, exist_ok=True)
         self.probes.to_jsonl(self._record.root / "probes.jsonl")
-        # A resumed run recomputes what came after its checkpoint; a fresh run in a used output_dir starts a new record
-        # (keeping its step 0 would give two step-0 rows).
+        # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
         self._record.truncate_after(state.global_step if resuming else -1)
         self._replay, self.evaluated_steps, self._last = ReplayTracker(self.probes, base.outcome), [], None
         row = None
@@ -253,8 +254,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._is_main and self._last is not None:
-            # forgetwatch/forgetting -> forgetwatch/final/forgetting (not forgetwatch/final/forgetwatch/forgetting)
-            final = {f"{PREFIX}/final/{k.removeprefix(PREFIX + '/')}": v for k, v in self._scalars(self._last_report).items()}
+            # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
+            final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report).items()}
             for lg in self._loggers:
                 lg.summary(final)
                 lg.close()
@@ -357,10 +358,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     @staticmethod
     def _scalars(report) -> dict[str, float]:
+        """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category.
+
+        W&B makes one workspace section per key prefix before the first "/": the overall curves get one section and
+        each metric another, with every category side by side in it (not ~60 panels in one section)."""
         out = {}
         for name, m in report.items():
-            prefix = PREFIX if name == "overall" else f"{PREFIX}/{name}"
-            out.update({f"{prefix}/{k}": v for k, v in m.scalars().items()})
+            if name == "overall":
+                out.update({f"{PREFIX}/{k}": v for k, v in m.scalars().items()})
+            else:
+                out.update({f"{PREFIX}_{k}/{name}": v for k, v in m.scalars().items()})
         return out
 
     def _flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:
@@ -389,6 +396,22 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _set_aside(root: Path) -> Path | None:
+    """A fresh run in an output_dir that holds an earlier run's record: move that record aside, never overwrite it."""
+    if not (root / "metrics.jsonl").is_file() and not any((root / "evals").glob("step-*.npz")):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((root / "metrics.jsonl").stat().st_mtime)) if (
+        root / "metrics.jsonl").is_file() else time.strftime("%Y%m%d-%H%M%S")
+    target = root.with_name(f"{root.name}.{stamp}")
+    n = 1
+    while target.exists():
+        target, n = root.with_name(f"{root.name}.{stamp}-{n}"), n + 1
+    root.rename(target)
+    logger.warning("forgetwatch: %s held the record of an earlier run; moved it to %s (nothing is deleted). Resume with "
+                   "`resume_from_checkpoint=` to continue a run's own record.", root, target)
+    return target
 
 
 def _warn_nothing_to_forget(base_report: dict) -> None:

@@ -76,6 +76,7 @@ class WandbLogger(MetricLogger):
         # Plot our keys on the trainer's step axis: the value from step 50 sits at step 50.
         run.define_metric(STEP_KEY)
         run.define_metric("forgetwatch/*", step_metric=STEP_KEY)
+        run.define_metric("forgetwatch_*", step_metric=STEP_KEY)  # per-category keys: forgetwatch_<metric>/<category>
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         # Never `step=`: WandbCallback owns wandb's internal step; the row carries the trainer's step instead.

@@ -48,6 +48,7 @@ from forgetwatch import (  # noqa: E402
 from forgetwatch.answers import LETTERS, mcq_reward  # noqa: E402
 from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.models import model_identity  # noqa: E402
+from forgetwatch.record import RunRecord  # noqa: E402
 from forgetwatch.scoring import ScoringConfig  # noqa: E402
 
 SEED = 0
@@ -198,7 +199,7 @@ def metric_rows(record) -> dict[int, dict]:
 
 
 def logged_name(group: str, metric: str) -> str:
-    return f"forgetwatch/{metric}" if group == "overall" else f"forgetwatch/{group}/{metric}"
+    return f"forgetwatch/{metric}" if group == "overall" else f"forgetwatch_{metric}/{group}"
 
 
 def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
@@ -269,7 +270,7 @@ def test_sft_wandb_scalars_equal_the_local_record(sft_run):
                     assert logged_name(group, name) not in r  # short answers only: no chance term, no "adjusted" curve
                 else:
                     assert r[logged_name(group, name)] == m[field], (step, group, name)
-    assert not groups["short"]["adjusted"] and "forgetwatch/short/forgetting" in logged[-1]
+    assert not groups["short"]["adjusted"] and "forgetwatch_forgetting/short" in logged[-1]
     assert any(m["metrics"]["overall"]["forgotten"] > 0 for m in metrics.values())  # the LR is high enough to flip
 
     # the trainer's own W&B rows: every step's loss, none of our keys merged into them
@@ -295,14 +296,18 @@ def test_sft_wandb_flip_tables_summary_and_axis(sft_run):
 
     last = metric_rows(sft_run.record)[6]["metrics"]
     summary = read_summary(path)
-    final = {k: v for k, v in summary.items() if k.startswith("forgetwatch/final/")}
+    final = {k: v for k, v in summary.items() if k.startswith("forgetwatch") and "/final/" in k}
     assert final == {
-        f"forgetwatch/final/{name}" if group == "overall" else f"forgetwatch/final/{group}/{name}": last[group][field]
+        f"forgetwatch/final/{name}" if group == "overall" else f"forgetwatch_{name}/final/{group}": last[group][field]
         for group in last for name, field in LOGGED.items() if last[group]["adjusted"] or not name.endswith("_adjusted")
     }
 
-    assert {"glob_name": "forgetwatch/*", "step_metric": "train/global_step",
-            "options": {"step_sync": True, "defined": True}} in read_metric_definitions(path)
+    for glob in ("forgetwatch/*", "forgetwatch_*"):  # overall keys, and per-category keys forgetwatch_<metric>/<category>
+        assert {"glob_name": glob, "step_metric": "train/global_step",
+                "options": {"step_sync": True, "defined": True}} in read_metric_definitions(path)
+    # one W&B section per metric: every per-category key's first segment is forgetwatch_<metric>
+    sections = {k.split("/")[0] for r in read_history(path) for k in r if k.startswith("forgetwatch")}
+    assert sections == {"forgetwatch"} | {f"forgetwatch_{m}" for m in LOGGED}
     config = read_config(path)["forgetwatch"]
     assert config["n_probes"] == 32 and config["fingerprint"] == make_probes().fingerprint and config["eval_steps"] == 2
 
@@ -538,6 +543,8 @@ def test_cache_with_other_scoring_is_rescored_with_a_warning(tokenizer, tmp_path
 def test_fresh_run_in_a_used_output_dir_starts_a_new_record(tokenizer, tmp_path):
     sft_trainer(tokenizer, tmp_path, [watcher(eval_steps=1)], max_steps=2).train()
     assert load_record(tmp_path).eval_steps() == [0, 1, 2]
+    first = (tmp_path / "forgetwatch" / "metrics.jsonl").read_text()
+    (tmp_path / "forgetwatch" / "report").mkdir()  # as `forgetwatch report` leaves it
     trainer = sft_trainer(tokenizer, tmp_path, [watcher(eval_steps=1)], max_steps=1)  # not a resume: from step 0
     trainer.train()
     record = load_record(tmp_path)
@@ -545,6 +552,12 @@ def test_fresh_run_in_a_used_output_dir_starts_a_new_record(tokenizer, tmp_path)
     assert [r["step"] for r in record.read_metrics()] == [0, 1]  # one step-0 row, not the old one and a new one
     assert {f["step"] for f in record.read_flips()} <= {1}
     assert the_watcher(trainer).evaluated_steps == [0, 1]
+    assert not (record.root / "report").exists()  # no stale report of the earlier run in the new record
+    # the earlier run's record is kept beside it, whole
+    (kept,) = [d for d in tmp_path.iterdir() if d.name.startswith("forgetwatch.")]
+    assert (kept / "metrics.jsonl").read_text() == first and (kept / "report").is_dir()
+    assert RunRecord(kept).eval_steps() == [0, 1, 2]
+    assert (record.root / "base.parquet").is_file()
 
 
 def test_resume_with_a_mismatched_or_missing_cache_fails_before_a_step(sft_run, tokenizer, tmp_path):

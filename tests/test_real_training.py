@@ -51,6 +51,6 @@ def test_sft_demo_curves_agree_with_rescored_checkpoints(tmp_path):
         assert np.array_equal(rescored.outcome, record.read_eval(step)["outcome"]), f"step {step}"
         report = compute_report(base, rescored.outcome, k, cats)
         for name, m in report.items():
-            prefix = "forgetwatch" if name == "overall" else f"forgetwatch/{name}"
             for key, value in m.scalars().items():
-                assert logged[step][f"{prefix}/{key}"] == pytest.approx(value, abs=1e-12), (step, name, key)
+                logged_key = f"forgetwatch/{key}" if name == "overall" else f"forgetwatch_{key}/{name}"
+                assert logged[step][logged_key] == pytest.approx(value, abs=1e-12), (step, name, key)
