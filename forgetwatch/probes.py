@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write
+from .answers import extract_number
 
 __all__ = ["Probe", "ProbeSet", "ProbeFormatError"]
 
@@ -156,6 +157,9 @@ class Probe:
         numeric = record.get("numeric", False)
         if not isinstance(numeric, bool):
             raise fail("numeric", f"must be true or false, got {numeric!r}")
+        if numeric and all(extract_number(a) is None for a in answers):
+            raise fail("answers", f"{list(answers)!r} holds no number, but `numeric` is true; give the answer as a number "
+                                  "(e.g. \"72\") or set `numeric: false`")
         return cls(pid, kind, question, (), None, tuple(answers), numeric, category, source)
 
 

@@ -105,3 +105,12 @@ def test_load_dispatches_on_spec(tmp_path):
     assert load_probes(ps) is ps
     with pytest.raises(ValueError, match="arc_easy"):
         load_probes("no_such_suite")
+
+
+def test_a_numeric_probe_needs_a_number_among_its_answers(tmp_path):
+    path = tmp_path / "probes.jsonl"
+    good = {"id": "g", "kind": "short", "question": "2 + 2?", "answers": ["4"], "numeric": True}
+    bad = {"id": "b", "kind": "short", "question": "2 + 2?", "answers": ["four"], "numeric": True}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ProbeFormatError, match=rf"{path} line 2: field `answers`: \['four'\] holds no number"):
+        ProbeSet.from_jsonl(path)
