@@ -406,9 +406,13 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
     pack = config.pack_choices if config.pack_choices is not None else _accepts_custom_masks(model)
     device = _device(model)
     prefix = _shared_prefix(model, tokenizer, shared, ctx_ids, chat) if shared else []
+    prefix_cache = None
+    if prefix:
+        # 100 exemplar tokens before a 20-token question: one forward here, then each row carries its own part only
+        prefix_cache = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
+        if prefix_cache is None:  # a model that returns no cache (use_cache forced off): every row carries the prefix
+            prefix = []
     P = len(prefix)
-    # 100 exemplar tokens before a 20-token question: one forward here, then each row carries its own part only
-    prefix_cache = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values if P else None
 
     rows: list[_Row] = []
     tokens: list[list[list[int]]] = []

@@ -655,3 +655,20 @@ def test_alibi_models_score_one_option_per_row(tokenizer):
     assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(pack_choices=False)))
     ref = [reference_loglik(model, tokenizer, p, plain_context(p)) for p in probes]
     check_decisions(res, probes, ref, [r[p.gold] for r, p in zip(ref, probes, strict=True)], atol=1e-4)
+
+
+def test_greedy_match_on_a_model_that_returns_no_cache(tokenizer, monkeypatch):
+    """A model may return no cache although asked (a LoRA model merged after TRL training did, with gradient
+    checkpointing on): then every row carries the exemplars itself, instead of crashing."""
+    model = wordy_model(tokenizer, 0)
+    probes = greedy_fixture(model, tokenizer, chat=False)[:6]
+    plain = score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False))
+    forward = model.forward
+
+    def no_cache(input_ids=None, past_key_values=None, **kwargs):  # a signature that offers a cache, like the model's
+        out = forward(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+        out.past_key_values = None
+        return out
+
+    monkeypatch.setattr(model, "forward", no_cache)
+    assert_same_results(score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False)), plain, atol=1e-4)

@@ -1,0 +1,58 @@
+"""LoRA with PEFT, the most common SFT setup: what is scored is the adapted model, the base cache is the base model's,
+and training is bit-identical with and without the callback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+peft = pytest.importorskip("peft")
+pytest.importorskip("trl")
+
+from conftest import build_model  # noqa: E402,I001  (tests/ is on sys.path)
+from test_callback import SEED, assert_same_weights, make_probes, rescore, sft_trainer, watcher  # noqa: E402
+
+from forgetwatch import BaseCache, load_record  # noqa: E402
+from forgetwatch.models import model_identity  # noqa: E402
+
+
+def lora_trainer(tokenizer, out, callbacks=()):
+    model = build_model(tokenizer, seed=SEED)
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    return sft_trainer(tokenizer, out, callbacks, model=peft.get_peft_model(model, config), learning_rate=5e-2, max_steps=4)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tokenizer, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    cb = watcher()
+    with_cb = lora_trainer(tokenizer, root / "with", [cb])
+    with_cb.train()
+    without = lora_trainer(tokenizer, root / "without")
+    without.train()
+    return with_cb, without, cb, root
+
+
+def test_lora_adapted_model_is_what_is_scored(lora_runs, tokenizer):
+    trainer, _, cb, root = lora_runs
+    model = trainer.model
+    assert isinstance(model, peft.PeftModel)
+    record = load_record(root / "with")
+    assert record.eval_steps() == [0, 2, 4]
+    final = rescore(model, tokenizer, make_probes())  # bf16 autocast, as in TRL's loop
+    assert np.array_equal(final.outcome, record.read_eval(4)["outcome"])
+    with model.disable_adapter():  # the base model underneath: what step 0 saw
+        base = rescore(model, tokenizer, make_probes())
+    assert np.array_equal(base.outcome, record.read_eval(0)["outcome"])
+    assert not np.allclose(final.gold_logprob, base.gold_logprob)  # the adapters changed the scores
+
+
+def test_lora_base_cache_is_the_base_models(lora_runs, tokenizer):
+    _, _, _, root = lora_runs
+    key = BaseCache.load(root / "with" / "forgetwatch" / "base.parquet").key
+    assert key["model"] == model_identity(build_model(tokenizer, seed=SEED))
+
+
+def test_lora_training_is_bit_identical_with_and_without_the_callback(lora_runs):
+    with_cb, without, _, _ = lora_runs
+    assert_same_weights(with_cb.model, without.model)
