@@ -202,7 +202,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         base, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
         if error is not None:
             raise error
-        if self._is_main and not resuming and _set_aside(self._record.root) and base is not None and cache_path == own_cache:
+        if self._is_main and not resuming and self._record.set_aside() and base is not None and cache_path == own_cache:
             BaseCache(key, base).save(own_cache)  # the base this run uses, from the record it just set aside
         if base is None:
             t0 = time.perf_counter()
@@ -396,22 +396,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
-
-
-def _set_aside(root: Path) -> Path | None:
-    """A fresh run in an output_dir that holds an earlier run's record: move that record aside, never overwrite it."""
-    if not (root / "metrics.jsonl").is_file() and not any((root / "evals").glob("step-*.npz")):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((root / "metrics.jsonl").stat().st_mtime)) if (
-        root / "metrics.jsonl").is_file() else time.strftime("%Y%m%d-%H%M%S")
-    target = root.with_name(f"{root.name}.{stamp}")
-    n = 1
-    while target.exists():
-        target, n = root.with_name(f"{root.name}.{stamp}-{n}"), n + 1
-    root.rename(target)
-    logger.warning("forgetwatch: %s held the record of an earlier run; moved it to %s (nothing is deleted). Resume with "
-                   "`resume_from_checkpoint=` to continue a run's own record.", root, target)
-    return target
 
 
 def _warn_nothing_to_forget(base_report: dict) -> None:

@@ -13,8 +13,10 @@ Every file is written atomically or appended a whole line at a time, so a crash 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,8 @@ import numpy as np
 from ._io import atomic_write
 
 __all__ = ["RunRecord", "load_record"]
+
+logger = logging.getLogger(__name__)
 
 _EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
 
@@ -105,6 +109,25 @@ class RunRecord:
         if not steps:
             return [], np.zeros((0, 0), np.int8)
         return steps, np.stack([self.read_eval(s)["outcome"] for s in steps])
+
+    def set_aside(self) -> Path | None:
+        """Move an earlier run's record out of the way (to `forgetwatch.<time>/` beside it), never overwriting it.
+
+        Returns where it went, or None when there was no record here.
+        """
+        root = self.root
+        metrics = root / "metrics.jsonl"
+        if not metrics.is_file() and not any(self.evals_dir.glob("step-*.npz")):
+            return None
+        when = metrics.stat().st_mtime if metrics.is_file() else time.time()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+        target, n = root.with_name(f"{root.name}.{stamp}"), 1
+        while target.exists():
+            target, n = root.with_name(f"{root.name}.{stamp}-{n}"), n + 1
+        root.rename(target)
+        logger.warning("forgetwatch: %s held the record of an earlier run; moved it to %s (nothing is deleted). Resume with "
+                       "`resume_from_checkpoint=` to continue a run's own record.", root, target)
+        return target
 
     def truncate_after(self, step: int) -> None:
         """Forget evaluations after `step` (resuming from an earlier checkpoint recomputes them)."""
