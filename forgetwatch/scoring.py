@@ -308,10 +308,15 @@ def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
 def _run_batches(items: list, batch_size: int, run: Callable[..., None], bar, sync_ranks: bool = False) -> None:
     """Call `run(batch)` on consecutive slices of `items`; on out-of-memory halve the slice and retry.
 
-    With `sync_ranks`, then call `run(items[:1], keep=False)` (a forward whose result is dropped) until this rank has
-    run as many batches as the busiest rank: shards of equal probe counts can still differ in batches (options
-    scored one per row, an out-of-memory retry on one rank only).
+    With `sync_ranks`, every rank runs as many batches as the busiest one: shards of equal probe counts can still
+    differ in batches (options scored one per row). The count is agreed before the first forward, and a rank with
+    fewer batches then calls `run(items[:1], keep=False)` (a forward whose result is dropped) after its own: under
+    FSDP / ZeRO-3 each forward is itself a collective, so the ranks' forwards must pair up with no other collective
+    between them (agreeing afterwards, a rank that finished early would wait in the count while the others wait in
+    their next forward's all-gather). An out-of-memory retry on one rank only adds batches there; a second count
+    at the end evens that out under DDP (under FSDP the ranks are already out of step by then).
     """
+    target = _most_over_ranks(-(-len(items) // batch_size)) if sync_ranks else 0
     start = 0
     batches = 0
     while start < len(items):
@@ -331,6 +336,9 @@ def _run_batches(items: list, batch_size: int, run: Callable[..., None], bar, sy
         if bar is not None:
             bar.update(len({it.probe_index for it in batch}))
     if sync_ranks:
+        for _ in range(target - batches):
+            run(items[:1], keep=False)
+        batches = max(batches, target)
         for _ in range(_most_over_ranks(batches) - batches):
             run(items[:1], keep=False)
 

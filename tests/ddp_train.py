@@ -4,11 +4,15 @@
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT              # DDP on CPU (gloo)
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --score-only # only `score_distributed` on the base model
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --score-only --scoring unpacked   # another SCORING config
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --scoring generate          # FSDP2 on CPU, a SCORING config
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --model DIR --base-cache C  # a saved model, a CLI cache
 
 Training writes the forgetwatch record to OUT/forgetwatch/ and the final weights to OUT/final/ (rank 0).
 Every rank appends what it did to OUT/trace-rank<R>.jsonl: each `score_probes` call made inside
-`score_distributed` (how many probes that rank scored), each base-cache save and each record write, so a
-test can see that probes were split and that only the main process wrote. `--score-only` writes each rank's
+`score_distributed` (how many probes that rank scored and how many forwards its model ran for them), each
+base-cache save and each record write, so a test can see that probes were split, that the ranks ran the same
+forwards (what FSDP needs) and that only the main process wrote. Under `--fsdp` the main process also writes the
+gathered full weights after training to OUT/final-state.pt (FSDP2 parameters are sharded DTensors). `--score-only` writes each rank's
 full gathered results, and how many forwards its model ran, to OUT/scored-rank<R>.json. Used by
 tests/test_distributed.py.
 """
@@ -16,6 +20,7 @@ tests/test_distributed.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -82,6 +87,16 @@ def _trace(out: Path, **row) -> None:
         f.write(json.dumps({"rank": rank, **row}) + "\n")
 
 
+def _parameter_counts(model) -> dict:
+    """How many parameters this rank holds, and how many the model has (FSDP2 parameters are DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(model.named_parameters())
+    local = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params.values())
+    return {"local_params": local, "total_params": sum(p.numel() for p in params.values()),
+            "not_sharded": [n for n, p in params.items() if not isinstance(p, DTensor)]}
+
+
 def _instrument(out: Path) -> None:
     """Wrap the functions whose calls the test counts; behaviour is unchanged."""
     import forgetwatch.callback as cb
@@ -91,8 +106,14 @@ def _instrument(out: Path) -> None:
     orig_metrics, orig_eval = cb.RunRecord.append_metrics, cb.RunRecord.write_eval
 
     def score_probes(model, tokenizer, probes, config=None, **kw):
-        _trace(out, event="score_probes", n=len(probes), ids=[p.id for p in probes])
-        return orig_score(model, tokenizer, probes, config, **kw)
+        forwards = [0]
+        handle = model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        try:
+            return orig_score(model, tokenizer, probes, config, **kw)
+        finally:
+            handle.remove()
+            _trace(out, event="score_probes", n=len(probes), ids=[p.id for p in probes], forwards=forwards[0],
+                   model_class=type(model).__name__, **_parameter_counts(model))
 
     def save(self, path):
         _trace(out, event="cache_save", path=str(path))
@@ -112,15 +133,26 @@ def _instrument(out: Path) -> None:
     cb.RunRecord.write_eval = write_eval
 
 
-def train(out: Path, max_steps: int = MAX_STEPS) -> None:
+def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
+          model_dir: Path | None = None, base_cache: Path | None = None) -> None:
+    import torch
     import torch.distributed as dist
-    from transformers import Trainer, TrainingArguments
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
     from forgetwatch import ForgetWatchCallback
 
     _instrument(out)
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=SEED)
+    if model_dir is None:
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, seed=SEED)
+    else:  # a saved model: its name_or_path is what a `forgetwatch cache` of the same directory recorded
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # FSDP2 on CPU (FSDP1 refuses CPU): every decoder layer and the root sharded across the ranks.
+    if fsdp:
+        _allow_fsdp_on_cpu()
+    sharding = {"fsdp": "full_shard auto_wrap",
+                "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}} if fsdp else {}
     args = TrainingArguments(
         output_dir=str(out),
         use_cpu=True,
@@ -137,8 +169,13 @@ def train(out: Path, max_steps: int = MAX_STEPS) -> None:
         logging_steps=1,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **sharding,
     )
-    callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS)
+    options = dict(SCORING[scoring])
+    pack = options.pop("pack_choices", None)  # not a callback argument: chosen from the model (off under flash attention)
+    callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS, base_cache=str(base_cache) if base_cache else None,
+                                   **options)
+    callback.config = dataclasses.replace(callback.config, pack_choices=pack)
     trainer = Trainer(model=model, args=args, train_dataset=make_train_dataset(tokenizer), processing_class=tokenizer,
                       callbacks=[callback])
     trainer.train()
@@ -146,8 +183,39 @@ def train(out: Path, max_steps: int = MAX_STEPS) -> None:
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     _trace(out, event="done", backend=backend, world_size=world_size, global_step=trainer.state.global_step,
            parallel_mode=str(args.parallel_mode), evaluated_steps=callback.evaluated_steps)
-    trainer.save_model(str(out / "final"))  # the weights after the last step, written by the main process
+    if fsdp:
+        # every rank takes part in gathering the shards; the main process writes them
+        from torch.distributed.tensor import DTensor
+
+        full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in trainer.model.state_dict().items()}
+        if trainer.is_world_process_zero():
+            torch.save(full, out / "final-state.pt")
+    else:
+        trainer.save_model(str(out / "final"))  # the weights after the last step, written by the main process
     _leave_distributed_run()
+
+
+def _allow_fsdp_on_cpu() -> None:
+    """Let accelerate shard with FSDP2 on CPU processes.
+
+    accelerate 1.15 turns its FSDP plugin on only for accelerator devices (MULTI_GPU, MULTI_XPU, ...): on CPU the
+    Trainer silently trains with DDP (and without `use_cpu`, it refuses to start). FSDP2 itself runs on CPU with gloo
+    (`fully_shard` on a CPU mesh), so after accelerate set its state up, make it the FSDP state it would be on GPUs.
+    Only the type of the run changes; the sharding, the gathers in each forward and the training are accelerate's and
+    torch's own code, as on GPUs.
+    """
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+
+    def __init__(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+
+    AcceleratorState.__init__ = __init__
 
 
 def score_only(out: Path, scoring: str = "default") -> None:
@@ -207,13 +275,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("--score-only", action="store_true")
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
-    parser.add_argument("--scoring", choices=sorted(SCORING), default="default", help="with --score-only")
+    parser.add_argument("--scoring", choices=sorted(SCORING), default="default", help="the scoring options (SCORING)")
+    parser.add_argument("--fsdp", action="store_true", help="train with FSDP2 (HF Trainer fsdp_config, fsdp_version 2)")
+    parser.add_argument("--model", type=Path, help="a saved model directory instead of a freshly built one")
+    parser.add_argument("--base-cache", type=Path, help="ForgetWatchCallback(base_cache=...)")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache)
 
 
 if __name__ == "__main__":

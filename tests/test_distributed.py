@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import build_model, build_tokenizer
 from ddp_train import EVAL_STEPS, SCORING, make_probes
+from multiproc import REPO, SCRIPT, TIMEOUT, assert_same, assert_split, check_ok, torchrun, trace
 
 from forgetwatch.cache import BaseCache, make_cache_key
 from forgetwatch.distributed import plan_shard, score_distributed, world
@@ -27,9 +25,6 @@ from forgetwatch.models import model_identity
 from forgetwatch.probes import Probe
 from forgetwatch.scoring import ScoringConfig, describe_precision, score_probes
 
-SCRIPT = Path(__file__).with_name("ddp_train.py")
-REPO = SCRIPT.parent.parent
-TIMEOUT = 240
 CONFIG = ScoringConfig()  # what ForgetWatchCallback(probes, eval_steps=...) scores with
 
 
@@ -49,13 +44,6 @@ def base_results():
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
     return score_probes(model, tokenizer, make_probes(), CONFIG), model, tokenizer
-
-
-def _assert_same(outcome, pred_index, margin, ref, what: str) -> None:
-    np.testing.assert_array_equal(np.asarray(outcome), ref.outcome, err_msg=f"{what}: outcome")
-    np.testing.assert_array_equal(np.asarray(pred_index), ref.pred_index, err_msg=f"{what}: pred_index")
-    np.testing.assert_allclose(np.asarray(margin, dtype=np.float64), ref.margin.astype(np.float64), atol=1e-5, rtol=0,
-                               equal_nan=True, err_msg=f"{what}: margin")
 
 
 # -- plan_shard, no processes ------------------------------------------------------------------------------
@@ -126,7 +114,7 @@ def test_score_distributed_in_one_process_is_score_probes(base_results):
     ref, model, tokenizer = base_results
     got = score_distributed(model, tokenizer, make_probes(), CONFIG)
     assert got.ids == make_probes().ids
-    _assert_same(got.outcome, got.pred_index, got.margin, ref, "score_distributed, 1 process")
+    assert_same(got.outcome, got.pred_index, got.margin, ref, "score_distributed, 1 process")
 
 
 @pytest.mark.parametrize("n_probes,world_size", [(12, 3), (4, 5)], ids=["12-on-3", "4-on-5"])
@@ -162,7 +150,7 @@ def test_score_distributed_merges_shards_in_probe_order(base_results, monkeypatc
         rank[0] = r
         got = score_distributed(model, tokenizer, probes, CONFIG)
         assert got.ids == ids
-        _assert_same(got.outcome, got.pred_index, got.margin, want, f"rank {r}")
+        assert_same(got.outcome, got.pred_index, got.margin, want, f"rank {r}")
         assert got.prediction == want.prediction and got.generation == want.generation
 
 
@@ -200,79 +188,32 @@ def test_ranks_run_the_same_number_of_forwards(tokenizer, config):
 # -- torchrun, 2 processes ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    """Run tests/ddp_train.py under torchrun; on timeout kill the whole launch (its own session) and fail."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")}
-    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={port}", str(SCRIPT), str(out), *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        stdout, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session started above
-        stdout, _ = proc.communicate()
-        pytest.fail(f"torchrun {' '.join(args)} did not finish in {TIMEOUT}s (a rank waiting in a collective?):\n{stdout[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, "")
-
-
-def _check_ok(run: subprocess.CompletedProcess) -> None:
-    if run.returncode != 0:
-        raise AssertionError(f"torchrun failed (exit {run.returncode}):\n{run.stdout[-6000:]}")
-
-
-def _trace(out: Path, rank: int) -> list[dict]:
-    path = out / f"trace-rank{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def _assert_split(out: Path, calls: int) -> None:
-    """Each of the `calls` evaluations: both ranks scored an equal-sized shard, their probes disjoint, together all."""
-    ids = make_probes().ids
-    per_rank = [[r for r in _trace(out, rank) if r["event"] == "score_probes"] for rank in range(2)]
-    assert [len(c) for c in per_rank] == [calls, calls], "every rank scores at every evaluation"
-    for c0, c1 in zip(*per_rank, strict=True):
-        assert c0["n"] == c1["n"] == -(-31 // 2) + -(-3 // 2)  # 16 mcq + 2 short each, rank 1 padded
-        assert not set(c0["ids"]) & set(c1["ids"])
-        assert set(c0["ids"]) | set(c1["ids"]) == set(ids)
-
-
 # max_steps 4 with eval_steps 2: the last step is scored in on_step_end. 5: on_train_end scores step 5.
 @pytest.fixture(scope="module", params=[4, 5], ids=lambda n: f"steps{n}")
 def ddp_run(request, tmp_path_factory):
     """tests/ddp_train.py under torchrun with 2 processes (not asserted here: each test checks the exit)."""
     max_steps = request.param
     out = tmp_path_factory.mktemp(f"ddp-steps{max_steps}")
-    run = _torchrun(out, f"--max-steps={max_steps}")
+    run = torchrun(out, f"--max-steps={max_steps}")
     steps = sorted({0, *range(EVAL_STEPS, max_steps + 1, EVAL_STEPS), max_steps})
     return run, out, steps
 
 
 def test_ddp_run_uses_gloo_and_splits_probes(ddp_run):
     run, out, steps = ddp_run
-    _check_ok(run)
-    done = [r for rank in range(2) for r in _trace(out, rank) if r["event"] == "done"]
+    check_ok(run)
+    done = [r for rank in range(2) for r in trace(out, rank) if r["event"] == "done"]
     assert [(d["rank"], d["backend"], d["world_size"], d["global_step"]) for d in done] == [
         (0, "gloo", 2, steps[-1]), (1, "gloo", 2, steps[-1])]
-    _assert_split(out, calls=len(steps))  # base + every evaluation, on both ranks
+    assert_split(out, calls=len(steps))  # base + every evaluation, on both ranks
 
 
 def test_ddp_run_writes_one_record_from_the_main_process(ddp_run):
     run, out, steps = ddp_run
-    _check_ok(run)
+    check_ok(run)
     # only rank 0 wrote: the cache once, one npz and one metrics line per evaluation
     for rank, expect in ((0, Counter({"cache_save": 1, "write_eval": len(steps), "append_metrics": len(steps)})), (1, Counter())):
-        writes = Counter(r["event"] for r in _trace(out, rank) if r["event"] in ("cache_save", "write_eval", "append_metrics"))
+        writes = Counter(r["event"] for r in trace(out, rank) if r["event"] in ("cache_save", "write_eval", "append_metrics"))
         assert writes == expect, f"rank {rank}"
     metrics_files = list(out.rglob("metrics.jsonl"))
     assert metrics_files == [out / "forgetwatch" / "metrics.jsonl"]
@@ -286,16 +227,16 @@ def test_ddp_run_writes_one_record_from_the_main_process(ddp_run):
 
 def test_ddp_base_cache_is_loadable_and_equals_single_process(ddp_run, base_results):
     run, out, _ = ddp_run
-    _check_ok(run)
+    check_ok(run)
     ref, model, tokenizer = base_results
     key = make_cache_key(model_identity(model), make_probes(), CONFIG.key(tokenizer, describe_precision(model)))
     cache = BaseCache.load(out / "forgetwatch" / "base.parquet", expect=key)  # the key a 1-process run would expect
     assert cache.results.ids == make_probes().ids
-    _assert_same(cache.results.outcome, cache.results.pred_index, cache.results.margin, ref, "base.parquet")
+    assert_same(cache.results.outcome, cache.results.pred_index, cache.results.margin, ref, "base.parquet")
     assert cache.results.prediction == ref.prediction
     assert cache.results.generation == ref.generation
     step0 = np.load(out / "forgetwatch" / "evals" / "step-00000000.npz")
-    _assert_same(step0["outcome"], step0["pred_index"], step0["margin"], ref, "evals/step-0")
+    assert_same(step0["outcome"], step0["pred_index"], step0["margin"], ref, "evals/step-0")
 
 
 def test_ddp_final_step_equals_single_process_rescoring(ddp_run):
@@ -303,30 +244,30 @@ def test_ddp_final_step_equals_single_process_rescoring(ddp_run):
     from transformers import AutoModelForCausalLM
 
     run, out, steps = ddp_run
-    _check_ok(run)
+    check_ok(run)
     tokenizer = build_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(out / "final", dtype=torch.float32)
     fresh = build_model(tokenizer)
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True)), "trained"
     ref = score_probes(model, tokenizer, make_probes(), CONFIG)
     last = np.load(out / "forgetwatch" / "evals" / f"step-{steps[-1]:08d}.npz")
-    _assert_same(last["outcome"], last["pred_index"], last["margin"], ref, f"evals/step-{steps[-1]}")
+    assert_same(last["outcome"], last["pred_index"], last["margin"], ref, f"evals/step-{steps[-1]}")
 
 
 def test_single_process_run_records_the_same_base(ddp_run, tmp_path):
     """The same script without torchrun: one process, same record layout, same base numbers."""
     run, out, steps = ddp_run
-    _check_ok(run)
+    check_ok(run)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     single = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), f"--max-steps={steps[-1]}"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=TIMEOUT)
     assert single.returncode == 0, single.stderr[-4000:]
-    assert {r["event"] for r in _trace(tmp_path, 0) if r["event"] == "score_probes"} and not _trace(tmp_path, 1)
-    assert all(r["n"] == 34 for r in _trace(tmp_path, 0) if r["event"] == "score_probes")  # no split
+    assert {r["event"] for r in trace(tmp_path, 0) if r["event"] == "score_probes"} and not trace(tmp_path, 1)
+    assert all(r["n"] == 34 for r in trace(tmp_path, 0) if r["event"] == "score_probes")  # no split
     one = BaseCache.load(tmp_path / "forgetwatch" / "base.parquet").results
     two = BaseCache.load(out / "forgetwatch" / "base.parquet").results
-    _assert_same(two.outcome, two.pred_index, two.margin, one, "1-process vs 2-process base.parquet")
+    assert_same(two.outcome, two.pred_index, two.margin, one, "1-process vs 2-process base.parquet")
     assert [json.loads(line)["step"] for line in (tmp_path / "forgetwatch" / "metrics.jsonl").read_text().splitlines()] == steps
 
 
@@ -334,12 +275,12 @@ def test_single_process_run_records_the_same_base(ddp_run, tmp_path):
 def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
     """score_distributed alone: each rank scores its shard, every rank gets all results in probe order, and both
     ranks run the same number of forwards (what FSDP / ZeRO-3 need), whatever their shards' options."""
-    run = _torchrun(tmp_path, "--score-only", f"--scoring={scoring}")
-    _check_ok(run)
+    run = torchrun(tmp_path, "--score-only", f"--scoring={scoring}")
+    check_ok(run)
     _, model, tokenizer = base_results
     ref = score_probes(model, tokenizer, make_probes(), ScoringConfig(**SCORING[scoring]))
     ids = make_probes().ids
-    _assert_split(tmp_path, calls=1)
+    assert_split(tmp_path, calls=1)
     forwards = [json.loads((tmp_path / f"scored-rank{rank}.json").read_text())["forwards"] for rank in range(2)]
     assert forwards[0] == forwards[1] > 0, forwards
     for rank in range(2):
@@ -347,6 +288,6 @@ def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
         assert (got["rank"], got["world_size"]) == (rank, 2)
         assert got["ids"] == ids
         margin = [np.nan if m is None else m for m in got["margin"]]
-        _assert_same(got["outcome"], got["pred_index"], margin, ref, f"rank {rank}")
+        assert_same(got["outcome"], got["pred_index"], margin, ref, f"rank {rank}")
         assert got["prediction"] == ref.prediction
         assert got["generation"] == ref.generation

@@ -56,3 +56,36 @@ def test_lora_base_cache_is_the_base_models(lora_runs, tokenizer):
 def test_lora_training_is_bit_identical_with_and_without_the_callback(lora_runs):
     with_cb, without, _, _ = lora_runs
     assert_same_weights(with_cb.model, without.model)
+
+
+def test_merged_lora_scores_the_same_as_the_adapter_model(lora_runs, tokenizer):
+    """merge_and_unload() folds B·A into W: the same function up to float rounding, so the same scores in fp32.
+
+    After training, accelerate leaves its mixed-precision wrapper on the model's forward (bf16 autocast here, TRL's
+    default), so `trainer.model` keeps running in bf16 when called outside the loop, and log-likelihoods differ from
+    the fp32 merged copy by up to 4.4e-3 (the merge itself is exact: 0.0 difference in logits once unwrapped). The
+    comparison is fp32 on both sides: the wrapper is removed as accelerate documents (keep_fp32_wrapper=False)."""
+    import copy
+
+    from accelerate.utils import extract_model_from_parallel
+
+    from forgetwatch.scoring import ScoringConfig, score_probes
+
+    trainer, _, _, _ = lora_runs
+    # in place: a deep copy would keep calling the original's forward through the wrapper's closure
+    adapted = extract_model_from_parallel(trainer.model, keep_fp32_wrapper=False).eval()
+    assert not hasattr(adapted.forward, "__wrapped__")
+    merged = copy.deepcopy(adapted).merge_and_unload().eval()
+    assert not isinstance(merged, peft.PeftModel)
+    probes = make_probes()
+    config = ScoringConfig(mcq_mode="loglik", short_mode="greedy_match")
+    a = score_probes(adapted, tokenizer, probes, config)
+    b = score_probes(merged, tokenizer, probes, config)
+    near_tie = np.abs(a.margin) < 1e-4
+    mcq = ~np.isnan(a.margin)
+    assert mcq.sum() > 0
+    np.testing.assert_array_equal(a.outcome[~near_tie], b.outcome[~near_tie])
+    np.testing.assert_allclose(a.gold_logprob, b.gold_logprob, atol=1e-4, rtol=0, equal_nan=True)
+    np.testing.assert_allclose(a.margin[mcq], b.margin[mcq], atol=1e-4, rtol=0)
+    with_adapters_off = score_probes(build_model(tokenizer, seed=SEED), tokenizer, probes, config)
+    assert np.nanmax(np.abs(a.gold_logprob - with_adapters_off.gold_logprob)) > 1e-2  # the adapters matter here

@@ -1,0 +1,122 @@
+"""ForgetWatchCallback under FSDP2: HF Trainer, `torchrun --nproc_per_node 2`, gloo, on CPU.
+
+Under FSDP every forward gathers each layer's weights from all ranks, so a rank that runs one forward more than the
+others waits forever. These runs check, on a model that really is sharded (parameters are DTensors, each rank holds
+about half), that both ranks run the same forwards at every evaluation for packed, one-option-per-row and generative
+scoring, that the recorded results equal scoring in one process, and that a cache built by `forgetwatch cache` is
+accepted on every rank (no rank re-scores the base). accelerate 1.15 enables FSDP only on accelerator devices; the
+harness lifts that gate for CPU (tests/ddp_train.py `_allow_fsdp_on_cpu`), the sharding itself is torch's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_model, build_tokenizer
+from ddp_train import EVAL_STEPS, MAX_STEPS, SCORING, make_probes
+from multiproc import REPO, TIMEOUT, assert_same, assert_split, check_ok, torchrun, trace
+
+from forgetwatch.cache import BaseCache
+from forgetwatch.scoring import ScoringConfig, score_probes
+
+STEPS = list(range(0, MAX_STEPS + 1, EVAL_STEPS))  # 0 (the base), 2, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Score in this process with one thread, like the torchrun workers (see tests/test_distributed.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=list(SCORING))
+def fsdp_run(request, tmp_path_factory):
+    """A 2-process FSDP2 training run with the callback scoring with SCORING[param]."""
+    out = tmp_path_factory.mktemp(f"fsdp-{request.param}")
+    return request.param, torchrun(out, "--fsdp", f"--scoring={request.param}"), out
+
+
+def _scoring_calls(out, rank: int) -> list[dict]:
+    return [r for r in trace(out, rank) if r["event"] == "score_probes"]
+
+
+def test_fsdp_shards_the_model_the_callback_scores(fsdp_run):
+    scoring, run, out = fsdp_run
+    check_ok(run)
+    for rank in range(2):
+        calls = _scoring_calls(out, rank)
+        assert len(calls) == len(STEPS), f"rank {rank}: the base and every evaluation"
+        for c in calls:
+            assert c["model_class"].startswith("FSDP"), c["model_class"]  # fully_shard's class, not DDP's wrapper
+            # every decoder layer is sharded; accelerate keeps the tail (final norm, lm_head) gathered after a forward
+            # (reshard_after_forward=False), so it shows whole
+            assert not [n for n in c["not_sharded"] if n.startswith("model.layers.")], c["not_sharded"]
+            assert c["local_params"] < 0.65 * c["total_params"], c
+    done = [r for rank in range(2) for r in trace(out, rank) if r["event"] == "done"]
+    assert [(d["rank"], d["world_size"], d["global_step"], d["evaluated_steps"]) for d in done] == [
+        (0, 2, MAX_STEPS, STEPS), (1, 2, MAX_STEPS, [])]  # only the main process keeps the record
+
+
+def test_fsdp_ranks_run_the_same_forwards_at_every_evaluation(fsdp_run):
+    scoring, run, out = fsdp_run
+    check_ok(run)
+    assert_split(out, calls=len(STEPS))
+    forwards = [[c["forwards"] for c in _scoring_calls(out, rank)] for rank in range(2)]
+    assert forwards[0] == forwards[1] and min(forwards[0]) > 0, (scoring, forwards)
+
+
+def test_fsdp_results_equal_one_process(fsdp_run):
+    """The base scored under FSDP equals the base scored here; the last evaluation equals re-scoring the final weights."""
+    scoring, run, out = fsdp_run
+    check_ok(run)
+    config = ScoringConfig(**SCORING[scoring])
+    tokenizer = build_tokenizer()
+    probes = make_probes()
+    root = out / "forgetwatch"
+    assert [json.loads(line)["step"] for line in (root / "metrics.jsonl").read_text().splitlines()] == STEPS
+
+    base = score_probes(build_model(tokenizer), tokenizer, probes, config)
+    for what, got in (("base.parquet", BaseCache.load(root / "base.parquet").results),):
+        assert_same(got.outcome, got.pred_index, got.margin, base, what)
+        assert got.prediction == base.prediction and got.generation == base.generation
+    step0 = np.load(root / "evals" / "step-00000000.npz")
+    assert_same(step0["outcome"], step0["pred_index"], step0["margin"], base, "evals/step-0")
+
+    trained = build_model(tokenizer)
+    trained.load_state_dict(torch.load(out / "final-state.pt"))
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), build_model(tokenizer).parameters(), strict=True))
+    last = np.load(root / "evals" / f"step-{MAX_STEPS:08d}.npz")
+    assert_same(last["outcome"], last["pred_index"], last["margin"], score_probes(trained, tokenizer, probes, config),
+                f"evals/step-{MAX_STEPS}")
+
+
+def test_fsdp_accepts_a_cli_built_cache_on_every_rank(tmp_path, tiny_model_dir):
+    """`forgetwatch cache` once, then FSDP training with base_cache=: no rank scores the base, none writes a cache."""
+    probes_file = tmp_path / "probes.jsonl"
+    make_probes().to_jsonl(probes_file)
+    cache = tmp_path / "base.parquet"
+    built = subprocess.run([sys.executable, "-m", "forgetwatch.cli", "cache", "--model", str(tiny_model_dir),
+                            "--probes", str(probes_file), "-o", str(cache)],
+                           cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert built.returncode == 0, built.stderr[-4000:]
+    out = tmp_path / "run"
+    run = torchrun(out, "--fsdp", f"--model={tiny_model_dir}", f"--base-cache={cache}")
+    check_ok(run)
+    assert "Scoring the base model now" not in run.stdout and "does not exist" not in run.stdout, run.stdout[-3000:]
+    for rank in range(2):
+        events = [r["event"] for r in trace(out, rank)]
+        assert events.count("score_probes") == len(STEPS) - 1, f"rank {rank} scored the base: {events}"
+        assert "cache_save" not in events
+    assert_split(out, calls=len(STEPS) - 1)
+    # the record's step 0 is the cache's base, bit for bit
+    cached = BaseCache.load(cache).results
+    step0 = np.load(out / "forgetwatch" / "evals" / "step-00000000.npz")
+    assert_same(step0["outcome"], step0["pred_index"], step0["margin"], cached, "evals/step-0 vs the CLI cache")
+    assert not (out / "forgetwatch" / "base.parquet").exists()  # the user's cache is the base; no copy
