@@ -20,7 +20,8 @@ from .results import ProbeResults
 
 __all__ = ["BaseCache", "CacheMismatchError", "make_cache_key"]
 
-CACHE_FORMAT = 1
+# 2: every option's score (`option_scores`), which drift and KL need. Older caches are refused with how to rebuild.
+CACHE_FORMAT = 2
 _META_KEY = b"forgetwatch"
 
 
@@ -101,6 +102,13 @@ class BaseCache:
                 raise ValueError(f"{len(results)} rows, but it was made for {n} probes: truncated?")
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
             raise ValueError(f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again") from e
+        found = key.get("format")
+        if found != CACHE_FORMAT:
+            raise CacheMismatchError(
+                f"{path}: cache format {found!r}, and this forgetwatch reads format {CACHE_FORMAT} (it keeps every option's "
+                "score, for drift and KL). Rebuild it from the base model: `forgetwatch cache --model <base> --probes "
+                f"<file> -o {path}` (the exact command is printed by `forgetwatch compare` or the callback when they refuse it)."
+            )
         cache = cls(key, results)
         if expect is not None:
             cache.check(expect, ignore=ignore, path=path)
@@ -133,6 +141,7 @@ def _read_parquet(path: Path) -> tuple[dict[str, Any], ProbeResults]:
     cols["id"] = table.column("id").to_pylist()
     cols["prediction"] = table.column("prediction").to_pylist()
     cols["generation"] = table.column("generation").to_pylist() if "generation" in table.column_names else None
+    cols["option_scores"] = table.column("option_scores").to_pylist() if "option_scores" in table.column_names else None
     return json.loads(meta[_META_KEY]), ProbeResults.from_columns(cols)
 
 
@@ -142,7 +151,7 @@ def _read_jsonl(path: Path) -> tuple[dict[str, Any], ProbeResults]:
         if "forgetwatch_cache" not in header:
             raise ValueError("line 1 is not a forgetwatch cache header")
         rows = [json.loads(line) for line in f if line.strip()]
-    cols = {c: [r[c] for r in rows] for c in ProbeResults.COLUMNS}
+    cols = {c: [r.get(c) for r in rows] for c in ProbeResults.COLUMNS}
     cols["gold_logprob"] = [float("nan") if v is None else v for v in cols["gold_logprob"]]
     cols["margin"] = [float("nan") if v is None else v for v in cols["margin"]]
     return header["forgetwatch_cache"], ProbeResults.from_columns(cols)

@@ -15,8 +15,10 @@ import numpy as np
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from .budgets import Breach, Budget, BudgetState, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
+from .drift import RiskRule, at_risk_mask, compute_drift
 from .loggers import make_loggers
 from .metrics import compute_report
 from .models import model_identity
@@ -64,6 +66,11 @@ class ForgetWatchArguments:
     forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
     forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
     forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
+    forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
+    forgetwatch_on_budget: str = field(default="alert", metadata={"help": "When a budget is exceeded: alert (W&B/trackio alert, warning, record event), save (also save a checkpoint there) or stop (also stop training)."})
+    forgetwatch_budget_bound: str = field(default="lower", metadata={"help": "lower: a limit is exceeded when the lower end of the 95% interval is above it (noise pages nobody); point: the measured value."})
+    forgetwatch_at_risk_margin: float = field(default=0.5, metadata={"help": "A probe still right counts as at risk when its margin (nats) is below this..."})
+    forgetwatch_at_risk_drop: float = field(default=1.0, metadata={"help": "...or has fallen by this many nats since base."})
 
     def to_kwargs(self) -> dict[str, Any]:
         return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -121,6 +128,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         batch_size: int = 16,
         replay: bool = False,
         log_table: bool = True,
+        budget: dict[str, float] | str | None = None,
+        on_budget: str = "alert",
+        budget_bound: str = "lower",
+        at_risk_margin: float = 0.5,
+        at_risk_drop: float = 1.0,
     ):
         if probes is None:
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
@@ -133,17 +145,25 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.base_cache = base_cache
         self.replay = replay
         self.log_table = log_table
+        self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.categories) if budget else None
+        self.risk_rule = RiskRule(at_risk_margin, at_risk_drop)
         self._args = {
             "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
             "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
             "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
-            "replay": replay, "log_table": log_table,
+            "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
+            "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop,
         }
         if base_cache and Path(base_cache).is_file():
-            # Fail before any training step is spent: a cache for another probe set can never match.
-            cache = BaseCache.load(base_cache)
-            expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
-            cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
+            # Fail before any training step is spent: a cache for another probe set can never match. (A cache of an
+            # older format is rebuilt at the start of training, with a warning that says how to make it once.)
+            try:
+                cache = BaseCache.load(base_cache)
+            except CacheMismatchError:
+                cache = None
+            if cache is not None:
+                expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
+                cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
         self.evaluated_steps: list[int] = []
         self._started = False
         self._serial = next(_SERIAL)
@@ -152,7 +172,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._replay: ReplayTracker | None = None
         self._last: ProbeResults | None = None
         self._last_report: dict = {}
+        self._last_drift: dict = {}
         self._scored_step: int | None = None
+        self._budget_state = BudgetState()
+        self._output_dir: Path | None = None
         self._record: RunRecord | None = None
         self._loggers: list = []
         self._is_main = True
@@ -191,6 +214,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._is_main = state.is_world_process_zero
         self._progress = not args.disable_tqdm
         self._record = RunRecord(Path(args.output_dir) / "forgetwatch")
+        self._output_dir = Path(args.output_dir)
         autocast = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
         key = make_cache_key(model_identity(model), self.probes, scoring_key)
@@ -225,17 +249,19 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
         self._record.truncate_after(state.global_step if resuming else -1)
         self._replay, self.evaluated_steps, self._last = ReplayTracker(self.probes, base.outcome), [], None
-        row = None
+        last = None
+        self._budget_state = BudgetState()
         for step in self._record.eval_steps():
-            row = self._record.read_eval(step)
+            last = self._record.read_results(step, self.probes.ids)
             self.evaluated_steps.append(step)
             if step > 0:
-                self._replay.update(step, row["outcome"])
-        if row is not None and self.evaluated_steps[-1] > 0:
+                self._replay.update(step, last.outcome)
+            if self.budget is not None:  # the budget's state as an uninterrupted run would have it
+                self._budget_state.update(step, self.budget.check(self._figures(last)[2]) if step > 0 else [])
+        if last is not None and self.evaluated_steps[-1] > 0:
             # the next evaluation's flips are against the checkpoint's, as in an uninterrupted run (not against the base)
-            self._last = ProbeResults.empty(self.probes.ids)
-            self._last.outcome, self._last.pred_index, self._last.margin = row["outcome"], row["pred_index"], row["margin"]
-            self._last_report = compute_report(base.outcome, row["outcome"], self._k, self._categories)
+            self._last = last
+            self._last_report, self._last_drift, _ = self._figures(last)
         self._loggers = make_loggers(args.report_to, args.output_dir)
         if any(lg.name == "wandb" for lg in self._loggers):
             self._log_config()
@@ -248,14 +274,28 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # The last step is scored here too, not in on_train_end: by then the report_to integrations (which run
         # first) may have ended their runs (mlflow, trackio).
         if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
-            self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+            breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+            if self.budget is not None and self.budget.on_budget in ("save", "stop"):
+                # Decided where the gathered results are, then shared: ranks that stopped or saved apart would hang.
+                act = broadcast_from_main(bool(breaches) if self._is_main else None)
+                if act and self.budget.on_budget == "save":
+                    control.should_save = True
+                elif act:
+                    control.should_training_stop = True
+        return control
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._is_main and self._last is not None:
             # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
-            final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report).items()}
+            final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report, self._last_drift).items()}
+            if self.budget is not None:
+                within = self._within_budget()
+                self._write_budget()
+                final.update({f"{PREFIX}/budget/exceeded": len(self._budget_state.over),
+                              f"{PREFIX}/budget/last_within_step": within["step"],
+                              f"{PREFIX}/budget/last_within_checkpoint": within["checkpoint"] or ""})
             for lg in self._loggers:
                 lg.summary(final)
                 lg.close()
@@ -315,7 +355,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if mine:
             max(mine, key=lambda cb: cb._serial).__dict__ = self.__dict__
 
-    def _evaluate(self, model, processing_class, state) -> None:
+    def _evaluate(self, model, processing_class, state) -> list[Breach]:
+        """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere)."""
         if self._base is None:
             raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
         t0 = time.perf_counter()
@@ -326,48 +367,105 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(self.probes), state.global_step, seconds)
         self._scored_step = state.global_step
         if self._is_main:
-            self._report(results, state.global_step, state.epoch or 0.0, seconds)
+            return self._report(results, state.global_step, state.epoch or 0.0, seconds)
+        return []
 
-    def _report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> None:
-        """Record and log one evaluation. Runs on the main process; never raises into the trainer."""
+    def _figures(self, results: ProbeResults) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
+        """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base."""
+        assert self._base is not None
+        report = compute_report(self._base.outcome, results.outcome, self._k, self._categories)
+        drift = compute_drift(self._base, results, self._categories, self.risk_rule)
+        return report, drift, {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
+
+    def _report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> list[Breach]:
+        """Record and log one evaluation, and check the budget. Runs on the main process; never raises into the trainer.
+
+        Returns the budget limits newly exceeded at this evaluation."""
         assert self._base is not None and self._record is not None
         prev = self._last if self._last is not None else self._base
-        report = compute_report(self._base.outcome, results.outcome, self._k, self._categories)
-        self._last, self._last_report = results, report
+        report, drift, rows = self._figures(results)
+        self._last, self._last_report, self._last_drift = results, report, drift
         self.evaluated_steps.append(step)
         if step > 0:
             self._replay.update(step, results.outcome)
+        flips, at_risk = [], []
         try:
-            self._record.write_eval(step, results.outcome, results.pred_index, results.margin)
-            self._record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3),
-                                         "metrics": {name: m.to_dict() for name, m in report.items()}})
+            self._record.write_eval(step, results)
+            self._record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
             flips = self._flips(prev, results, step)
             self._record.append_flips(flips)
+            at_risk = self._at_risk(results, step)
+            self._record.append_at_risk(at_risk)
             if self.replay:
                 self._record.write_replay(self._replay.lines())
         except Exception:
             logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
-            flips = []
-        scalars = self._scalars(report)
+        breaches = self._check_budget(step, rows) if self.budget is not None else []
+        scalars = self._scalars(report, drift)
         scalars[f"{PREFIX}/probe_seconds"] = seconds
         for lg in self._loggers:
             lg.log(scalars, step)
-            if self.log_table and flips:
-                cols = list(flips[0])
-                lg.log_table(f"{PREFIX}/flips", cols, [[r[c] for c in cols] for r in flips], step)
+            for name, table in (("flips", flips), ("at_risk", at_risk)):
+                if self.log_table and table:
+                    cols = list(table[0])
+                    lg.log_table(f"{PREFIX}/{name}", cols, [[r[c] for c in cols] for r in table], step)
+        return breaches
+
+    def _check_budget(self, step: int, rows: dict[str, dict[str, Any]]) -> list[Breach]:
+        """Compare this evaluation with the budget; alert on each limit newly exceeded. Never raises."""
+        assert self.budget is not None and self._record is not None
+        try:
+            new = self._budget_state.update(step, self.budget.check(rows) if step > 0 else [])
+            within = self._within_budget()
+            for b in new:
+                where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
+                text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
+                logger.warning("forgetwatch: budget exceeded. %s", text)
+                self._record.append_event({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
+                                           "measured": b.measured, "limit": b.limit, "bound": b.bound,
+                                           "action": self.budget.on_budget, "last_within_budget": within})
+                for lg in self._loggers:
+                    lg.alert(f"forgetwatch: {b.key} over budget", text)
+            self._write_budget()
+            return new
+        except Exception:
+            logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
+            return []
+
+    def _within_budget(self) -> dict[str, Any]:
+        """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
+        step = self._budget_state.last_within
+        ckpt = self._output_dir / f"checkpoint-{step}" if step is not None and self._output_dir is not None else None
+        return {"step": step, "checkpoint": str(ckpt) if ckpt is not None and ckpt.is_dir() else None}
+
+    def _write_budget(self) -> None:
+        assert self.budget is not None and self._record is not None
+        self._record.write_budget({**self.budget.to_dict(), "over": sorted(self._budget_state.over),
+                                   "last_within_budget": self._within_budget()})
+
+    def _at_risk(self, results: ProbeResults, step: int) -> list[dict[str, Any]]:
+        """Probes right at base and still right now whose margin is small or has fallen (see `forgetwatch.drift`)."""
+        assert self._base is not None
+        rows = []
+        for i in np.flatnonzero(at_risk_mask(self._base, results, self.risk_rule)):
+            p = self.probes[int(i)]
+            rows.append({"step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                         "margin_base": round(float(self._base.margin[i]), 4), "margin_now": round(float(results.margin[i]), 4)})
+        return rows
 
     @staticmethod
-    def _scalars(report) -> dict[str, float]:
-        """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category.
+    def _scalars(report, drift) -> dict[str, float]:
+        """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category, flips and drift alike.
 
         W&B makes one workspace section per key prefix before the first "/": the overall curves get one section and
         each metric another, with every category side by side in it (not ~60 panels in one section)."""
         out = {}
         for name, m in report.items():
+            figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {})}
             if name == "overall":
-                out.update({f"{PREFIX}/{k}": v for k, v in m.scalars().items()})
+                out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
             else:
-                out.update({f"{PREFIX}_{k}/{name}": v for k, v in m.scalars().items()})
+                out.update({f"{PREFIX}_{k}/{name}": v for k, v in figures.items()})
         return out
 
     def _flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:

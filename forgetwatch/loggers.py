@@ -48,8 +48,15 @@ class MetricLogger:
     def summary(self, metrics: dict[str, float]) -> None:
         self._guard("summary", self._summary, metrics)
 
+    def alert(self, title: str, text: str) -> None:
+        """A notification where the backend has them (W&B, trackio); others have the logged warning only."""
+        self._guard("alert", self._alert, title, text)
+
     def close(self) -> None:
         self._guard("close", self._close)
+
+    def _alert(self, title: str, text: str) -> None:
+        pass
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         raise NotImplementedError
@@ -88,6 +95,10 @@ class WandbLogger(MetricLogger):
 
     def _summary(self, metrics: dict[str, float]) -> None:
         self.run.summary.update(metrics)
+
+    def _alert(self, title: str, text: str) -> None:
+        # wait_duration=0: every trip is sent (W&B would drop a second alert of the same title within 10 minutes)
+        self.run.alert(title=title, text=text, level=self.wandb.AlertLevel.WARN, wait_duration=0)
 
 
 class TensorBoardLogger(MetricLogger):
@@ -134,6 +145,9 @@ class TrackioLogger(MetricLogger):
     def _log(self, metrics: dict[str, float], step: int) -> None:
         # Like the trainer's TrackioCallback: no `step=` (it would move trackio's own counter under the trainer's rows)
         self.trackio.log({**metrics, STEP_KEY: step})
+
+    def _alert(self, title: str, text: str) -> None:
+        self.trackio.alert(title=title, text=text, level=self.trackio.AlertLevel.WARN)
 
 
 def _tensorboard_dir(output_dir: str) -> str:

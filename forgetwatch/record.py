@@ -5,6 +5,9 @@
     metrics.jsonl         one line per evaluation: step, epoch, seconds, every metric overall and per category
     evals/step-<N>.npz    per-probe outcome / pred_index / margin at step N: the probe × evaluation matrix
     flips.jsonl           the probes whose correctness changed at each evaluation
+    at_risk.jsonl         the probes still right but at risk at each evaluation (see `forgetwatch.drift`)
+    events.jsonl          budget events: a limit exceeded, at which step, and what was done
+    budget.json           the budget, the limits over now, and the last evaluation within budget (and its checkpoint)
     replay.jsonl          forgotten probes as ready-to-train examples (when replay is on)
 
 Every file is written atomically or appended a whole line at a time, so a crash leaves a readable record.
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write
+from .results import ProbeResults, pack_ragged, unpack_ragged
 
 __all__ = ["RunRecord", "load_record"]
 
@@ -53,21 +57,48 @@ class RunRecord:
     def evals_dir(self) -> Path:
         return self.root / "evals"
 
-    def write_eval(self, step: int, outcome: np.ndarray, pred_index: np.ndarray, margin: np.ndarray) -> None:
+    def write_eval(self, step: int, results: ProbeResults) -> None:
+        """The per-probe results of the evaluation at `step` (option scores packed flat with offsets)."""
         self.evals_dir.mkdir(parents=True, exist_ok=True)
+        flat, offsets = pack_ragged(results.option_scores)
         with atomic_write(self.evals_dir / f"step-{step:08d}.npz", "wb") as f:
-            np.savez(f, outcome=outcome.astype(np.int8), pred_index=pred_index.astype(np.int32), margin=margin.astype(np.float32))
+            np.savez(f, outcome=results.outcome.astype(np.int8), pred_index=results.pred_index.astype(np.int32),
+                     margin=results.margin.astype(np.float32), gold_logprob=results.gold_logprob.astype(np.float32),
+                     option_scores=flat, option_offsets=offsets)
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         _append_line(self.root / "metrics.jsonl", row)
 
     def append_flips(self, rows: list[dict[str, Any]]) -> None:
+        self._append_lines("flips.jsonl", rows)
+
+    def _append_lines(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        with open(self.root / "flips.jsonl", "a", encoding="utf-8") as f:
+        with open(self.root / name, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             f.flush()
             os.fsync(f.fileno())
+
+    def append_at_risk(self, rows: list[dict[str, Any]]) -> None:
+        self._append_lines("at_risk.jsonl", rows)
+
+    def append_event(self, row: dict[str, Any]) -> None:
+        _append_line(self.root / "events.jsonl", row)
+
+    def write_budget(self, state: dict[str, Any]) -> None:
+        with atomic_write(self.root / "budget.json") as f:
+            f.write(json.dumps(state, ensure_ascii=False, indent=1) + "\n")
+
+    def read_events(self) -> list[dict[str, Any]]:
+        return _read_jsonl(self.root / "events.jsonl")
+
+    def read_at_risk(self) -> list[dict[str, Any]]:
+        return _read_jsonl(self.root / "at_risk.jsonl")
+
+    def read_budget(self) -> dict[str, Any] | None:
+        path = self.root / "budget.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def write_replay(self, lines: Iterable[str]) -> Path:
         """Replace replay.jsonl with these JSONL lines (`ReplayTracker.lines()`)."""
@@ -82,8 +113,20 @@ class RunRecord:
         return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
 
     def read_eval(self, step: int) -> dict[str, np.ndarray]:
+        """The arrays of one evaluation: outcome, pred_index, margin, gold_logprob, option_scores, option_offsets."""
         with np.load(self.evals_dir / f"step-{step:08d}.npz") as z:
             return {k: z[k] for k in z.files}
+
+    def read_results(self, step: int, ids: list[str]) -> ProbeResults:
+        """One evaluation as `ProbeResults` (predictions and generations are not kept per step)."""
+        z = self.read_eval(step)
+        r = ProbeResults.empty(ids)
+        r.outcome, r.pred_index, r.margin = z["outcome"], z["pred_index"], z["margin"]
+        if "gold_logprob" in z:
+            r.gold_logprob = z["gold_logprob"]
+        if "option_scores" in z:
+            r.option_scores = unpack_ragged(z["option_scores"], z["option_offsets"])
+        return r
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "metrics.jsonl")
@@ -134,7 +177,7 @@ class RunRecord:
         for s in self.eval_steps():
             if s > step:
                 (self.evals_dir / f"step-{s:08d}.npz").unlink()
-        for name in ("metrics.jsonl", "flips.jsonl"):
+        for name in ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl"):
             path = self.root / name
             if path.is_file():
                 kept = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]

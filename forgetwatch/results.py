@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ProbeResults", "CORRECT", "WRONG", "INVALID"]
+__all__ = ["ProbeResults", "CORRECT", "WRONG", "INVALID", "pack_ragged", "unpack_ragged"]
 
 # Outcome codes shared by scoring, metrics and the record.
 CORRECT, WRONG, INVALID = 1, 0, -1
+
+_NO_SCORES = np.zeros(0, np.float32)
 
 
 @dataclass
@@ -26,6 +28,9 @@ class ProbeResults:
         gold_logprob: log-likelihood of the gold option (log-likelihood scoring only, else NaN).
         margin: gold log-likelihood minus the best wrong option's (>0 means correct; NaN if not scored that way).
         generation: the raw generated text for generative scoring ("" otherwise), kept to debug extraction.
+        option_scores: each option's score as the mode ranks them (summed log-likelihood, per character for
+            `loglik_norm`, the letter's log-probability for `letter`); empty for short answers and generation.
+            What drift and KL over the options are computed from.
 
     Example:
         >>> r = ProbeResults.empty(["a", "b"]); r.outcome[:] = [1, 0]; r.accuracy
@@ -39,18 +44,23 @@ class ProbeResults:
     gold_logprob: np.ndarray
     margin: np.ndarray
     generation: list[str] = field(default_factory=list)
+    option_scores: list[np.ndarray] = field(default_factory=list)
 
-    COLUMNS = ("id", "outcome", "pred_index", "prediction", "gold_logprob", "margin", "generation")
+    COLUMNS = ("id", "outcome", "pred_index", "prediction", "gold_logprob", "margin", "generation", "option_scores")
 
     def __post_init__(self) -> None:
         n = len(self.ids)
         if not self.generation:
             self.generation = [""] * n
+        if not len(self.option_scores):
+            self.option_scores = [_NO_SCORES] * n
+        self.option_scores = [_NO_SCORES if x is None or len(x) == 0 else np.asarray(x, dtype=np.float32) for x in self.option_scores]
         self.outcome = np.asarray(self.outcome, dtype=np.int8)
         self.pred_index = np.asarray(self.pred_index, dtype=np.int32)
         self.gold_logprob = np.asarray(self.gold_logprob, dtype=np.float32)
         self.margin = np.asarray(self.margin, dtype=np.float32)
-        lengths = {len(self.outcome), len(self.pred_index), len(self.prediction), len(self.gold_logprob), len(self.margin), len(self.generation)}
+        lengths = {len(self.outcome), len(self.pred_index), len(self.prediction), len(self.gold_logprob), len(self.margin),
+                   len(self.generation), len(self.option_scores)}
         if lengths != {n}:
             raise ValueError(f"ProbeResults columns have different lengths: ids {n}, others {sorted(lengths)}")
 
@@ -65,6 +75,7 @@ class ProbeResults:
             gold_logprob=np.full(n, np.nan, np.float32),
             margin=np.full(n, np.nan, np.float32),
             generation=[""] * n,
+            option_scores=[_NO_SCORES] * n,
         )
 
     def __len__(self) -> int:
@@ -83,6 +94,7 @@ class ProbeResults:
             "gold_logprob": self.gold_logprob,
             "margin": self.margin,
             "generation": self.generation,
+            "option_scores": [x.tolist() for x in self.option_scores],
         }
 
     @classmethod
@@ -95,6 +107,7 @@ class ProbeResults:
             gold_logprob=cols["gold_logprob"],
             margin=cols["margin"],
             generation=[str(g) for g in cols.get("generation") or [""] * len(cols["id"])],
+            option_scores=list(cols.get("option_scores") or []),
         )
 
     def select(self, ids: Sequence[str]) -> ProbeResults:
@@ -116,6 +129,7 @@ class ProbeResults:
             gold_logprob=self.gold_logprob[idx],
             margin=self.margin[idx],
             generation=[self.generation[i] for i in idx],
+            option_scores=[self.option_scores[i] for i in idx],
         )
 
     @classmethod
@@ -129,4 +143,17 @@ class ProbeResults:
             gold_logprob=np.concatenate([p.gold_logprob for p in parts]) if parts else np.zeros(0, np.float32),
             margin=np.concatenate([p.margin for p in parts]) if parts else np.zeros(0, np.float32),
             generation=[x for p in parts for x in p.generation],
+            option_scores=[x for p in parts for x in p.option_scores],
         )
+
+
+def pack_ragged(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged rows as (flat values, offsets) for `np.savez`: row i is `flat[offsets[i]:offsets[i + 1]]`."""
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(r) for r in rows])
+    flat = np.concatenate([np.asarray(r, np.float32) for r in rows]) if rows else np.zeros(0, np.float32)
+    return flat.astype(np.float32), offsets
+
+
+def unpack_ragged(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

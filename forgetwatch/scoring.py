@@ -361,6 +361,7 @@ def _scatter(results: ProbeResults, idx: list[int], part: ProbeResults) -> None:
         results.gold_logprob[i] = part.gold_logprob[j]
         results.margin[i] = part.margin[j]
         results.generation[i] = part.generation[j]
+        results.option_scores[i] = part.option_scores[j]
 
 
 def _decide(results: ProbeResults, i: int, probe: Probe, scores: np.ndarray, gold_logprob: float) -> None:
@@ -372,6 +373,7 @@ def _decide(results: ProbeResults, i: int, probe: Probe, scores: np.ndarray, gol
     results.outcome[i] = CORRECT if pred == probe.gold else WRONG
     results.gold_logprob[i] = gold_logprob
     results.margin[i] = float(scores[probe.gold] - others.max())
+    results.option_scores[i] = np.asarray(scores, np.float32)
 
 
 # -- log-likelihood of each option ----------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def _instrument(out: Path) -> None:
 
 
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
-          model_dir: Path | None = None, base_cache: Path | None = None) -> None:
+          model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -173,6 +173,8 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     )
     options = dict(SCORING[scoring])
     pack = options.pop("pack_choices", None)  # not a callback argument: chosen from the model (off under flash attention)
+    if on_budget:  # exceeded at the first evaluation with a forgotten probe (F's lower bound above 0)
+        options.update(budget={"forgetting": 0.0}, on_budget=on_budget)
     callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS, base_cache=str(base_cache) if base_cache else None,
                                    **options)
     callback.config = dataclasses.replace(callback.config, pack_choices=pack)
@@ -279,12 +281,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fsdp", action="store_true", help="train with FSDP2 (HF Trainer fsdp_config, fsdp_version 2)")
     parser.add_argument("--model", type=Path, help="a saved model directory instead of a freshly built one")
     parser.add_argument("--base-cache", type=Path, help="ForgetWatchCallback(base_cache=...)")
+    parser.add_argument("--on-budget", choices=["alert", "save", "stop"], help="with a budget that trips at the first 1->0 flip")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ def sample_results(ids: list[str], seed: int = 0) -> ProbeResults:
         gold_logprob=gold,
         margin=margin,
         generation=[texts[(i + 2) % len(texts)] * (i % 3) for i in range(n)],
+        # 2 to 5 options, none for every third row (a short answer)
+        option_scores=[[] if i % 3 == 1 else rng.normal(-5, 2, 2 + i % 4).astype(np.float32) for i in range(n)],
     )
 
 
@@ -56,6 +58,8 @@ def assert_same(a: ProbeResults, b: ProbeResults) -> None:
         assert x.dtype == y.dtype, name
         np.testing.assert_array_equal(x, y, err_msg=name)  # NaN == NaN here, positions included
     assert a.prediction == b.prediction and a.generation == b.generation
+    assert [x.tolist() for x in a.option_scores] == [x.tolist() for x in b.option_scores]
+    assert all(x.dtype == np.float32 for x in b.option_scores)
 
 
 def saved(tmp_path, suffix=".parquet", n=5, **scoring) -> tuple[str, dict, ProbeResults]:
@@ -292,3 +296,16 @@ def test_model_identity_is_the_same_under_sharding_and_training_settings(tokeniz
     model.config.pad_token_id = 0  # TRL sets it before training
     assert model_identity(model) == full
     assert model_identity(build_model(tokenizer, hidden=128))["architecture"] != full["architecture"]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_an_older_cache_format_is_refused_with_how_to_rebuild(tmp_path, suffix):
+    """Format 1 kept no option scores (drift and KL need them): refused, naming the file and the command."""
+    path, key, results = saved(tmp_path, suffix)
+    old = BaseCache({**key, "format": 1}, results)
+    old.save(path)
+    with pytest.raises(CacheMismatchError) as e:
+        BaseCache.load(path)
+    msg = str(e.value)
+    assert str(path) in msg and "cache format 1" in msg and "format 2" in msg
+    assert f"forgetwatch cache --model <base> --probes <file> -o {path}" in msg

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -47,6 +48,7 @@ from forgetwatch import (  # noqa: E402
 )
 from forgetwatch.answers import LETTERS, mcq_reward  # noqa: E402
 from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.drift import compute_drift  # noqa: E402
 from forgetwatch.models import model_identity  # noqa: E402
 from forgetwatch.record import RunRecord  # noqa: E402
 from forgetwatch.scoring import ScoringConfig  # noqa: E402
@@ -202,6 +204,27 @@ def logged_name(group: str, metric: str) -> str:
     return f"forgetwatch/{metric}" if group == "overall" else f"forgetwatch_{metric}/{group}"
 
 
+# drift curves: logged name -> how to read it from a metrics.jsonl group row (NaN: not logged for that group)
+DRIFT_LOGGED = {
+    "margin_change": lambda m: m["margin_change"],
+    "margin_change_low": lambda m: m["margin_change_ci_low"],
+    "margin_change_high": lambda m: m["margin_change_ci_high"],
+    "kl": lambda m: m["kl"],
+    "gold_logprob_change": lambda m: m["gold_logprob_change"],
+    "at_risk": lambda m: float(m["at_risk"]) if m["n_at_risk_eligible"] else math.nan,
+}
+
+
+def expected_logged(groups: dict[str, dict]) -> dict[str, float]:
+    """Every scalar one evaluation logs, from its metrics.jsonl row: flip metrics and drift, overall and per category."""
+    out = {}
+    for group, m in groups.items():
+        figures = {name: m[field] for name, field in LOGGED.items() if m["adjusted"] or not name.endswith("_adjusted")}
+        figures.update({name: f(m) for name, f in DRIFT_LOGGED.items() if not math.isnan(f(m))})
+        out.update({logged_name(group, name): v for name, v in figures.items()})
+    return out
+
+
 def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
     for key in [k for k in os.environ if k.startswith("WANDB_")]:
         mp.delenv(key)
@@ -265,11 +288,15 @@ def test_sft_wandb_scalars_equal_the_local_record(sft_run):
         groups = metrics[step]["metrics"]
         assert list(groups) == ["overall", *CATEGORIES]
         for group, m in groups.items():
-            for name, field in LOGGED.items():
+            for name in LOGGED:
                 if name.endswith("_adjusted") and not m["adjusted"]:
                     assert logged_name(group, name) not in r  # short answers only: no chance term, no "adjusted" curve
-                else:
-                    assert r[logged_name(group, name)] == m[field], (step, group, name)
+        scalars = {k: v for k, v in r.items() if k.startswith("forgetwatch") and isinstance(v, (int, float))
+                   and k != "forgetwatch/probe_seconds"}
+        assert scalars == expected_logged(groups), step
+    drift = metrics[6]["metrics"]["overall"]
+    assert drift["n_margin"] == 28 and drift["margin_change"] < 0 and drift["kl"] > 0  # the model moved
+    assert "forgetwatch/kl" in logged[-1] and "forgetwatch_kl/short" not in logged[-1]  # short answers have no options
     assert not groups["short"]["adjusted"] and "forgetwatch_forgetting/short" in logged[-1]
     assert any(m["metrics"]["overall"]["forgotten"] > 0 for m in metrics.values())  # the LR is high enough to flip
 
@@ -297,17 +324,14 @@ def test_sft_wandb_flip_tables_summary_and_axis(sft_run):
     last = metric_rows(sft_run.record)[6]["metrics"]
     summary = read_summary(path)
     final = {k: v for k, v in summary.items() if k.startswith("forgetwatch") and "/final/" in k}
-    assert final == {
-        f"forgetwatch/final/{name}" if group == "overall" else f"forgetwatch_{name}/final/{group}": last[group][field]
-        for group in last for name, field in LOGGED.items() if last[group]["adjusted"] or not name.endswith("_adjusted")
-    }
+    assert final == {k.replace("/", "/final/", 1): v for k, v in expected_logged(last).items()}
 
     for glob in ("forgetwatch/*", "forgetwatch_*"):  # overall keys, and per-category keys forgetwatch_<metric>/<category>
         assert {"glob_name": glob, "step_metric": "train/global_step",
                 "options": {"step_sync": True, "defined": True}} in read_metric_definitions(path)
     # one W&B section per metric: every per-category key's first segment is forgetwatch_<metric>
     sections = {k.split("/")[0] for r in read_history(path) for k in r if k.startswith("forgetwatch")}
-    assert sections == {"forgetwatch"} | {f"forgetwatch_{m}" for m in LOGGED}
+    assert sections == {"forgetwatch"} | {f"forgetwatch_{m}" for m in [*LOGGED, *DRIFT_LOGGED]}
     config = read_config(path)["forgetwatch"]
     assert config["n_probes"] == 32 and config["fingerprint"] == make_probes().fingerprint and config["eval_steps"] == 2
 
@@ -335,7 +359,12 @@ def test_sft_record_numbers_are_right(sft_run, tokenizer):
         assert np.array_equal(saved["pred_index"], now.pred_index), step
         np.testing.assert_allclose(saved["margin"], now.margin, rtol=0, atol=1e-6, equal_nan=True)
         report = compute_report(base.outcome, now.outcome, k, cats)
-        assert json.loads(json.dumps({n: m.to_dict() for n, m in report.items()})) == metrics[step]["metrics"]
+        drift = compute_drift(base, now, cats)
+        for group, m in report.items():
+            got = metrics[step]["metrics"][group]
+            assert json.loads(json.dumps(m.to_dict())) == {f: got[f] for f in m.to_dict()}, (step, group)
+            want = json.loads(json.dumps(drift[group].to_dict()))  # rescored margins agree to 1e-6, not bit for bit
+            assert {f: got[f] for f in want} == pytest.approx(want, abs=1e-4, nan_ok=True), (step, group)
 
     for row in metrics.values():
         for m in row["metrics"].values():  # the identity BT - F = acc_post - acc_pre, overall and per category

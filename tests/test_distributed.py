@@ -291,3 +291,15 @@ def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
         assert_same(got["outcome"], got["pred_index"], margin, ref, f"rank {rank}")
         assert got["prediction"] == ref.prediction
         assert got["generation"] == ref.generation
+
+
+def test_budget_stop_is_the_same_decision_on_every_rank(tmp_path):
+    """A budget trips on the main process (where the record is) and every rank stops at that step: a rank that went on
+    alone would wait forever in the next step's gradient all-reduce (the launch's timeout fails the test then)."""
+    run = torchrun(tmp_path, "--on-budget=stop", "--max-steps=8")
+    check_ok(run)
+    done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
+    events = [json.loads(line) for line in (tmp_path / "forgetwatch" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["budget_exceeded"] and events[0]["action"] == "stop"
+    trip = events[0]["step"]
+    assert trip < 8 and [(d["rank"], d["global_step"]) for d in done] == [(0, trip), (1, trip)]

@@ -120,3 +120,13 @@ def test_fsdp_accepts_a_cli_built_cache_on_every_rank(tmp_path, tiny_model_dir):
     step0 = np.load(out / "forgetwatch" / "evals" / "step-00000000.npz")
     assert_same(step0["outcome"], step0["pred_index"], step0["margin"], cached, "evals/step-0 vs the CLI cache")
     assert not (out / "forgetwatch" / "base.parquet").exists()  # the user's cache is the base; no copy
+
+
+def test_fsdp_budget_stop_on_every_rank(tmp_path):
+    """Under FSDP a rank that stopped alone would leave the others waiting in the next forward's all-gather."""
+    run = torchrun(tmp_path, "--fsdp", "--on-budget=stop", "--max-steps=8")
+    check_ok(run)
+    done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
+    events = [json.loads(line) for line in (tmp_path / "forgetwatch" / "events.jsonl").read_text().splitlines()]
+    trip = events[0]["step"]
+    assert trip < 8 and [(d["rank"], d["global_step"]) for d in done] == [(0, trip), (1, trip)]

@@ -20,6 +20,7 @@ from forgetwatch.metrics import compute_report
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.record import RunRecord
 from forgetwatch.report import _final_flips, make_report
+from forgetwatch.results import ProbeResults
 
 STEPS = (0, 10, 20, 30)
 SCRIPT = "<script>alert('x')</script> Which gas do plants absorb?"
@@ -80,7 +81,9 @@ def build_record(run_dir: Path, vs_base: bool = True, steps: tuple[int, ...] = S
     for e, step in enumerate(steps):
         now = outcomes[e]
         answers = [_answer(p, int(now[i]), step) for i, p in enumerate(probes)]
-        record.write_eval(step, now, np.array([a[0] for a in answers]), np.zeros(len(probes)))
+        results = ProbeResults.empty(probes.ids)
+        results.outcome, results.pred_index, results.margin = now, np.array([a[0] for a in answers]), np.zeros(len(probes))
+        record.write_eval(step, results)
         report = compute_report(base, now, k, cats)
         record.append_metrics({"step": step, "epoch": step / 40, "seconds": 1.5,
                                "metrics": {name: m.to_dict() for name, m in report.items()}})
