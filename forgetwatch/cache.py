@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ._io import atomic_write, file_lock
 from .results import ProbeResults
 
@@ -70,21 +72,24 @@ class BaseCache:
 
     key: dict[str, Any]
     results: ProbeResults
+    # the base scored again in fp32 without autocast (outcome and margin), when the key's precision is another: the
+    # probes whose correctness differs are the precision noise floor (`forgetwatch.noise`)
+    reference: ProbeResults | None = None
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
         with file_lock(path), atomic_write(path, "wb") as f:
             if path.suffix == ".jsonl":
                 f.write((json.dumps({"forgetwatch_cache": self.key}) + "\n").encode())
-                cols = self.results.to_columns()
+                cols = {**self.results.to_columns(), **self._reference_columns()}
                 for i in range(len(self.results)):
-                    row = {c: _plain(cols[c][i]) for c in ProbeResults.COLUMNS if c != "id"}
+                    row = {c: _plain(v[i]) for c, v in cols.items() if c != "id"}
                     f.write((json.dumps({"id": cols["id"][i], **row}, ensure_ascii=False) + "\n").encode())
             else:
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 
-                table = pa.table(self.results.to_columns())
+                table = pa.table({**self.results.to_columns(), **self._reference_columns()})
                 table = table.replace_schema_metadata({_META_KEY: json.dumps(self.key).encode()})
                 pq.write_table(table, f)
         return path
@@ -96,7 +101,7 @@ class BaseCache:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {path}`")
         try:
-            key, results = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+            key, results, extra = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
             n = key.get("probes", {}).get("n") if isinstance(key.get("probes"), dict) else None
             if n is not None and n != len(results):  # e.g. a JSONL file cut at a line boundary
                 raise ValueError(f"{len(results)} rows, but it was made for {n} probes: truncated?")
@@ -109,10 +114,17 @@ class BaseCache:
                 "score, for drift and KL). Rebuild it from the base model: `forgetwatch cache --model <base> --probes "
                 f"<file> -o {path}` (the exact command is printed by `forgetwatch compare` or the callback when they refuse it)."
             )
-        cache = cls(key, results)
+        cache = cls(key, results, _reference(results, extra))
         if expect is not None:
             cache.check(expect, ignore=ignore, path=path)
         return cache
+
+    def _reference_columns(self) -> dict[str, Any]:
+        if self.reference is None:
+            return {}
+        if self.reference.ids != self.results.ids:
+            raise ValueError("the fp32 reference must hold the same probes in the same order as the results")
+        return {"reference_outcome": self.reference.outcome, "reference_margin": self.reference.margin}
 
     def check(self, expect: dict[str, Any], ignore: tuple[str, ...] = (), path: Any = "cache") -> None:
         """Raise `CacheMismatchError` listing every difference between this cache's key and `expect`."""
@@ -130,7 +142,16 @@ def _plain(x: Any) -> Any:
     return x.item() if hasattr(x, "item") else x
 
 
-def _read_parquet(path: Path) -> tuple[dict[str, Any], ProbeResults]:
+def _reference(results: ProbeResults, extra: dict[str, Any]) -> ProbeResults | None:
+    if extra.get("reference_outcome") is None:
+        return None
+    ref = ProbeResults.empty(results.ids)
+    ref.outcome = np.asarray(extra["reference_outcome"], np.int8)
+    ref.margin = np.asarray([np.nan if m is None else m for m in extra["reference_margin"]], np.float32)
+    return ref
+
+
+def _read_parquet(path: Path) -> tuple[dict[str, Any], ProbeResults, dict[str, Any]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
@@ -142,16 +163,18 @@ def _read_parquet(path: Path) -> tuple[dict[str, Any], ProbeResults]:
     cols["prediction"] = table.column("prediction").to_pylist()
     cols["generation"] = table.column("generation").to_pylist() if "generation" in table.column_names else None
     cols["option_scores"] = table.column("option_scores").to_pylist() if "option_scores" in table.column_names else None
-    return json.loads(meta[_META_KEY]), ProbeResults.from_columns(cols)
+    return json.loads(meta[_META_KEY]), ProbeResults.from_columns(cols), cols
 
 
-def _read_jsonl(path: Path) -> tuple[dict[str, Any], ProbeResults]:
+def _read_jsonl(path: Path) -> tuple[dict[str, Any], ProbeResults, dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         header = json.loads(f.readline())
         if "forgetwatch_cache" not in header:
             raise ValueError("line 1 is not a forgetwatch cache header")
         rows = [json.loads(line) for line in f if line.strip()]
-    cols = {c: [r.get(c) for r in rows] for c in ProbeResults.COLUMNS}
+    cols = {c: [r.get(c) for r in rows] for c in (*ProbeResults.COLUMNS, "reference_outcome", "reference_margin")}
+    if any(v is None for v in cols["reference_outcome"]):
+        cols["reference_outcome"] = None
     cols["gold_logprob"] = [float("nan") if v is None else v for v in cols["gold_logprob"]]
     cols["margin"] = [float("nan") if v is None else v for v in cols["margin"]]
-    return header["forgetwatch_cache"], ProbeResults.from_columns(cols)
+    return header["forgetwatch_cache"], ProbeResults.from_columns(cols), cols

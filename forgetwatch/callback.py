@@ -22,11 +22,12 @@ from .drift import RiskRule, at_risk_mask, compute_drift
 from .loggers import make_loggers
 from .metrics import compute_report
 from .models import model_identity
+from .noise import NoiseFloor, noise_floor
 from .probes import ProbeSet
 from .record import RunRecord
 from .replay import ReplayTracker
 from .results import CORRECT, ProbeResults
-from .scoring import ScoringConfig, describe_precision
+from .scoring import ScoringConfig, describe_precision, full_precision
 from .suites import load_probes
 
 __all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
@@ -173,9 +174,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._last: ProbeResults | None = None
         self._last_report: dict = {}
         self._last_drift: dict = {}
+        self._last_rows: dict = {}
         self._scored_step: int | None = None
         self._budget_state = BudgetState()
         self._output_dir: Path | None = None
+        self._noise: NoiseFloor | None = None
         self._record: RunRecord | None = None
         self._loggers: list = []
         self._is_main = True
@@ -223,21 +226,22 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         resuming = state.global_step > 0
         # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
         # see, a cache written while another reads) would score apart and the others wait forever.
-        base, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
+        cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
         if error is not None:
             raise error
-        if self._is_main and not resuming and self._record.set_aside() and base is not None and cache_path == own_cache:
-            BaseCache(key, base).save(own_cache)  # the base this run uses, from the record it just set aside
-        if base is None:
+        if self._is_main and not resuming and self._record.set_aside() and cache is not None and cache_path == own_cache:
+            cache.save(own_cache)  # the base this run uses, from the record it just set aside
+        if cache is None:
             t0 = time.perf_counter()
             base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
                                      desc="forgetwatch: scoring the base model")
             logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
+            cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args))
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
-                save_to = self._record.root / "base.parquet" if self.base_cache else cache_path
-                BaseCache(key, base).save(save_to)
-        self._base = base
+                cache.save(self._record.root / "base.parquet" if self.base_cache else cache_path)
+        self._base = base = cache.results
+        self._noise = noise_floor(cache, scoring_key["precision"])
         # Every rank tracks the last step it scored, so all ranks agree on the final evaluation (the record,
         # kept by the main process only, cannot tell the other ranks).
         self._scored_step = state.global_step
@@ -261,7 +265,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if last is not None and self.evaluated_steps[-1] > 0:
             # the next evaluation's flips are against the checkpoint's, as in an uninterrupted run (not against the base)
             self._last = last
-            self._last_report, self._last_drift, _ = self._figures(last)
+            self._last_report, self._last_drift, self._last_rows = self._figures(last)
         self._loggers = make_loggers(args.report_to, args.output_dir)
         if any(lg.name == "wandb" for lg in self._loggers):
             self._log_config()
@@ -289,7 +293,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._is_main and self._last is not None:
             # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
-            final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report, self._last_drift).items()}
+            final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report, self._last_drift, self._last_rows).items()}
             if self.budget is not None:
                 within = self._within_budget()
                 self._write_budget()
@@ -301,8 +305,22 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 lg.close()
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _find_base(self, key: dict, cache_path: Path, own_cache: Path, step: int) -> tuple[ProbeResults | None, Exception | None]:
-        """The base results to use, or None to score the base now; or the error a resume must stop with."""
+    def _score_reference(self, model, tokenizer, precision: str, args) -> ProbeResults | None:
+        """The base scored again in fp32 without autocast, for the noise floor; None when the training precision is
+        fp32 already (nothing to compare) or the weights are not fp32 (no fp32 answer without a copy)."""
+        if precision == "float32":
+            return None
+        with full_precision(model) as ok:
+            if not ok:
+                logger.info("forgetwatch: the weights are %s, so the base has no fp32 reference and the precision noise floor "
+                            "is unknown; a `forgetwatch cache` of the fp32 model has one", precision)
+                return None
+            return score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
+                                     desc="forgetwatch: the base in fp32 (noise floor)")
+
+    def _find_base(self, key: dict, cache_path: Path, own_cache: Path, step: int) -> tuple[BaseCache | None, Exception | None]:
+        """The base cache to use (results in probe order), or None to score the base now; or the error a resume must
+        stop with."""
         resuming = step > 0
         # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
         # the base was scored at the start, the one written into the record.
@@ -315,7 +333,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                                    "accepts: %s", path, self._cache_command(key))
                 continue
             try:
-                return BaseCache.load(path, expect=key).results.select(self.probes.ids), None
+                cache = BaseCache.load(path, expect=key)
+                ref = cache.reference.select(self.probes.ids) if cache.reference is not None else None
+                return BaseCache(cache.key, cache.results.select(self.probes.ids), ref), None
             except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
                 problems.append(str(e))
                 mismatched = True
@@ -375,7 +395,17 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         assert self._base is not None
         report = compute_report(self._base.outcome, results.outcome, self._k, self._categories)
         drift = compute_drift(self._base, results, self._categories, self.risk_rule)
-        return report, drift, {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
+        rows = {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
+        if self._noise is not None:
+            # flips with and without the probes whose base correctness depends on the precision
+            keep = ~self._noise.mask
+            clean = compute_report(self._base.outcome[keep], results.outcome[keep], self._k[keep],
+                                   [c for c, k in zip(self._categories, keep, strict=True) if k]) if self._noise.count else report
+            for name, row in rows.items():
+                row["forgetting_excl_noise"] = clean[name].forgetting if name in clean else float("nan")
+                row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
+            rows["overall"].update(noise_probes=self._noise.count, min_detectable_forgetting=self._noise.min_detectable())
+        return report, drift, rows
 
     def _report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> list[Breach]:
         """Record and log one evaluation, and check the budget. Runs on the main process; never raises into the trainer.
@@ -384,7 +414,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         assert self._base is not None and self._record is not None
         prev = self._last if self._last is not None else self._base
         report, drift, rows = self._figures(results)
-        self._last, self._last_report, self._last_drift = results, report, drift
+        self._last, self._last_report, self._last_drift, self._last_rows = results, report, drift, rows
         self.evaluated_steps.append(step)
         if step > 0:
             self._replay.update(step, results.outcome)
@@ -401,7 +431,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         except Exception:
             logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
         breaches = self._check_budget(step, rows) if self.budget is not None else []
-        scalars = self._scalars(report, drift)
+        scalars = self._scalars(report, drift, rows)
         scalars[f"{PREFIX}/probe_seconds"] = seconds
         for lg in self._loggers:
             lg.log(scalars, step)
@@ -454,7 +484,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         return rows
 
     @staticmethod
-    def _scalars(report, drift) -> dict[str, float]:
+    def _scalars(report, drift, rows) -> dict[str, float]:
         """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category, flips and drift alike.
 
         W&B makes one workspace section per key prefix before the first "/": the overall curves get one section and
@@ -466,6 +496,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
             else:
                 out.update({f"{PREFIX}_{k}/{name}": v for k, v in figures.items()})
+        if "noise_probes" in rows.get("overall", {}):  # the precision noise floor, overall
+            out[f"{PREFIX}/noise_probes"] = rows["overall"]["noise_probes"]
+            out[f"{PREFIX}/forgetting_excl_noise"] = rows["overall"]["forgetting_excl_noise"]
         return out
 
     def _flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:

@@ -162,6 +162,34 @@ def describe_precision(model: torch.nn.Module, autocast: str | None = None) -> s
     return f"{dtype}+autocast-{autocast}" if autocast else dtype
 
 
+@contextlib.contextmanager
+def full_precision(model: torch.nn.Module) -> Iterator[bool]:
+    """Run forwards of `model` in fp32 without autocast inside this block; yields False (changing nothing) when its
+    weights are not all fp32, since no fp32 answer exists then without a copy of the model.
+
+    Inside a Trainer with bf16 / fp16, accelerate wraps the model's `forward` in autocast (keeping the original as
+    `_original_forward`); an outer `autocast(enabled=False)` cannot undo that, so the original forward is put back
+    for the block and the wrapper restored after it.
+
+    Example:
+        >>> with full_precision(model) as ok:  # doctest: +SKIP
+        ...     reference = score_probes(model, tokenizer, probes) if ok else None
+    """
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        yield False
+        return
+    device_type = next(model.parameters()).device.type
+    wrapped = model.__dict__.get("forward") if "_original_forward" in model.__dict__ else None
+    if wrapped is not None:
+        model.forward = model.__dict__["_original_forward"]
+    try:
+        with torch.autocast(device_type, enabled=False):
+            yield True
+    finally:
+        if wrapped is not None:
+            model.forward = wrapped
+
+
 def score_probes(
     model: torch.nn.Module,
     tokenizer: Any,

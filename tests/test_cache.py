@@ -309,3 +309,17 @@ def test_an_older_cache_format_is_refused_with_how_to_rebuild(tmp_path, suffix):
     msg = str(e.value)
     assert str(path) in msg and "cache format 1" in msg and "format 2" in msg
     assert f"forgetwatch cache --model <base> --probes <file> -o {path}" in msg
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_the_fp32_reference_roundtrips(tmp_path, suffix):
+    path, key, results = saved(tmp_path, suffix, n=9)
+    ref = ProbeResults.empty(results.ids)
+    ref.outcome = np.where(np.arange(9) % 4 == 0, 1 - np.clip(results.outcome, 0, 1), results.outcome)
+    ref.margin = results.margin + 1e-3
+    BaseCache(key, results, ref).save(path)
+    back = BaseCache.load(path, expect=key)
+    assert_same(back.results, results)
+    np.testing.assert_array_equal(back.reference.outcome, ref.outcome)
+    np.testing.assert_array_equal(back.reference.margin, ref.margin)  # NaN rows included
+    assert BaseCache.load(saved(tmp_path / "plain", suffix)[0]).reference is None

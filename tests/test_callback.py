@@ -222,6 +222,9 @@ def expected_logged(groups: dict[str, dict]) -> dict[str, float]:
         figures = {name: m[field] for name, field in LOGGED.items() if m["adjusted"] or not name.endswith("_adjusted")}
         figures.update({name: f(m) for name, f in DRIFT_LOGGED.items() if not math.isnan(f(m))})
         out.update({logged_name(group, name): v for name, v in figures.items()})
+    if "noise_probes" in groups["overall"]:  # the precision noise floor (a base scored in bf16 and in fp32)
+        out["forgetwatch/noise_probes"] = groups["overall"]["noise_probes"]
+        out["forgetwatch/forgetting_excl_noise"] = groups["overall"]["forgetting_excl_noise"]
     return out
 
 
