@@ -208,6 +208,7 @@ def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autoc
 def cmd_cache(args: argparse.Namespace) -> int:
     from .cache import BaseCache, make_cache_key
     from .models import model_identity
+    from .noise import NoiseFloor
 
     probes = _load_probes(args)
     config, dtype, autocast = _scoring_config(args)
@@ -215,7 +216,15 @@ def cmd_cache(args: argparse.Namespace) -> int:
     identity = model_identity(model, weights_hash=args.hash_weights)
     identity["name_or_path"] = args.model if args.model != "smollm2" else identity["name_or_path"]
     identity["revision"] = args.revision or identity["revision"]
-    BaseCache(make_cache_key(identity, probes, scoring_key), results).save(args.output)
+    reference = None
+    if scoring_key["precision"] != "float32":
+        # the precision noise floor: the same base in fp32 without autocast, kept with the cache
+        del model
+        _, reference, _ = _score(args, probes, config, "float32", None)
+        floor = NoiseFloor.from_outcomes(results.outcome, reference.outcome)
+        print(f"precision noise floor: {floor.count} of {len(probes)} probes change correctness between "
+              f"{scoring_key['precision']} and float32")
+    BaseCache(make_cache_key(identity, probes, scoring_key), results, reference).save(args.output)
     print(f"scored {len(probes)} probes with {args.model}: accuracy {results.accuracy:.3f}; wrote {args.output}")
     return 0
 

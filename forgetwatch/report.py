@@ -38,6 +38,7 @@ _PNG = {
     "forgetting": "forgetting_by_category.png",
     "backward_transfer": "backward_transfer_by_category.png",
     "accuracy": "accuracy.png",
+    "drift": "drift.png",
 }
 _VS_BASE = {(True, True): "retained", (True, False): "forgotten", (False, True): "learned", (False, False): "never known"}
 _LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
@@ -80,6 +81,8 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
         for metric in ("forgetting", "backward_transfer"):
             figures[metric] = _plot_by_category(figure_cls, rows, categories, metric)
     figures["accuracy"] = _plot_accuracy(figure_cls, rows, categories)
+    if any(np.isfinite(_series(rows, OVERALL, "margin_change"))):  # records made before drift have no margins here
+        figures["drift"] = _plot_drift(figure_cls, rows)
     for key, fig in figures.items():
         canvas_cls(fig)
         with atomic_write(out / _PNG[key], "wb") as f:
@@ -87,6 +90,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
 
     forgotten, learned = _final_flips(record, probes, rows[-1]["step"])
     page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows)
+    page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
     path = out / "report.html"
     with atomic_write(path) as f:
         f.write(page)
@@ -219,6 +223,68 @@ def _plot_overall(figure_cls, rows, n_probes: int):
     fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center",
                ncols=2 if len(handles) > 3 else 1, fontsize="small", frameon=False)
     return fig
+
+
+def _plot_drift(figure_cls, rows):
+    """Mean margin change since base with its 95% band (left), KL(base ‖ now) over the options (right)."""
+    fig = figure_cls(figsize=(8, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    x = _steps(rows)
+    ax.fill_between(x, _series(rows, OVERALL, "margin_change_ci_low"), _series(rows, OVERALL, "margin_change_ci_high"),
+                    color=_F_COLOR, alpha=0.15, linewidth=0, label="95% interval")
+    ax.plot(x, _series(rows, OVERALL, "margin_change"), color=_F_COLOR, marker="o", markersize=4, linewidth=2,
+            label="mean margin change (nats)")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("margin change since base (nats)")
+    kl = ax.twinx()
+    kl.plot(x, _series(rows, OVERALL, "kl"), color="black", linestyle="--", marker="s", markersize=3, label="KL(base ‖ now)")
+    kl.set_ylabel("KL over the options (nats)")
+    kl.set_ylim(bottom=0)
+    ax.set_title("Drift of the multiple-choice probes since base")
+    handles = ax.get_legend_handles_labels()[0] + kl.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + kl.get_legend_handles_labels()[1]
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small", frameon=False)
+    return fig
+
+
+def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
+    """At-risk probes at the last evaluation, the precision noise floor and budget events, when the record has them."""
+    final, o = rows[-1], rows[-1]["metrics"][OVERALL]
+    parts = []
+    if "noise_probes" in o:
+        parts.append(
+            f"<p>Precision noise floor: {_e(o['noise_probes'])} of {_e(o['n'])} probes change correctness at base between "
+            f"the training precision and fp32. Forgetting without them: {_f(o['forgetting_excl_noise'])} (with them "
+            f"{_f(o['forgetting'])}). The smallest forgetting distinguishable from that floor with {_e(o['n'])} probes "
+            f"(its 95% Wilson lower bound above the floor): {_f(o['min_detectable_forgetting'])}.</p>")
+    if "at_risk" in o:
+        risky = [r for r in record.read_at_risk() if r["step"] == final["step"]]
+        risky.sort(key=lambda r: r["margin_now"])
+        head = (f'<h3 id="at_risk">At risk at step {_e(final["step"])}: {len(risky)} probes right at base and still right, '
+                "with a small margin or a large drop since base</h3>")
+        if risky:
+            cols = ("id", "category", "question", "gold", "margin_base", "margin_now")
+            q_class = ' class="q"'
+            body = "\n".join("<tr>" + "".join(f"<td{q_class if c == 'question' else ''}>{_e(r[c])}</td>" for c in cols)
+                             + "</tr>" for r in risky[:max_rows])
+            more = len(risky) - max_rows
+            parts.append(head + '<table class="flips"><thead><tr>' + "".join(f"<th>{c}</th>" for c in cols)
+                         + "</tr></thead><tbody>" + body + "</tbody></table>"
+                         + (f'<p class="note">… and {more} more (at_risk.jsonl).</p>' if more > 0 else ""))
+        else:
+            parts.append(head + '<p class="note">none</p>')
+    events = record.read_events()
+    budget = record.read_budget()
+    if budget is not None:
+        within = budget.get("last_within_budget") or {}
+        lines = "".join(f"<li>step {_e(e['step'])}: {_e(e['key'])} = {_f(e['measured'])} (compared: {_f(e['value'])}) "
+                        f"&gt; {_e(e['limit'])}; action {_e(e['action'])}</li>" for e in events)
+        limits, action = _e(budget.get("limits")), _e(budget.get("on_budget"))
+        parts.append(f'<h3 id="budget">Budget {limits}, on_budget={action}</h3>'
+                     f"<ul>{lines or '<li>never exceeded</li>'}</ul><p>Last evaluation within budget: step "
+                     f"{_e(within.get('step'))}{', checkpoint ' + _e(within['checkpoint']) if within.get('checkpoint') else ''}.</p>")
+    return ('<h2 id="drift">Drift, risk and budget</h2>\n' + "\n".join(parts)) if parts else ""
 
 
 def _grid(n: int) -> tuple[int, int]:
@@ -370,6 +436,9 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         "forgetting": "Forgetting per category, same encoding; all panels share their axes.",
         "backward_transfer": "Backward transfer per category, same encoding; all panels share their axes.",
         "accuracy": "Accuracy now, overall (black) and per category; the dotted line is the base model's overall accuracy.",
+        "drift": "Mean change since base of the multiple-choice margins (gold option's score minus the best wrong one's), "
+                 "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "
+                 "Margins fall before probes flip.",
     }
     figs = "\n".join(
         f'<figure><img src="{_e(_PNG[k])}" alt="{_e(captions[k])}"><figcaption>{_e(captions[k])}</figcaption></figure>'
@@ -422,6 +491,8 @@ no chance term (n/a). invalid: share of unparseable answers now.{nothing_note}</
 {mismatch}{short_note}
 {_flips_table("forgotten", forgotten, max_rows, final["step"])}
 {_flips_table("learned", learned, max_rows, final["step"])}
+
+<!--drift-->
 
 <p class="note">Made by forgetwatch {_e(__version__)} from {_e(record.root.resolve())}.</p>
 </body>

@@ -225,3 +225,18 @@ def test_at_risk_probes_are_recorded(stop_run):
             assert r["margin_now"] < 0.5 or r["margin_base"] - r["margin_now"] >= 1.0 - 1e-4
     assert json.dumps(rows)  # plain JSON
     assert not math.isnan(metrics[0]["metrics"]["overall"]["margin_change"])
+
+
+def test_the_report_shows_drift_risk_noise_and_the_budget(stop_run):
+    pytest.importorskip("matplotlib")
+    from forgetwatch.report import make_report
+
+    page = make_report(stop_run.out)
+    html = page.read_text()
+    assert (page.parent / "drift.png").stat().st_size > 0 and 'src="drift.png"' in html
+    trip = first_trip(stop_run.record)
+    risky = [r for r in stop_run.record.read_at_risk() if r["step"] == trip]
+    assert f"At risk at step {trip}: {len(risky)} probes" in html
+    assert "Precision noise floor: " in html and "smallest forgetting distinguishable" in html
+    assert f"<li>step {trip}: forgetting = " in html and "action stop" in html
+    assert f"Last evaluation within budget: step {trip - 2}." in html

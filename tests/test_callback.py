@@ -819,3 +819,9 @@ def test_a_cli_cache_made_like_the_trainer_runs_is_used(tokenizer, tiny_model_di
     assert not (tmp_path / "b" / "forgetwatch" / "base.parquet").exists()  # nothing re-scored
     record = load_record(tmp_path / "b")
     assert np.array_equal(record.read_eval(0)["outcome"], BaseCache.load(bf16).results.outcome)
+    # the bf16 cache keeps the fp32 base beside it (the noise floor), the same as the fp32 cache's results
+    reference, plain = BaseCache.load(bf16).reference, BaseCache.load(fp32).results
+    assert np.array_equal(reference.outcome, plain.outcome)
+    np.testing.assert_allclose(reference.margin, plain.margin, atol=1e-6, equal_nan=True)
+    noise = int(((BaseCache.load(bf16).results.outcome == 1) != (plain.outcome == 1)).sum())
+    assert metric_rows(record)[0]["metrics"]["overall"]["noise_probes"] == noise
