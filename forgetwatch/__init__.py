@@ -5,8 +5,11 @@ Example:
     >>> probes = load_probes("arc_easy,mmlu", per_suite=100)  # doctest: +SKIP
 """
 
+from .budgets import Budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
+from .drift import DriftStats, RiskRule, compute_drift
 from .metrics import ForgettingMetrics, compute_metrics, compute_report
+from .noise import NoiseFloor
 from .probes import Probe, ProbeFormatError, ProbeSet
 from .record import load_record
 from .results import ProbeResults
@@ -16,15 +19,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BaseCache",
+    "Budget",
     "CacheMismatchError",
+    "DriftStats",
     "ForgetWatchArguments",
     "ForgetWatchCallback",
     "ForgettingMetrics",
+    "NoiseFloor",
     "Probe",
     "ProbeFormatError",
     "ProbeResults",
     "ProbeSet",
+    "RiskRule",
     "ScoringConfig",
+    "compute_drift",
     "compute_metrics",
     "compute_report",
     "load_probes",

@@ -68,6 +68,24 @@ def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdp
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for this module's tests, like the torchrun workers (OMP_NUM_THREADS=1).
+
+    A tiny-model forward takes ~1 ms on one thread but ~80 ms on two when the other core is busy (OpenMP waits);
+    SmolLM2 was faster on one thread too on the busy machine (16x100 tokens: 5.9 s vs 13 s). Also imports the Llama
+    modelling code (~2 s, once) here, so that no test's own time includes it. Use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`.
+    """
+    import torch
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

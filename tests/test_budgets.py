@@ -23,6 +23,8 @@ from forgetwatch import ForgetWatchArguments, ForgetWatchCallback, load_record
 from forgetwatch.budgets import Breach, Budget, BudgetState, parse_budget
 from forgetwatch.metrics import compute_metrics
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # -- the budget itself, no training ----------------------------------------------------------------------------
 
 

@@ -239,13 +239,7 @@ def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
     mp.setenv("WANDB_PROJECT", "forgetwatch-tests")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread is faster than two, and many times faster when other processes share the CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -30,19 +30,7 @@ from forgetwatch.suites import list_suites, load_suite
 COMMANDS = [[], ["probes"], ["probes", "build"], ["probes", "show"], ["probes", "suites"], ["cache"], ["compare"]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny-model forwards take ~1 ms on one thread, ~80 ms on two when the other core is busy (OpenMP waits).
-
-    SmolLM2 was faster on one thread too on the busy machine (16x100 tokens: 5.9 s vs 13 s). Also imports the
-    Llama modelling code (~2 s, once) here, so that no test's own time includes it.
-    """
-    import transformers.models.llama.modeling_llama  # noqa: F401
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

@@ -28,14 +28,7 @@ from forgetwatch.scoring import ScoringConfig, describe_precision, score_probes
 CONFIG = ScoringConfig()  # what ForgetWatchCallback(probes, eval_steps=...) scores with
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Score in this process with one thread, like the torchrun workers (OMP_NUM_THREADS=1): on a busy 2-core
-    machine two threads made each scoring pass 30x slower (2.9 s instead of 0.09 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

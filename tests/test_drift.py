@@ -14,6 +14,8 @@ from forgetwatch.drift import RiskRule, at_risk_mask, compute_drift, option_kl
 from forgetwatch.results import ProbeResults
 from forgetwatch.scoring import ScoringConfig, score_probes
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def results(margins, outcomes=None, scores=None, gold=None) -> ProbeResults:
     n = len(margins)

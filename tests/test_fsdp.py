@@ -27,13 +27,7 @@ from forgetwatch.scoring import ScoringConfig, score_probes
 STEPS = list(range(0, MAX_STEPS + 1, EVAL_STEPS))  # 0 (the base), 2, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Score in this process with one thread, like the torchrun workers (see tests/test_distributed.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=list(SCORING))

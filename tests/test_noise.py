@@ -12,6 +12,8 @@ from forgetwatch.metrics import compute_report
 from forgetwatch.noise import NoiseFloor, min_detectable_forgetting
 from forgetwatch.scoring import ScoringConfig, score_probes
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_min_detectable_forgetting_known_answers():
     assert min_detectable_forgetting(100) == 0.01  # one flip's Wilson lower bound is above 0

@@ -10,9 +10,10 @@ import forgetwatch
 
 def test_all_is_pinned():
     assert sorted(forgetwatch.__all__) == [
-        "BaseCache", "CacheMismatchError", "ForgetWatchArguments", "ForgetWatchCallback", "ForgettingMetrics", "Probe",
-        "ProbeFormatError", "ProbeResults", "ProbeSet", "ScoringConfig", "compute_metrics", "compute_report",
-        "load_probes", "load_record", "make_cache_key", "score_probes",
+        "BaseCache", "Budget", "CacheMismatchError", "DriftStats", "ForgetWatchArguments", "ForgetWatchCallback",
+        "ForgettingMetrics", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet", "RiskRule",
+        "ScoringConfig", "compute_drift", "compute_metrics", "compute_report", "load_probes", "load_record",
+        "make_cache_key", "score_probes",
     ]
     for name in forgetwatch.__all__:
         assert getattr(forgetwatch, name) is not None

@@ -15,6 +15,8 @@ from test_callback import SEED, assert_same_weights, make_probes, rescore, sft_t
 from forgetwatch import BaseCache, load_record  # noqa: E402
 from forgetwatch.models import model_identity  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def lora_trainer(tokenizer, out, callbacks=()):
     model = build_model(tokenizer, seed=SEED)

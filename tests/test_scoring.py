@@ -49,18 +49,7 @@ SHORT = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """A tiny-model forward takes ~1 ms on one thread, but ~80 ms on two when the other core is busy (OpenMP waits).
-
-    Also imports the Llama modelling code (~2 s, once) here, so that no test's own time includes it.
-    """
-    import transformers.models.llama.modeling_llama  # noqa: F401
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- references -----------------------------------------------------------------------------------------------
