@@ -70,8 +70,8 @@ class ForgetWatchArguments:
     forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
     forgetwatch_on_budget: str = field(default="alert", metadata={"help": "When a budget is exceeded: alert (W&B/trackio alert, warning, record event), save (also save a checkpoint there) or stop (also stop training)."})
     forgetwatch_budget_bound: str = field(default="lower", metadata={"help": "lower: a limit is exceeded when the lower end of the 95% interval is above it (noise pages nobody); point: the measured value."})
-    forgetwatch_at_risk_margin: float = field(default=0.5, metadata={"help": "A probe still right counts as at risk when its margin (nats) is below this..."})
-    forgetwatch_at_risk_drop: float = field(default=1.0, metadata={"help": "...or has fallen by this many nats since base."})
+    forgetwatch_at_risk_margin: float = field(default=2.0, metadata={"help": "A probe right at base and still right counts as at risk when its margin (nats) is below this (chosen on a calibration run: benchmarks/RESULTS.md)..."})
+    forgetwatch_at_risk_drop: float | None = field(default=None, metadata={"help": "...or, when set, has fallen by this many nats since base (off by default: the drop did not predict flips)."})
 
     def to_kwargs(self) -> dict[str, Any]:
         return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -132,8 +132,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         budget: dict[str, float] | str | None = None,
         on_budget: str = "alert",
         budget_bound: str = "lower",
-        at_risk_margin: float = 0.5,
-        at_risk_drop: float = 1.0,
+        at_risk_margin: float = 2.0,
+        at_risk_drop: float | None = None,
     ):
         if probes is None:
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")

@@ -9,8 +9,8 @@ moves long before. Per group of probes (overall and per category) this module co
   mode's normalisation), averaged over probes;
 - `gold_logprob_change`: for short answers scored with a gold log-probability (`short_mode="greedy_match"`), the
   mean change of the best accepted answer's log-probability;
-- `at_risk`: probes correct at base and still correct now whose margin is below `margin_below` nats, or has fallen
-  by at least `drop_by` nats since base: the ones likely to be forgotten next.
+- `at_risk`: probes correct at base and still correct now whose margin is below `margin_below` nats (2.0), or, when
+  `drop_by` is set, has fallen by at least that many nats since base: the ones likely to be forgotten next.
 
 Plain NumPy, no torch.
 
@@ -42,14 +42,21 @@ _Z95 = 1.959963984540054
 
 @dataclass(frozen=True)
 class RiskRule:
-    """When a probe that is still right counts as at risk: margin under `margin_below`, or fallen by `drop_by` (nats)."""
+    """When a probe that is still right counts as at risk: margin under `margin_below`, or (optionally) fallen by
+    `drop_by` nats since base.
 
-    margin_below: float = 0.5
-    drop_by: float = 1.0
+    The defaults were chosen on a calibration run and checked on others (benchmarks/RESULTS.md, "Early warning"): the
+    current margin predicts a flip at the next evaluation (AUC about 0.8), its drop since base does not (about 0.5), so
+    the drop rule is off unless asked for."""
+
+    margin_below: float = 2.0
+    drop_by: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("margin_below", "drop_by"):
             v = getattr(self, name)
+            if v is None and name == "drop_by":
+                continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"`{name}` must be a non-negative number of nats, got {v!r}")
 
@@ -111,7 +118,9 @@ def at_risk_mask(base: ProbeResults, now: ProbeResults, rule: RiskRule = RiskRul
     """Probes right at base and now whose margin is under `rule.margin_below` or fell by `rule.drop_by` since base."""
     eligible = _eligible(base, now)
     with np.errstate(invalid="ignore"):
-        risky = (now.margin < rule.margin_below) | (base.margin - now.margin >= rule.drop_by)
+        risky = now.margin < rule.margin_below
+        if rule.drop_by is not None:
+            risky |= base.margin - now.margin >= rule.drop_by
     return eligible & risky
 
 

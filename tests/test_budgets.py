@@ -223,8 +223,8 @@ def test_at_risk_probes_are_recorded(stop_run):
     for step, row in metrics.items():
         mine = [r for r in rows if r["step"] == step]
         assert len(mine) == row["metrics"]["overall"]["at_risk"], step
-        for r in mine:  # right at base and now, with a small margin or a large drop (defaults 0.5 / 1.0 nats)
-            assert r["margin_now"] < 0.5 or r["margin_base"] - r["margin_now"] >= 1.0 - 1e-4
+        for r in mine:  # right at base and now, with a margin under 2 nats (the default rule)
+            assert r["margin_now"] < 2.0
     assert json.dumps(rows)  # plain JSON
     assert not math.isnan(metrics[0]["metrics"]["overall"]["margin_change"])
 

@@ -69,6 +69,8 @@ def test_at_risk_rule():
     d = compute_drift(base, now, rule=RiskRule(0.5, 1.0))["overall"]
     assert (d.at_risk, d.n_at_risk_eligible) == (2, 3)
     assert at_risk_mask(base, now, RiskRule(margin_below=0.0, drop_by=2.0)).tolist() == [False] * 6
+    assert at_risk_mask(base, now, RiskRule(margin_below=0.5)).tolist() == [False, False, True, False, False, False]
+    assert RiskRule() == RiskRule(margin_below=2.0, drop_by=None)
 
 
 @pytest.mark.parametrize("kwargs", [{"margin_below": -1}, {"drop_by": float("nan")}, {"drop_by": "1"}])
