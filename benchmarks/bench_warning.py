@@ -11,6 +11,7 @@ suites (`--forgetwatch_seed`), so the threshold is never tuned on the probes it 
 
     # the runs (SFT demo setting, evaluations every 5 steps, W&B off); each ~10 min on 1 CPU thread
     python benchmarks/bench_warning.py --run          # writes outputs/warning/<name>/
+    python recipes/grpo.py --config recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml   # the GRPO demo's record
     python benchmarks/bench_warning.py                 # analysis -> benchmarks/results/bench_warning.json
 
 Plain NumPy; no torch.
@@ -45,6 +46,8 @@ RUNS = {
     "sft-long-s2": ("evaluate", ["--seed", "2", "--forgetwatch_seed", "2", "--max_steps", "60", "--learning_rate", "5e-4",
                                  "--forgetwatch_eval_steps", "10"]),
 }
+# records made elsewhere, analysed as they are (not trained by --run): the GRPO demo, run alone with its recipe
+EXTERNAL = {"grpo-demo": ("evaluate", REPO / "outputs" / "SmolLM2-135M-Instruct-grpo-demo")}
 GRID_MARGIN = [0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0]
 GRID_DROP = [0.5, 1.0, 1.5, 2.0, 3.0, math.inf]
 
@@ -108,18 +111,20 @@ def rule(c: dict[str, np.ndarray], margin_below: float, drop_by: float, label: s
 
 
 def analyse(names: list[str]) -> dict:
-    data = {n: candidates(OUT / n) for n in names if (OUT / n / "forgetwatch" / "metrics.jsonl").is_file()}
+    dirs = {n: EXTERNAL[n][1] if n in EXTERNAL else OUT / n for n in names}
+    data = {n: candidates(d) for n, d in dirs.items() if (d / "forgetwatch" / "metrics.jsonl").is_file()}
     missing = sorted(set(names) - set(data))
     if missing:
         print(f"no record for {missing}; run `python benchmarks/bench_warning.py --run {' '.join(missing)}`", file=sys.stderr)
-    calib = [n for n in data if RUNS[n][0] == "calibrate"]
+    role = {**{n: r for n, (r, _) in RUNS.items()}, **{n: r for n, (r, _) in EXTERNAL.items()}}
+    calib = [n for n in data if role[n] == "calibrate"]
     pooled = {k: np.concatenate([data[n][k] for n in calib]) for k in ("margin", "drop", "next", "end")}
     grid = [(m, d, rule(pooled, m, d, "next")["f1"]) for m in GRID_MARGIN for d in GRID_DROP]
     best_m, best_d, best_f1 = max(grid, key=lambda x: x[2])
     out = {"chosen_on": calib, "margin_below": best_m, "drop_by": best_d, "calibration_f1": best_f1, "runs": {}}
     for n, c in data.items():
         out["runs"][n] = {
-            "role": RUNS[n][0], "candidates": len(c["margin"]), "evaluations": len(set(c["step"].tolist())) + 1,
+            "role": role[n], "candidates": len(c["margin"]), "evaluations": len(set(c["step"].tolist())) + 1,
             "auc_next": {"margin": auc(-c["margin"], c["next"].astype(bool)), "drop": auc(c["drop"], c["next"].astype(bool))},
             "auc_end": {"margin": auc(-c["margin"], c["end"].astype(bool)), "drop": auc(c["drop"], c["end"].astype(bool))},
             "rule_next": rule(c, best_m, best_d, "next"), "rule_end": rule(c, best_m, best_d, "end"),
@@ -134,7 +139,7 @@ def main() -> None:
     a = parser.parse_args()
     if a.run is not None:
         run_all(a.run or list(RUNS))
-    result = analyse(list(RUNS))
+    result = analyse([*RUNS, *EXTERNAL])
     path = REPO / "benchmarks" / "results" / "bench_warning.json"
     path.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(json.dumps(result, indent=1, default=float))
