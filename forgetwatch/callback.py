@@ -435,7 +435,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         scalars[f"{PREFIX}/probe_seconds"] = seconds
         for lg in self._loggers:
             lg.log(scalars, step)
-            for name, table in (("flips", flips), ("at_risk", at_risk)):
+            # the at-risk table is not `forgetwatch/at_risk`: that key is the count's curve
+            for name, table in (("flips", flips), ("at_risk_probes", at_risk)):
                 if self.log_table and table:
                     cols = list(table[0])
                     lg.log_table(f"{PREFIX}/{name}", cols, [[r[c] for c in cols] for r in table], step)

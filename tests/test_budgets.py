@@ -17,7 +17,7 @@ from test_callback import (
     the_watcher,
     watcher,
 )
-from wandb_offline import find_run_file, finish_offline_run, read_records, read_summary
+from wandb_offline import find_run_file, finish_offline_run, read_records, read_summary, read_tables
 
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback, load_record
 from forgetwatch.budgets import Breach, Budget, BudgetState, parse_budget
@@ -147,6 +147,12 @@ def test_stop_alert_and_summary_are_in_the_wandb_run(stop_run):
     assert summary["forgetwatch/budget/exceeded"] == 1
     assert summary["forgetwatch/budget/last_within_step"] == trip - 2
     assert summary["forgetwatch/budget/last_within_checkpoint"] == ""
+    # the at-risk probes as a table beside the flips, one per evaluation that had any (not under the count's key)
+    tables = read_tables(stop_run.wandb_file)
+    risky = stop_run.record.read_at_risk()
+    per_step = [sum(r["step"] == s for r in risky) for s in sorted({r["step"] for r in risky})]
+    assert [len(t) for t in tables["forgetwatch/at_risk_probes"]] == per_step
+    assert {r["id"] for t in tables["forgetwatch/at_risk_probes"] for r in t} == {r["id"] for r in risky}
 
 
 def test_save_writes_a_checkpoint_at_the_trip_and_alerts_trackio(tokenizer, tmp_path, monkeypatch):
