@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "parse_budget"]
+__all__ = ["Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "check_options", "parse_budget"]
 
 # metric -> whether it is a rate (limit in [0, 1]) or a figure in nats (limit >= 0)
 BUDGET_METRICS = {"forgetting": "rate", "forgetting_adjusted": "rate", "margin_drop": "nats", "kl": "nats"}
@@ -74,10 +74,7 @@ class Budget:
         if not isinstance(limits, Mapping) or not limits:
             raise ValueError(f"`budget` must be a non-empty dict of metric -> upper limit, e.g. "
                              f"{{'forgetting_adjusted': 0.05}}; got {limits!r}")
-        if on_budget not in ON_BUDGET:
-            raise ValueError(f"`on_budget` must be one of {', '.join(ON_BUDGET)}; got {on_budget!r}")
-        if bound not in BOUNDS:
-            raise ValueError(f"`budget_bound` must be one of {', '.join(BOUNDS)}; got {bound!r}")
+        check_options(on_budget, bound)
         self.on_budget, self.bound = on_budget, bound
         self.limits = [_parse(key, value, categories) for key, value in limits.items()]
 
@@ -116,6 +113,14 @@ class BudgetState:
         if not keys:
             self.last_within = step
         return new
+
+
+def check_options(on_budget: str, bound: str) -> None:
+    """Refuse an unknown `on_budget` or `budget_bound` (also when no budget is set: a typo must not pass silently)."""
+    if on_budget not in ON_BUDGET:
+        raise ValueError(f"`on_budget` must be one of {', '.join(ON_BUDGET)}; got {on_budget!r}")
+    if bound not in BOUNDS:
+        raise ValueError(f"`budget_bound` must be one of {', '.join(BOUNDS)}; got {bound!r}")
 
 
 def _parse(key: Any, value: Any, categories: Sequence[str] | None) -> Limit:

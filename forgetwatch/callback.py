@@ -15,7 +15,7 @@ import numpy as np
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .budgets import Breach, Budget, BudgetState, parse_budget
+from .budgets import Breach, Budget, BudgetState, check_options, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule, at_risk_mask, compute_drift
@@ -146,6 +146,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.base_cache = base_cache
         self.replay = replay
         self.log_table = log_table
+        check_options(on_budget, budget_bound)
         self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.categories) if budget else None
         self.risk_rule = RiskRule(at_risk_margin, at_risk_drop)
         self._args = {

@@ -248,3 +248,11 @@ def test_the_report_shows_drift_risk_noise_and_the_budget(stop_run):
     assert "Precision noise floor: " in html and "smallest forgetting distinguishable" in html
     assert f"<li>step {trip}: forgetting = " in html and "action stop" in html
     assert f"Last evaluation within budget: step {trip - 2}." in html
+
+
+def test_budget_options_are_checked_even_without_a_budget():
+    """A typo in on_budget must not pass silently because the budget itself was left out (e.g. in a recipe)."""
+    with pytest.raises(ValueError, match="`on_budget` must be one of alert, save, stop; got 'halt'"):
+        watcher(on_budget="halt")
+    with pytest.raises(ValueError, match="`budget_bound` must be one of lower, point"):
+        watcher(budget_bound="upper")
