@@ -39,6 +39,7 @@ __all__ = [
     "is_correct_short",
     "short_answer_reward",
     "mcq_reward",
+    "probe_reward",
 ]
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -635,4 +636,34 @@ def mcq_reward(
         parsed.append(None if choice is None else LETTERS[choice])
         rewards.append(None if gold is None else float(choice == _gold_index(gold, k)))
     _log(kwargs, "mcq", parsed, [p is None for p in parsed])
+    return rewards
+
+
+def probe_reward(completions: Sequence[Any], solution: Sequence[Any], kind: str | Sequence[str] | None = None,
+                 **kwargs: Any) -> list[float | None]:
+    """A GRPO reward for a dataset that mixes multiple-choice and short-answer rows, such as training data with
+    replayed probes (`forgetwatch.replay.mix_replay`): each row is scored by `mcq_reward` when its `kind` column is
+    "mcq", by `short_answer_reward` otherwise (the other columns, `numeric`, `cot`, `num_choices`, go along).
+
+    Example:
+        >>> probe_reward(["B", "12"], solution=["B", "12"], kind=["mcq", "short"], numeric=[False, True], cot=False)
+        [1.0, 1.0]
+    """
+    n = len(completions)
+    kinds = _per_example(kind, n, "kind")
+    # each kind logs its invalid rate (over its own rows); the per-completion column log needs every row: left out
+    quiet = {k: v for k, v in kwargs.items() if k != "log_extra"}
+    rewards: list[float | None] = [None] * n
+    for is_mcq, reward in ((True, mcq_reward), (False, short_answer_reward)):
+        rows = [i for i in range(n) if (kinds[i] == "mcq") == is_mcq]
+        if not rows:
+            continue
+        # per-completion columns follow their rows; scalars apply to all
+        pick = {k: [v[i] for i in rows] if isinstance(v, (list, tuple)) and len(v) == n else v for k, v in quiet.items()}
+        if is_mcq:
+            pick.pop("numeric", None), pick.pop("cot", None)
+        else:
+            pick.pop("num_choices", None)
+        for i, r in zip(rows, reward([completions[i] for i in rows], [solution[i] for i in rows], **pick), strict=True):
+            rewards[i] = r
     return rewards

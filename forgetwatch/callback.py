@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -73,8 +74,21 @@ class ForgetWatchArguments:
     forgetwatch_at_risk_margin: float = field(default=2.0, metadata={"help": "A probe right at base and still right counts as at risk when its margin (nats) is below this (chosen on a calibration run: benchmarks/RESULTS.md)..."})
     forgetwatch_at_risk_drop: float | None = field(default=None, metadata={"help": "...or, when set, has fallen by this many nats since base (off by default: the drop did not predict flips)."})
 
+    forgetwatch_replay_mix: float = field(default=0.0, metadata={"help": "Replay: the share of training examples drawn from `forgetwatch_replay_pool` (0 = off; e.g. 0.1). Applied by the recipes with `forgetwatch.replay.mix_replay`; needs max_steps."})
+    forgetwatch_replay_pool: str | None = field(default=None, metadata={"help": "Replay pool: suite names (every probe of them except the monitored ones), a probe JSONL file, or a JSONL of training examples with a `category`. Default: the rest of the monitored suites."})
+    forgetwatch_replay_strategy: str = field(default="closed_loop", metadata={"help": "closed_loop (categories that forget get more replay, with a floor) or uniform (the control)."})
+
     def to_kwargs(self) -> dict[str, Any]:
-        return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The callback's keyword arguments (the replay fields are `mix_replay`'s, see `replay_kwargs`)."""
+        return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)
+                if not f.name.startswith(PREFIX + "_replay_")}
+
+    def replay_kwargs(self) -> dict[str, Any] | None:
+        """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""
+        if not self.forgetwatch_replay_mix:
+            return None
+        pool = self.forgetwatch_replay_pool or self.forgetwatch_probes
+        return {"pool": pool, "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
 
 
 class ForgetWatchCallback(TrainerCallback, ExportableState):
@@ -186,6 +200,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._progress = True
         self._k = np.array([p.num_choices for p in self.probes])
         self._categories = [p.category for p in self.probes]
+        self._mix_written: list = []
+        self._mixers: list = []  # replay streams this run steers (`mix_replay`); never part of the saved state
 
     @classmethod
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
@@ -208,6 +224,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     def replay_examples(self) -> list[dict[str, Any]]:
         """Forgotten probes so far, as training examples (see `forgetwatch.replay.replay_examples`)."""
         return self._replay.examples() if self._replay is not None else []
+
+    def attach_mixer(self, mixer) -> None:
+        """Steer a replay stream (`forgetwatch.replay.mix_replay` calls this): after each evaluation its category
+        weights follow the per-category forgetting, and its history goes into the record."""
+        self._mixers.append(mixer)
 
     # -- trainer events -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
@@ -247,6 +268,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # kept by the main process only, cannot tell the other ranks).
         self._scored_step = state.global_step
         if not self._is_main:
+            if self._mixers:
+                self._start_mixers(args, state)
             return
 
         self._record.root.mkdir(parents=True, exist_ok=True)
@@ -273,6 +296,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if not resuming:
             self._report(base, step=0, epoch=0.0, seconds=0.0)
             _warn_nothing_to_forget(self._last_report)
+        if self._mixers:
+            self._start_mixers(args, state)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
@@ -287,11 +312,15 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                     control.should_save = True
                 elif act:
                     control.should_training_stop = True
+        if self._mixers and self._is_main:
+            self._write_mix()
         return control
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+        if self._mixers and self._is_main:
+            self._write_mix()
         if self._is_main and self._last is not None:
             # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
             final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report, self._last_drift, self._last_rows).items()}
@@ -374,7 +403,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         mine = [cb for cb in list(_LIVE) if cb is not self and not cb._started and cb.probes.fingerprint == self.probes.fingerprint
                 and {k: v for k, v in cb._args.items() if k != "probes"} == same]
         if mine:
-            max(mine, key=lambda cb: cb._serial).__dict__ = self.__dict__
+            users = max(mine, key=lambda cb: cb._serial)
+            self._mixers = users._mixers  # replay streams it steers (`mix_replay`) are not in the saved state
+            users.__dict__ = self.__dict__
 
     def _evaluate(self, model, processing_class, state) -> list[Breach]:
         """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere)."""
@@ -387,9 +418,70 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         seconds = time.perf_counter() - t0
         logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(self.probes), state.global_step, seconds)
         self._scored_step = state.global_step
-        if self._is_main:
-            return self._report(results, state.global_step, state.epoch or 0.0, seconds)
-        return []
+        breaches = self._report(results, state.global_step, state.epoch or 0.0, seconds) if self._is_main else []
+        if self._mixers:
+            self._steer_mixers(state.global_step)
+        return breaches
+
+    def _start_mixers(self, args, state) -> None:
+        """Tell the replay streams how ranks slice them, and give a resumed run the weights' history up to its checkpoint."""
+        if args.dataloader_num_workers:
+            raise ValueError("mix_replay: the replay stream follows the monitor in the training process; set "
+                             "`dataloader_num_workers=0` (workers would read a copy that never hears of an evaluation)")
+        if getattr(args, "num_generations", None):  # GRPO: the stream holds prompts, each sampled num_generations times
+            per_rank = args.per_device_train_batch_size * getattr(args, "steps_per_generation", 1) / args.num_generations
+            if getattr(args, "shuffle_dataset", False) and any(m.strategy == "closed_loop" for m in self._mixers):
+                logger.warning("forgetwatch: GRPO's buffered shuffle reads ~1,000 prompts ahead, so closed-loop replay "
+                               "reacts that late; set `shuffle_dataset=False` (mix_replay shuffles the training data itself)")
+        else:
+            per_rank = args.per_device_train_batch_size
+        world_size = args.world_size if float(per_rank).is_integer() else 1  # groups spanning ranks: no per-rank share
+        schedules, last = None, None
+        if self._is_main and state.global_step > 0:
+            mix = self._record.read_mix()
+            schedules = [m.get("schedule", []) for m in mix["mixers"]] if mix else []
+            if self.evaluated_steps and self.evaluated_steps[-1] > 0:
+                last = (self.evaluated_steps[-1], self._category_forgetting())
+        schedules, last = broadcast_from_main((schedules, last))
+        for i, mixer in enumerate(self._mixers):
+            mixer.set_layout(int(per_rank), world_size)
+            mixer.reset()
+            if schedules:
+                mixer.restore(schedules[i] if i < len(schedules) else [], upto_step=state.global_step)
+            if last is not None and (not mixer.schedule or mixer.schedule[-1][1] < last[0]):
+                # the run stopped before its last evaluation's weights were drawn: they take effect now
+                mixer.publish(*last)
+        self._mix_written: list = []
+
+    def _steer_mixers(self, step: int) -> None:
+        """Hand each category's forgetting at this evaluation to the replay streams (the same on every rank)."""
+        forgetting = broadcast_from_main(self._category_forgetting() if self._is_main else None)
+        for mixer in self._mixers:
+            mixer.publish(step, forgetting)
+
+    def _category_forgetting(self) -> dict[str, float]:
+        """Each category's forgetting at the last evaluation, as the loop weighs it: chance-adjusted (a rate net of
+        lucky guesses), raw where there is no chance term (short answers)."""
+        out = {}
+        for name, m in self._last_report.items():
+            if name != "overall":
+                value = m.forgetting_adjusted
+                out[name] = m.forgetting if value is None or math.isnan(value) else value
+        return out
+
+    def _write_mix(self) -> None:
+        """replay_mix.json, when an evaluation published new weights or a stream switched to them since it was last
+        written (a switch happens when the data is next read, after the evaluation)."""
+        state = [(len(m.schedule), m.weights) for m in self._mixers]
+        if state == self._mix_written:
+            return
+        self._mix_written = state
+        try:
+            self._record.write_mix({"mixers": [
+                {"ratio": m.ratio, "strategy": m.strategy, "floor": m.floor, "seed": m.seed, "categories": m.categories,
+                 "weights": m.weights, "schedule": [list(e) for e in m.schedule]} for m in self._mixers]})
+        except Exception:
+            logger.exception("forgetwatch: could not write replay_mix.json; training goes on")
 
     def _figures(self, results: ProbeResults) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
         """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base."""

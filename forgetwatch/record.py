@@ -9,6 +9,8 @@
     events.jsonl          budget events: a limit exceeded, at which step, and what was done
     budget.json           the budget, the limits over now, and the last evaluation within budget (and its checkpoint)
     replay.jsonl          forgotten probes as ready-to-train examples (when replay is on)
+    replay_mix.json       with `mix_replay`: the ratio, strategy, and from which stream position each evaluation's
+                          category weights were drawn (what the closed loop decided; a resume reads it back)
 
 Every file is written atomically or appended a whole line at a time, so a crash leaves a readable record.
 """
@@ -106,6 +108,14 @@ class RunRecord:
         with atomic_write(path) as f:
             f.writelines(lines)
         return path
+
+    def write_mix(self, state: dict[str, Any]) -> None:
+        with atomic_write(self.root / "replay_mix.json") as f:
+            f.write(json.dumps(state, ensure_ascii=False, indent=1) + "\n")
+
+    def read_mix(self) -> dict[str, Any] | None:
+        path = self.root / "replay_mix.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def eval_steps(self) -> list[int]:
         if not self.evals_dir.is_dir():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,9 @@ from .probes import Probe
 from .prompts import question_block
 from .results import CORRECT
 
-__all__ = ["ReplayTracker", "replay_examples"]
+__all__ = ["ReplayTracker", "mix_replay", "replay_examples"]
+
+logger = logging.getLogger(__name__)
 
 
 class ReplayTracker:
@@ -120,6 +124,7 @@ def _training_example(p: Probe) -> dict[str, Any]:
         "id": p.id,
         "category": p.category,
         "source": p.source,
+        "kind": p.kind,
         "first_forgotten_step": -1,
         "recovered": False,
         "forgetting_events": 0,
@@ -128,5 +133,131 @@ def _training_example(p: Probe) -> dict[str, Any]:
         "completion": [{"role": "assistant", "content": answer}],
         "solution": solution,
         "numeric": p.numeric,
+        "cot": False,  # the answer alone, as the probe asks it
         "num_choices": p.num_choices,
     }
+
+
+def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str = "closed_loop", monitor: Any = None,
+               seed: int = 0, floor: float = 0.1) -> Any:
+    """The dataset to train on: `train_dataset` with examples of a held-out `pool` mixed in at `ratio`.
+
+    With `strategy="closed_loop"` the pool is drawn by category in proportion to the forgetting `monitor` (a
+    `ForgetWatchCallback`) measured at its last evaluation, with `floor` of the draws spread evenly so that no
+    category starves; `"uniform"` draws every category alike (the control). Replay takes the place of training
+    examples (one step holds as many examples as without replay), so the task sees `1 - ratio` of them.
+
+    The pool must not hold a monitored probe: training on it would repair the measured forgetting trivially, so
+    an overlap is refused, naming the ids. Pass the rest of the monitored suites (`"arc_easy,sciq"`: every probe of
+    the suites except the monitored ones), a `ProbeSet`, a probe JSONL file, or your own examples (a `datasets.Dataset`
+    or a list of dicts) with a `category` column, an `id` column (checked against the monitored ids) and the
+    training dataset's columns. Probes become examples in both SFT and GRPO shapes (see `replay_examples`).
+
+    The result is a `datasets.IterableDataset` without end (so set `max_steps`), the same wherever it is read from:
+    deterministic under `seed`, continued exactly by `resume_from_checkpoint` (the callback keeps the weights' history
+    in its record), and sliced between DDP ranks so that each gets its share. Read it in the training process
+    (`dataloader_num_workers=0`, the default): the loop's weights live there.
+
+    Args:
+        train_dataset: the training examples (`datasets.Dataset` or a list of dicts).
+        pool: what may be replayed (see above).
+        ratio: the replay share of the examples trained on, in [0, 1).
+        strategy: "closed_loop" or "uniform".
+        monitor: the `ForgetWatchCallback` of the run; required for closed loop, and checks the pool against its probes.
+        seed: the seed of the training order and of every replay draw.
+        floor: in closed loop, the share of replay spread evenly over the categories.
+
+    Example:
+        >>> watch = ForgetWatchCallback(probes="arc_easy,sciq", per_suite=50, eval_steps=10)  # doctest: +SKIP
+        >>> train = mix_replay(gsm8k, pool="arc_easy,sciq", ratio=0.1, monitor=watch, seed=0)  # doctest: +SKIP
+        >>> SFTTrainer(model, args=SFTConfig(max_steps=300, ...), train_dataset=train, callbacks=[watch])  # doctest: +SKIP
+    """
+    from datasets import IterableDataset
+
+    from .mixing import STRATEGIES, ReplayMixer, check_pool, check_ratio
+
+    ratio = check_ratio(ratio)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    if strategy == "closed_loop" and monitor is None:
+        raise ValueError("closed-loop replay follows a monitor: pass `monitor=` (the run's ForgetWatchCallback), "
+                         "or use strategy='uniform'")
+    if len(train_dataset) == 0:
+        raise ValueError("`train_dataset` is empty")
+    columns = list(train_dataset.column_names) if hasattr(train_dataset, "column_names") else list(train_dataset[0])
+    rows = _pool_rows(pool, monitor.probes if monitor is not None else None)
+    by_category: dict[str, list[dict[str, Any]]] = {}
+    for where, row in rows:
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise ValueError(f"replay pool {where} lacks the training dataset's column(s) {', '.join(missing)}: every "
+                             f"replayed example must train like the others (columns {', '.join(columns)})")
+        by_category.setdefault(str(row["category"]), []).append({c: row[c] for c in columns})
+    if monitor is not None:
+        wanted = monitor.probes.categories
+        check_pool([r.get("id") for _, r in rows if r.get("id") is not None], monitor.probes.ids,
+                   {c: len(v) for c, v in by_category.items()}, wanted)
+        unsteered = sorted(set(by_category) - set(wanted))
+        if unsteered:
+            logger.warning("forgetwatch: replay pool categories %s are not monitored, so the loop cannot weigh them: "
+                           "left out", ", ".join(unsteered))
+        by_category = {c: by_category[c] for c in wanted}
+    mixer = ReplayMixer(train_dataset, by_category, ratio, strategy=strategy, floor=floor, seed=seed)
+    if monitor is not None:
+        monitor.attach_mixer(mixer)
+
+    def stream():  # a closure, not a bound method: `datasets` may copy its generator's arguments, never the function
+        yield from mixer.rows()
+
+    dataset = IterableDataset.from_generator(stream)
+    dataset.mixer = mixer  # for inspection; the callback holds its own reference
+    return dataset
+
+
+def _pool_rows(pool: Any, monitored: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(where, example) for every pool entry: probes become training examples; a user's rows are used as they are."""
+    import os
+
+    from .probes import ProbeSet
+    from .suites import load_probes
+
+    if isinstance(pool, (str, os.PathLike)):
+        path = Path(pool)
+        if path.is_file() and not _is_probe_file(path):
+            return [(f"{path}, line {i}", row) for i, row in _read_rows(path)]
+        pool = load_probes(pool)  # suite names (every probe of them) or a probe JSONL
+        if pool.origin.startswith("suites:") and monitored is not None:
+            # "the rest of the same suites": the monitored probes are held out by id
+            pool = pool.filter(lambda p: p.id not in monitored)
+    if isinstance(pool, ProbeSet) or (isinstance(pool, (list, tuple)) and pool and isinstance(pool[0], Probe)):
+        return [(f"probe {p.id!r}", _training_example(p)) for p in pool]
+    rows = pool.to_list() if hasattr(pool, "to_list") else list(pool)
+    if not rows:
+        raise ValueError("the replay pool is empty")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or "category" not in row:
+            raise ValueError(f"replay pool row {i}: needs a `category` (the loop draws by category); got "
+                             f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
+        out.append((f"row {i}" + (f" (id {row['id']!r})" if row.get("id") is not None else ""), row))
+    return out
+
+
+def _is_probe_file(path: Path) -> bool:
+    for _, row in _read_rows(path, limit=1):
+        return "question" in row and "kind" in row
+    return False
+
+
+def _read_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {i}: not JSON ({e.msg}); one example per line") from None
+            yield i, row
+            if limit is not None and i >= limit:
+                return

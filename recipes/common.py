@@ -13,6 +13,7 @@ from data import (  # recipes/data.py: the script's directory is on sys.path
 
 from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.models import smollm2_path
+from forgetwatch.replay import mix_replay
 
 
 def resolve_model(model_args, training_args) -> str:
@@ -40,6 +41,17 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str) -> tuple
             dataset, dropped = drop_probe_overlap(dataset, callbacks[0].probes)
             if dropped and training_args.process_index == 0:
                 print(f"dropped {dropped} training rows that ask a probe's question ({len(dataset)} left)")
+        replay = fw_args.replay_kwargs()
+        if replay is not None:
+            if not callbacks:
+                raise ValueError("forgetwatch_replay_mix needs forgetwatch_probes: the loop follows what the probes measure")
+            if training_args.max_steps <= 0:
+                raise ValueError("forgetwatch_replay_mix makes the training data a stream without end: set max_steps")
+            # the rest of the monitored suites (or the given pool), held out from the probes by id, mixed in at the ratio
+            dataset = mix_replay(dataset, monitor=callbacks[0], seed=training_args.seed, **replay)
+            if training_args.process_index == 0:
+                sizes = ", ".join(f"{c} {len(rows)}" for c, rows in dataset.mixer.pool.items())
+                print(f"replay: {replay['ratio']:.0%} of the examples, {replay['strategy']}, from {sizes}")
     report_to = training_args.report_to or []
     if "wandb" in report_to and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
         os.environ.setdefault("WANDB_MODE", "offline")  # not logged in: keep the run on disk, `wandb sync` it later

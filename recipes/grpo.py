@@ -4,7 +4,7 @@
     accelerate launch --config_file recipes/accelerate_configs/zero2.yaml recipes/grpo.py \\
         --config recipes/Qwen2.5-1.5B-Instruct/grpo/config_gpu.yaml                           # GPUs
 
-The reward is `forgetwatch.answers.short_answer_reward`: 1.0 when the completion's answer equals the `solution`
+The reward is `forgetwatch.answers.probe_reward`: 1.0 when the completion's answer equals the `solution`
 column (as numbers when the `numeric` column says so), 0.0 otherwise. The dataset needs `prompt` and `solution`.
 
 Every field of the YAML can be overridden on the command line (`--learning_rate 1e-4`, `--forgetwatch_per_suite 50`).
@@ -24,13 +24,13 @@ def main(script_args, training_args, model_args, fw_args):
     from common import data_and_callbacks, finish, resolve_model  # recipes/common.py, beside this script
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from forgetwatch.answers import short_answer_reward
+    from forgetwatch.answers import probe_reward
 
     model = resolve_model(model_args, training_args)
     dataset, callbacks = data_and_callbacks(script_args, training_args, fw_args, stage="grpo")
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=[short_answer_reward],
+        reward_funcs=[probe_reward],
         args=training_args,
         train_dataset=dataset,
         quantization_config=get_quantization_config(model_args),

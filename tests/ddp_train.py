@@ -133,8 +133,43 @@ def _instrument(out: Path) -> None:
     cb.RunRecord.write_eval = write_eval
 
 
+def make_pool(tokenizer) -> list[dict]:
+    """Replay examples in the monitored categories, tokenized like the training rows, with a category and an id."""
+    rows = make_train_dataset(tokenizer, n=12)
+    cats = ("science", "trivia", "math")
+    return [{**r, "category": cats[i % 3], "id": f"pool-{i}"} for i, r in enumerate(rows)]
+
+
+def _replay_stream(rows, tokenizer, callback, ratio: float):
+    """The training rows mixed with a replay pool, and a name for every row (its input_ids)."""
+    from datasets import Dataset
+
+    from forgetwatch.replay import mix_replay
+
+    train_rows = [{**r, "input_ids": r["input_ids"][:-1] + [i + 3]} for i, r in enumerate(rows)]  # each row unique
+    pool = make_pool(tokenizer)
+    pool = [{**r, "input_ids": r["input_ids"][:-1] + [100 + i]} for i, r in enumerate(pool)]
+    names = {tuple(r["input_ids"]): f"train-{i}" for i, r in enumerate(train_rows)}
+    names.update({tuple(r["input_ids"]): r["id"] for r in pool})
+    return mix_replay(Dataset.from_list(train_rows), pool, ratio=ratio, monitor=callback, seed=SEED), names
+
+
+def _tracing_trainer(out: Path, names: dict):
+    """A Trainer that traces the rows of every batch it trains on, on each rank (what was fed, not what was read)."""
+    from transformers import Trainer
+
+    class TracingTrainer(Trainer):
+        def training_step(self, model, inputs, *args, **kwargs):
+            _trace(out, event="batch", step=self.state.global_step + 1,
+                   rows=[names[tuple(ids)] for ids in inputs["input_ids"].tolist()])
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    return TracingTrainer
+
+
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
-          model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None) -> None:
+          model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
+          replay: float | None = None) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -178,9 +213,14 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS, base_cache=str(base_cache) if base_cache else None,
                                    **options)
     callback.config = dataclasses.replace(callback.config, pack_choices=pack)
-    trainer = Trainer(model=model, args=args, train_dataset=make_train_dataset(tokenizer), processing_class=tokenizer,
-                      callbacks=[callback])
+    dataset, trainer_class = make_train_dataset(tokenizer), Trainer
+    if replay is not None:
+        dataset, names = _replay_stream(dataset, tokenizer, callback, replay)
+        trainer_class = _tracing_trainer(out, names)
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback])
     trainer.train()
+    if replay is not None:
+        _trace(out, event="mix", schedule=[list(e) for e in callback._mixers[0].schedule])
     backend = dist.get_backend() if dist.is_initialized() else None
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     _trace(out, event="done", backend=backend, world_size=world_size, global_step=trainer.state.global_step,
@@ -281,13 +321,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fsdp", action="store_true", help="train with FSDP2 (HF Trainer fsdp_config, fsdp_version 2)")
     parser.add_argument("--model", type=Path, help="a saved model directory instead of a freshly built one")
     parser.add_argument("--base-cache", type=Path, help="ForgetWatchCallback(base_cache=...)")
+    parser.add_argument("--replay", type=float, help="mix a replay pool into the training data at this ratio (closed loop)")
     parser.add_argument("--on-budget", choices=["alert", "save", "stop"], help="with a budget that trips at the first 1->0 flip")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ def test_all_is_pinned():
         "is_correct_short",
         "short_answer_reward",
         "mcq_reward",
+        "probe_reward",
     ]
     assert LETTERS == "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -626,3 +627,17 @@ def test_normalize_keeps_a_minus_but_not_a_hyphen():
     assert normalize_answer("-5") == "-5" and normalize_answer("(-5)") == "-5"
     assert normalize_answer("1-2") == "1 2" and normalize_answer("Jean-Paul") == "jean paul"
     assert normalize_answer(".5") == ".5" != normalize_answer("5")
+
+
+def test_probe_reward_scores_each_row_by_its_kind():
+    """Replayed probes in a GRPO batch: multiple-choice rows by the letter, short-answer rows by the answer; columns
+    given per completion follow their rows, and each kind logs its own invalid rate."""
+    logged = {}
+    completions = ["B. Paris", "Answer: 12", "Paris", "Answer: C", ""]
+    got = answers.probe_reward(
+        completions, solution=["B", "12", ["Paris", "paris city"], "A", "12"], kind=["mcq", "short", "short", "mcq", "short"],
+        numeric=[False, True, False, False, True], cot=[False, True, False, False, False], num_choices=[4, None, None, 3, None],
+        log_metric=logged.__setitem__, log_extra=lambda *a: pytest.fail("a per-kind column log would be misaligned"))
+    assert got == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert logged == {"forgetwatch/mcq_invalid": 0.0, "forgetwatch/short_answer_invalid": pytest.approx(1 / 3)}
+    assert answers.probe_reward(["7"], solution=["7"], numeric=True, cot=False) == [1.0]  # no `kind` column: short answers

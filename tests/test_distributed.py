@@ -296,3 +296,23 @@ def test_budget_stop_is_the_same_decision_on_every_rank(tmp_path):
     assert [e["event"] for e in events] == ["budget_exceeded"] and events[0]["action"] == "stop"
     trip = events[0]["step"]
     assert trip < 8 and [(d["rank"], d["global_step"]) for d in done] == [(0, trip), (1, trip)]
+
+
+def test_replay_stream_gives_each_rank_its_share(tmp_path):
+    """`mix_replay` under 2-process DDP (plain Trainer: accelerate reads the stream on rank 0 and hands each rank its
+    slice): each rank trains on a quarter of replay, counted on the batches it trained on, the training rows of an
+    epoch are split between the ranks without repeats, and the loop's weights follow the main process's evaluations."""
+    run = torchrun(tmp_path, "--replay=0.25", "--max-steps=8")
+    check_ok(run)
+    fed = {rank: [r for r in trace(tmp_path, rank) if r["event"] == "batch"] for rank in range(2)}
+    for rank in range(2):
+        assert [b["step"] for b in fed[rank]] == list(range(1, 9))
+        rows = [row for b in fed[rank] for row in b["rows"]]
+        assert len(rows) == 16 and sum(row.startswith("pool-") for row in rows) == 4
+    train_rows = [[row for b in fed[rank] for row in b["rows"] if row.startswith("train-")] for rank in range(2)]
+    first_epoch = train_rows[0][:6] + train_rows[1][:6]  # 12 rows per rank in 8 steps; 16 rows in an epoch
+    assert len(set(first_epoch)) == 12
+    (mix,) = [r for r in trace(tmp_path, 0) if r["event"] == "mix"]
+    assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6]
+    recorded = json.loads((tmp_path / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]["schedule"]
+    assert recorded == mix["schedule"]

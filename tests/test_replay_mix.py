@@ -1,0 +1,166 @@
+"""`mix_replay` in real TRL SFT runs (tiny model): the ratio on what is trained on, no monitored probe ever in a batch,
+the closed loop following the callback's measurements, resume continuing the same stream, and bad input refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from test_callback import make_probes  # tests/ is on sys.path (pytest "prepend" import mode)
+
+from forgetwatch import ForgetWatchCallback
+from forgetwatch.mixing import category_weights
+from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.record import RunRecord
+from forgetwatch.replay import mix_replay
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
+
+STEPS, BATCH, RATIO = 6, 4, 0.25
+
+
+def sft_dataset() -> Dataset:
+    """16 conversations, none asking a probe's question."""
+    return Dataset.from_list([
+        {"messages": [{"role": "user", "content": f"What is {i} plus one?"}, {"role": "assistant", "content": f"It is {i + 1}."}]}
+        for i in range(16)
+    ])
+
+
+def make_pool() -> ProbeSet:
+    """Held-out probes in the monitored categories (other ids, other questions)."""
+    probes = [Probe(f"pool-{c}{i}", "mcq", f"Pool {c} question {i}?", ("left", "right"), i % 2, category=c)
+              for c in ("add", "compare", "count") for i in range(4)]
+    probes += [Probe(f"pool-short{i}", "short", f"Pool short question {i}?", answers=("yes",), category="short")
+               for i in range(3)]
+    return ProbeSet(probes)
+
+
+def traced_sft(tokenizer, out: Path, watcher, dataset, **overrides):
+    """An SFTTrainer that records the text of every example of every batch it trains on."""
+    from conftest import build_model
+    from trl import SFTConfig, SFTTrainer
+
+    class Traced(SFTTrainer):
+        fed: list[list[str]] = []
+
+        def training_step(self, model, inputs, *args, **kwargs):
+            rows = [tokenizer.decode([t for t in ids if t != tokenizer.pad_token_id]) for ids in inputs["input_ids"].tolist()]
+            self.fed.append(rows)
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    kwargs = {"output_dir": str(out), "use_cpu": True, "bf16": False, "max_steps": STEPS, "per_device_train_batch_size": BATCH,
+              "learning_rate": 5e-2, "logging_steps": 1, "max_length": 64, "report_to": "none", "save_strategy": "no",
+              "seed": 0, "disable_tqdm": True, **overrides}
+    trainer = Traced(model=build_model(tokenizer, seed=0), args=SFTConfig(**kwargs), train_dataset=dataset,
+                     processing_class=tokenizer, callbacks=[watcher])
+    trainer.fed = []
+    return trainer
+
+
+def watcher() -> ForgetWatchCallback:
+    return ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def replay_run(tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay")
+    w = watcher()
+    trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0))
+    trainer.train()
+    return trainer, RunRecord(out / "forgetwatch")
+
+
+def test_the_ratio_holds_on_what_is_trained_on(replay_run):
+    trainer, _ = replay_run
+    assert len(trainer.fed) == STEPS and all(len(batch) == BATCH for batch in trainer.fed)
+    replayed = [sum("Pool" in row for row in batch) for batch in trainer.fed]
+    assert sum(replayed) == RATIO * STEPS * BATCH  # exactly: one in four, counted on the batches trained on
+    tasks = [row for batch in trainer.fed for row in batch if "Pool" not in row]
+    assert all("plus one?" in row for row in tasks)  # the rest is the training set
+
+
+def test_no_monitored_probe_reaches_a_batch(replay_run):
+    trainer, _ = replay_run
+    texts = "\n".join(row for batch in trainer.fed for row in batch)
+    assert not [p.question for p in make_probes() if p.question in texts]
+
+
+def test_closed_loop_weights_follow_the_measured_forgetting(replay_run):
+    """Each switch in replay_mix.json holds the weights of that evaluation's per-category forgetting (chance-adjusted,
+    raw for short answers) in metrics.jsonl."""
+    _, record = replay_run
+    mix = record.read_mix()["mixers"][0]
+    assert mix["ratio"] == RATIO and mix["strategy"] == "closed_loop" and mix["categories"] == ["add", "compare", "count", "short"]
+    metrics = {row["step"]: row["metrics"] for row in record.read_metrics()}
+    assert [step for _, step, _ in mix["schedule"]] == [2, 4]  # step 6's weights come after the last batch
+    def expected(step):
+        forgetting = {c: m.get("forgetting_adjusted", m["forgetting"]) for c, m in metrics[step].items() if c != "overall"}
+        return category_weights(forgetting, floor=0.1)
+
+    for _, step, weights in mix["schedule"]:
+        assert weights == pytest.approx(expected(step))
+    # the last evaluation's weights (published, not drawn from: training ended): this run forgot in `add`, and the
+    # loop leans there (0.1 / 4 + 0.9 of the draws)
+    assert mix["weights"] == pytest.approx(expected(STEPS))
+    assert metrics[STEPS]["add"]["forgetting_adjusted"] > 0 and mix["weights"]["add"] > 0.5
+
+
+def test_resume_continues_the_same_stream(tokenizer, tmp_path):
+    """Resumed from step 6's checkpoint, the stream is read again from its start (the skipped batches included) and
+    steps 7-8 train on the same examples as the uninterrupted run: step 8's replay is drawn by step 6's weights (which
+    lean to `add`), switched in at the position the first run recorded, after step 7's batch had been read."""
+    def run(out: Path, resume: bool = False):
+        w = watcher()
+        trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0),
+                             save_strategy="steps", save_steps=2, max_steps=8)
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
+        return trainer, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"]
+
+    whole, whole_schedule = run(tmp_path / "whole")
+    position, step, weights = whole_schedule[-1]
+    assert step == 6 and weights["add"] > 0.5 and 28 <= position < 32  # in step 8's batch
+    resumed, schedule = run(tmp_path / "whole", resume=True)  # the same run, steps 7-8 trained again
+    assert resumed.fed == whole.fed[6:]
+    assert schedule == whole_schedule
+
+
+def test_bad_input_is_refused_before_training(tokenizer):
+    w = watcher()
+    train = sft_dataset()
+    overlap = ProbeSet(list(make_pool()) + [make_probes()["add3"]])
+    with pytest.raises(ValueError, match=r"1 monitored probes \(add3\)"):
+        mix_replay(train, overlap, monitor=w)
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+        mix_replay(train, make_pool(), ratio=1.0, monitor=w)
+    with pytest.raises(ValueError, match="pass `monitor=`"):
+        mix_replay(train, make_pool())
+    no_short = ProbeSet([p for p in make_pool() if p.category != "short"])
+    with pytest.raises(ValueError, match="no example for categories short"):
+        mix_replay(train, no_short, monitor=w)
+    with pytest.raises(ValueError, match=r"row 1 \(id 'x'\) lacks the training dataset's column\(s\) messages"):
+        mix_replay(train, [{"category": "add", "messages": []}, {"category": "add", "id": "x", "text": "hi"}], monitor=w)
+    with pytest.raises(ValueError, match="row 0: needs a `category`"):
+        mix_replay(train, [{"messages": []}], strategy="uniform")
+
+
+def test_a_users_dataset_as_pool_and_its_ids_checked(tokenizer, tmp_path):
+    w = watcher()
+    rows = [{"id": f"u{i}", "category": c, "messages": [{"role": "user", "content": f"Own {c} {i}?"},
+                                                       {"role": "assistant", "content": "Sure."}]}
+            for i, c in enumerate(["add", "compare", "count", "short"] * 2)]
+    mixed = mix_replay(sft_dataset(), Dataset.from_list(rows), ratio=0.5, strategy="uniform", monitor=w, seed=1)
+    got = [r["messages"][0]["content"] for r in mixed.take(8)]
+    assert sum(t.startswith("Own") for t in got) == 4 and list(next(iter(mixed))) == ["messages"]
+    with pytest.raises(ValueError, match=r"1 monitored probes \(cmp1\)"):
+        mix_replay(sft_dataset(), Dataset.from_list(rows + [{**rows[0], "id": "cmp1"}]), monitor=w)
+
+
+def test_dataloader_workers_are_refused_at_the_start(tokenizer, tmp_path):
+    w = watcher()
+    trainer = traced_sft(tokenizer, tmp_path, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w),
+                         dataloader_num_workers=1)
+    with pytest.raises(ValueError, match="dataloader_num_workers=0"):
+        trainer.train()
