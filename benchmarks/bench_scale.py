@@ -3,9 +3,9 @@
     python benchmarks/bench_scale.py                       # 100k probes, 50 evaluations, replay off and on (~1-2 min)
     python benchmarks/bench_scale.py --probes 10000 --evals 10
 
-Each evaluation goes through `ForgetWatchCallback._report` exactly as in training (after `on_train_begin` has set
-`_base` and `_record`): `compute_report` (overall + per category, chance adjustment), `RunRecord.write_eval`
-(evals/step-N.npz), `append_metrics` (metrics.jsonl), the flips since the previous evaluation (`_flips` +
+Each evaluation goes through `Monitor.report` exactly as in training (after `on_train_begin` has opened the record
+against the base): `compute_report` (overall + per category, chance adjustment), `RunRecord.write_eval`
+(evals/step-N.npz), `append_metrics` (metrics.jsonl), the flips since the previous evaluation (`flips` +
 `append_flips`) and, with `replay=True`, the replay file. No logging backend is attached (their cost is theirs).
 
 Synthetic data: 80% multiple-choice probes (k = 2..5) and 20% short-answer probes in 20 categories; the base model
@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import numpy as np  # noqa: E402
 
-import forgetwatch.callback as cb_module  # noqa: E402
+import forgetwatch.monitor as cb_module  # noqa: E402
 from forgetwatch import ForgetWatchCallback  # noqa: E402
+from forgetwatch.monitor import Monitor  # noqa: E402
 from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
 from forgetwatch.record import RunRecord  # noqa: E402
 from forgetwatch.replay import ReplayTracker  # noqa: E402
@@ -87,15 +88,15 @@ def make_stream(probes: ProbeSet, evals: int, flip_rate: float, seed: int):
 
 
 class Timers:
-    """Wraps the steps of `_report` with timers (seconds summed per step name)."""
+    """Wraps the steps of `Monitor.report` with timers (seconds summed per step name)."""
 
-    def __init__(self, callback: ForgetWatchCallback):
+    def __init__(self, monitor: Monitor):
         self.t: dict[str, float] = {}
-        rec = callback._record
+        rec = monitor.record
         for name in ("write_eval", "append_metrics", "append_flips", "write_replay"):
             setattr(rec, name, self._wrap(name, getattr(rec, name)))
-        callback._flips = self._wrap("flips (rows)", callback._flips)
-        callback._replay.update = self._wrap("replay tracker update", callback._replay.update)
+        monitor.flips = self._wrap("flips (rows)", monitor.flips)
+        monitor.tracker.update = self._wrap("replay tracker update", monitor.tracker.update)
         self._orig_report = cb_module.compute_report
         cb_module.compute_report = self._wrap("compute_report", cb_module.compute_report)
 
@@ -112,10 +113,10 @@ class Timers:
         cb_module.compute_report = self._orig_report
 
 
-def new_callback(probes, base, root: Path, replay: bool) -> ForgetWatchCallback:
-    cb = ForgetWatchCallback(probes=probes, eval_steps=50, replay=replay)
-    cb._base, cb._record, cb._loggers = base, RunRecord(root), []
-    cb._replay = ReplayTracker(probes, base.outcome)  # what on_train_begin sets up
+def new_callback(probes, base, root: Path, replay: bool) -> Monitor:
+    cb = ForgetWatchCallback(probes=probes, eval_steps=50, replay=replay).monitor
+    cb.base, cb.record, cb.loggers = base, RunRecord(root), []
+    cb.tracker = ReplayTracker(probes, base.outcome)  # what on_train_begin sets up
     root.mkdir(parents=True, exist_ok=True)
     probes.to_jsonl(root / "probes.jsonl")
     return cb
@@ -129,12 +130,12 @@ def run(probes, base, stream, root: Path, replay: bool, trace: bool = False, pro
     if trace:
         tracemalloc.start()
     per_eval = []
-    cb._report(base, step=0, epoch=0.0, seconds=0.0)  # step 0: the base, as on_train_begin does
+    cb.report(base, step=0, epoch=0.0, seconds=0.0)  # step 0: the base, as on_train_begin does
     for e, res in enumerate(stream, start=1):
         t0 = time.perf_counter()
         if prof:
             prof.enable()
-        cb._report(res, step=50 * e, epoch=e / len(stream), seconds=1.0)
+        cb.report(res, step=50 * e, epoch=e / len(stream), seconds=1.0)
         if prof:
             prof.disable()
         per_eval.append(time.perf_counter() - t0)

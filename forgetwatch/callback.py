@@ -5,29 +5,25 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .budgets import Breach, Budget, BudgetState, check_options, parse_budget
+from .budgets import Breach, Budget, check_options, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
-from .drift import RiskRule, at_risk_mask, compute_drift
+from .drift import RiskRule
 from .loggers import make_loggers
-from .metrics import compute_report
 from .models import model_identity
-from .noise import NoiseFloor, noise_floor
+from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
 from .record import RunRecord
-from .replay import ReplayTracker
-from .results import CORRECT, ProbeResults
+from .results import ProbeResults
 from .scoring import ScoringConfig, describe_precision, full_precision
 from .suites import load_probes
 
@@ -35,7 +31,7 @@ __all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "forgetwatch"
+
 # Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SERIAL = itertools.count()
@@ -180,26 +176,15 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             if cache is not None:
                 expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
                 cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
-        self.evaluated_steps: list[int] = []
+        # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
+        self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=log_table, replay=replay)
         self._started = False
         self._serial = next(_SERIAL)
         _LIVE.add(self)
-        self._base: ProbeResults | None = None
-        self._replay: ReplayTracker | None = None
-        self._last: ProbeResults | None = None
-        self._last_report: dict = {}
-        self._last_drift: dict = {}
-        self._last_rows: dict = {}
+        self._has_base = False
         self._scored_step: int | None = None
-        self._budget_state = BudgetState()
-        self._output_dir: Path | None = None
-        self._noise: NoiseFloor | None = None
-        self._record: RunRecord | None = None
-        self._loggers: list = []
         self._is_main = True
         self._progress = True
-        self._k = np.array([p.num_choices for p in self.probes])
-        self._categories = [p.category for p in self.probes]
         self._mix_written: list = []
         self._mixers: list = []  # replay streams this run steers (`mix_replay`); never part of the saved state
 
@@ -211,19 +196,28 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     # -- ExportableState: survives `resume_from_checkpoint` -------------------------------------------------
     def state(self) -> dict[str, Any]:
         args = dict(self._args)
-        if args["probes"] is None and self._record is not None:
-            args["probes"] = str(self._record.root / "probes.jsonl")  # a ProbeSet object is restored from the record
+        if args["probes"] is None and self.monitor.record is not None:
+            args["probes"] = str(self.monitor.record.root / "probes.jsonl")  # a ProbeSet object is restored from the record
         # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
         return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True}}
+
+    @property
+    def evaluated_steps(self) -> list[int]:
+        """The global steps scored so far (0 is the base)."""
+        return self.monitor.evaluated_steps
+
+    @evaluated_steps.setter
+    def evaluated_steps(self, steps: list[int]) -> None:  # the Trainer sets it when it restores the callback
+        self.monitor.evaluated_steps = list(steps)
 
     # -- results for Python users ---------------------------------------------------------------------------
     @property
     def record_dir(self) -> Path | None:
-        return self._record.root if self._record else None
+        return self.monitor.record.root if self.monitor.record else None
 
     def replay_examples(self) -> list[dict[str, Any]]:
         """Forgotten probes so far, as training examples (see `forgetwatch.replay.replay_examples`)."""
-        return self._replay.examples() if self._replay is not None else []
+        return self.monitor.tracker.examples() if self.monitor.tracker is not None else []
 
     def attach_mixer(self, mixer) -> None:
         """Steer a replay stream (`forgetwatch.replay.mix_replay` calls this): after each evaluation its category
@@ -238,12 +232,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
         self._is_main = state.is_world_process_zero
         self._progress = not args.disable_tqdm
-        self._record = RunRecord(Path(args.output_dir) / "forgetwatch")
-        self._output_dir = Path(args.output_dir)
+        record = RunRecord(Path(args.output_dir) / PREFIX)
         autocast = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
         key = make_cache_key(model_identity(model), self.probes, scoring_key)
-        own_cache = self._record.root / "base.parquet"
+        own_cache = record.root / "base.parquet"
         cache_path = Path(self.base_cache) if self.base_cache else own_cache
         resuming = state.global_step > 0
         # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
@@ -251,7 +244,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
         if error is not None:
             raise error
-        if self._is_main and not resuming and self._record.set_aside() and cache is not None and cache_path == own_cache:
+        if self._is_main and not resuming and record.set_aside() and cache is not None and cache_path == own_cache:
             cache.save(own_cache)  # the base this run uses, from the record it just set aside
         if cache is None:
             t0 = time.perf_counter()
@@ -261,9 +254,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args))
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
-                cache.save(self._record.root / "base.parquet" if self.base_cache else cache_path)
-        self._base = base = cache.results
-        self._noise = noise_floor(cache, scoring_key["precision"])
+                cache.save(record.root / "base.parquet" if self.base_cache else cache_path)
+        self._has_base = True
         # Every rank tracks the last step it scored, so all ranks agree on the final evaluation (the record,
         # kept by the main process only, cannot tell the other ranks).
         self._scored_step = state.global_step
@@ -272,30 +264,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 self._start_mixers(args, state)
             return
 
-        self._record.root.mkdir(parents=True, exist_ok=True)
-        self.probes.to_jsonl(self._record.root / "probes.jsonl")
-        # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
-        self._record.truncate_after(state.global_step if resuming else -1)
-        self._replay, self.evaluated_steps, self._last = ReplayTracker(self.probes, base.outcome), [], None
-        last = None
-        self._budget_state = BudgetState()
-        for step in self._record.eval_steps():
-            last = self._record.read_results(step, self.probes.ids)
-            self.evaluated_steps.append(step)
-            if step > 0:
-                self._replay.update(step, last.outcome)
-            if self.budget is not None:  # the budget's state as an uninterrupted run would have it
-                self._budget_state.update(step, self.budget.check(self._figures(last)[2]) if step > 0 else [])
-        if last is not None and self.evaluated_steps[-1] > 0:
-            # the next evaluation's flips are against the checkpoint's, as in an uninterrupted run (not against the base)
-            self._last = last
-            self._last_report, self._last_drift, self._last_rows = self._figures(last)
-        self._loggers = make_loggers(args.report_to, args.output_dir)
-        if any(lg.name == "wandb" for lg in self._loggers):
+        loggers = make_loggers(args.report_to, args.output_dir)
+        if any(lg.name == "wandb" for lg in loggers):
             self._log_config()
-        if not resuming:
-            self._report(base, step=0, epoch=0.0, seconds=0.0)
-            _warn_nothing_to_forget(self._last_report)
+        # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
+        self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None)
         if self._mixers:
             self._start_mixers(args, state)
 
@@ -321,18 +294,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._mixers and self._is_main:
             self._write_mix()
-        if self._is_main and self._last is not None:
-            # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
-            final = {k.replace("/", "/final/", 1): v for k, v in self._scalars(self._last_report, self._last_drift, self._last_rows).items()}
-            if self.budget is not None:
-                within = self._within_budget()
-                self._write_budget()
-                final.update({f"{PREFIX}/budget/exceeded": len(self._budget_state.over),
-                              f"{PREFIX}/budget/last_within_step": within["step"],
-                              f"{PREFIX}/budget/last_within_checkpoint": within["checkpoint"] or ""})
-            for lg in self._loggers:
-                lg.summary(final)
-                lg.close()
+        if self._is_main:
+            self.monitor.finish()
 
     # -- internals ------------------------------------------------------------------------------------------
     def _score_reference(self, model, tokenizer, precision: str, args) -> ProbeResults | None:
@@ -392,7 +355,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         elif origin.endswith(".jsonl"):
             probes = origin
         else:  # a ProbeSet built in code: the run's record keeps it as JSONL
-            probes = str(self._record.root / "probes.jsonl") if self._record else "probes.jsonl"
+            probes = str(self.monitor.record.root / "probes.jsonl") if self.monitor.record else "probes.jsonl"
         return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet")
 
     def _share_state_with_the_users_object(self) -> None:
@@ -409,7 +372,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def _evaluate(self, model, processing_class, state) -> list[Breach]:
         """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere)."""
-        if self._base is None:
+        if not self._has_base:
             raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
         t0 = time.perf_counter()
         # a bar as for the base (an evaluation can pause training for minutes), unless the trainer's bars are off
@@ -418,7 +381,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         seconds = time.perf_counter() - t0
         logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(self.probes), state.global_step, seconds)
         self._scored_step = state.global_step
-        breaches = self._report(results, state.global_step, state.epoch or 0.0, seconds) if self._is_main else []
+        breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds) if self._is_main else []
         if self._mixers:
             self._steer_mixers(state.global_step)
         return breaches
@@ -438,10 +401,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         world_size = args.world_size if float(per_rank).is_integer() else 1  # groups spanning ranks: no per-rank share
         schedules, last = None, None
         if self._is_main and state.global_step > 0:
-            mix = self._record.read_mix()
+            mix = self.monitor.record.read_mix()
             schedules = [m.get("schedule", []) for m in mix["mixers"]] if mix else []
             if self.evaluated_steps and self.evaluated_steps[-1] > 0:
-                last = (self.evaluated_steps[-1], self._category_forgetting())
+                last = (self.evaluated_steps[-1], self.monitor.category_forgetting())
         schedules, last = broadcast_from_main((schedules, last))
         for i, mixer in enumerate(self._mixers):
             mixer.set_layout(int(per_rank), world_size)
@@ -455,19 +418,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def _steer_mixers(self, step: int) -> None:
         """Hand each category's forgetting at this evaluation to the replay streams (the same on every rank)."""
-        forgetting = broadcast_from_main(self._category_forgetting() if self._is_main else None)
+        forgetting = broadcast_from_main(self.monitor.category_forgetting() if self._is_main else None)
         for mixer in self._mixers:
             mixer.publish(step, forgetting)
-
-    def _category_forgetting(self) -> dict[str, float]:
-        """Each category's forgetting at the last evaluation, as the loop weighs it: chance-adjusted (a rate net of
-        lucky guesses), raw where there is no chance term (short answers)."""
-        out = {}
-        for name, m in self._last_report.items():
-            if name != "overall":
-                value = m.forgetting_adjusted
-                out[name] = m.forgetting if value is None or math.isnan(value) else value
-        return out
 
     def _write_mix(self) -> None:
         """replay_mix.json, when an evaluation published new weights or a stream switched to them since it was last
@@ -477,138 +430,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             return
         self._mix_written = state
         try:
-            self._record.write_mix({"mixers": [
+            self.monitor.record.write_mix({"mixers": [
                 {"ratio": m.ratio, "strategy": m.strategy, "floor": m.floor, "seed": m.seed, "categories": m.categories,
                  "weights": m.weights, "schedule": [list(e) for e in m.schedule]} for m in self._mixers]})
         except Exception:
             logger.exception("forgetwatch: could not write replay_mix.json; training goes on")
-
-    def _figures(self, results: ProbeResults) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
-        """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base."""
-        assert self._base is not None
-        report = compute_report(self._base.outcome, results.outcome, self._k, self._categories)
-        drift = compute_drift(self._base, results, self._categories, self.risk_rule)
-        rows = {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
-        if self._noise is not None:
-            # flips with and without the probes whose base correctness depends on the precision
-            keep = ~self._noise.mask
-            clean = compute_report(self._base.outcome[keep], results.outcome[keep], self._k[keep],
-                                   [c for c, k in zip(self._categories, keep, strict=True) if k]) if self._noise.count else report
-            for name, row in rows.items():
-                row["forgetting_excl_noise"] = clean[name].forgetting if name in clean else float("nan")
-                row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
-            rows["overall"].update(noise_probes=self._noise.count, min_detectable_forgetting=self._noise.min_detectable())
-        return report, drift, rows
-
-    def _report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> list[Breach]:
-        """Record and log one evaluation, and check the budget. Runs on the main process; never raises into the trainer.
-
-        Returns the budget limits newly exceeded at this evaluation."""
-        assert self._base is not None and self._record is not None
-        prev = self._last if self._last is not None else self._base
-        report, drift, rows = self._figures(results)
-        self._last, self._last_report, self._last_drift, self._last_rows = results, report, drift, rows
-        self.evaluated_steps.append(step)
-        if step > 0:
-            self._replay.update(step, results.outcome)
-        flips, at_risk = [], []
-        try:
-            self._record.write_eval(step, results)
-            self._record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
-            flips = self._flips(prev, results, step)
-            self._record.append_flips(flips)
-            at_risk = self._at_risk(results, step)
-            self._record.append_at_risk(at_risk)
-            if self.replay:
-                self._record.write_replay(self._replay.lines())
-        except Exception:
-            logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
-        breaches = self._check_budget(step, rows) if self.budget is not None else []
-        scalars = self._scalars(report, drift, rows)
-        scalars[f"{PREFIX}/probe_seconds"] = seconds
-        for lg in self._loggers:
-            lg.log(scalars, step)
-            # the at-risk table is not `forgetwatch/at_risk`: that key is the count's curve
-            for name, table in (("flips", flips), ("at_risk_probes", at_risk)):
-                if self.log_table and table:
-                    cols = list(table[0])
-                    lg.log_table(f"{PREFIX}/{name}", cols, [[r[c] for c in cols] for r in table], step)
-        return breaches
-
-    def _check_budget(self, step: int, rows: dict[str, dict[str, Any]]) -> list[Breach]:
-        """Compare this evaluation with the budget; alert on each limit newly exceeded. Never raises."""
-        assert self.budget is not None and self._record is not None
-        try:
-            new = self._budget_state.update(step, self.budget.check(rows) if step > 0 else [])
-            within = self._within_budget()
-            for b in new:
-                where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
-                text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
-                logger.warning("forgetwatch: budget exceeded. %s", text)
-                self._record.append_event({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
-                                           "measured": b.measured, "limit": b.limit, "bound": b.bound,
-                                           "action": self.budget.on_budget, "last_within_budget": within})
-                for lg in self._loggers:
-                    lg.alert(f"forgetwatch: {b.key} over budget", text)
-            self._write_budget()
-            return new
-        except Exception:
-            logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
-            return []
-
-    def _within_budget(self) -> dict[str, Any]:
-        """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
-        step = self._budget_state.last_within
-        ckpt = self._output_dir / f"checkpoint-{step}" if step is not None and self._output_dir is not None else None
-        return {"step": step, "checkpoint": str(ckpt) if ckpt is not None and ckpt.is_dir() else None}
-
-    def _write_budget(self) -> None:
-        assert self.budget is not None and self._record is not None
-        self._record.write_budget({**self.budget.to_dict(), "over": sorted(self._budget_state.over),
-                                   "last_within_budget": self._within_budget()})
-
-    def _at_risk(self, results: ProbeResults, step: int) -> list[dict[str, Any]]:
-        """Probes right at base and still right now whose margin is small or has fallen (see `forgetwatch.drift`)."""
-        assert self._base is not None
-        rows = []
-        for i in np.flatnonzero(at_risk_mask(self._base, results, self.risk_rule)):
-            p = self.probes[int(i)]
-            rows.append({"step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
-                         "margin_base": round(float(self._base.margin[i]), 4), "margin_now": round(float(results.margin[i]), 4)})
-        return rows
-
-    @staticmethod
-    def _scalars(report, drift, rows) -> dict[str, float]:
-        """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category, flips and drift alike.
-
-        W&B makes one workspace section per key prefix before the first "/": the overall curves get one section and
-        each metric another, with every category side by side in it (not ~60 panels in one section)."""
-        out = {}
-        for name, m in report.items():
-            figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {})}
-            if name == "overall":
-                out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
-            else:
-                out.update({f"{PREFIX}_{k}/{name}": v for k, v in figures.items()})
-        if "noise_probes" in rows.get("overall", {}):  # the precision noise floor, overall
-            out[f"{PREFIX}/noise_probes"] = rows["overall"]["noise_probes"]
-            out[f"{PREFIX}/forgetting_excl_noise"] = rows["overall"]["forgetting_excl_noise"]
-        return out
-
-    def _flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:
-        """Probes whose correctness changed since the previous evaluation."""
-        assert self._base is not None
-        was, is_ = prev.outcome == CORRECT, now.outcome == CORRECT
-        rows = []
-        for i in np.flatnonzero(was != is_):
-            p = self.probes[int(i)]
-            rows.append({
-                "step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
-                "base_prediction": self._base.prediction[i], "prediction": now.prediction[i],
-                "direction": "0→1" if is_[i] else "1→0",
-                "vs_base": _vs_base(int(self._base.outcome[i] == CORRECT), int(is_[i])),
-            })
-        return rows
 
     def _log_config(self) -> None:
         try:
@@ -621,20 +447,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
-
-
-def _warn_nothing_to_forget(base_report: dict) -> None:
-    empty = [f"{name} ({m.accuracy_pre:.0%} right at base)" for name, m in base_report.items()
-             if name != "overall" and m.nothing_to_forget]
-    if empty:
-        logger.warning(
-            "forgetwatch: nothing to forget in %s: the base model knows nothing there beyond chance, so these categories "
-            "can only show backward transfer. Choose probes the base model knows (or another scoring mode) to watch "
-            "forgetting there.", ", ".join(empty))
-
-
-def _vs_base(base_correct: int, now_correct: int) -> str:
-    return {(1, 1): "retained", (1, 0): "forgotten", (0, 1): "learned", (0, 0): "never known"}[(base_correct, now_correct)]
 
 
 def _tokenizer(processing_class: Any) -> Any:

@@ -1,0 +1,268 @@
+"""What happens to one evaluation's results: the figures against the base, the local record, the loggers, the budget.
+
+`Monitor` is shared by the two ways of scoring a run: `ForgetWatchCallback` (scoring inside the training process) and
+`forgetwatch watch` (scoring the saved checkpoints beside it). Both hand it `ProbeResults` keyed by the trainer's
+global step, so their records and curves are the same. Plain Python and NumPy: no torch here.
+
+Example:
+    >>> monitor = Monitor(probes, budget=None)  # doctest: +SKIP
+    >>> monitor.open(output_dir, base_cache, loggers=[], resume_step=None)  # doctest: +SKIP
+    >>> monitor.report(results, step=50, epoch=0.1, seconds=12.0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .budgets import Breach, Budget, BudgetState
+from .cache import BaseCache
+from .drift import RiskRule, at_risk_mask, compute_drift
+from .metrics import compute_report
+from .noise import NoiseFloor, noise_floor
+from .probes import ProbeSet
+from .record import RunRecord
+from .replay import ReplayTracker
+from .results import CORRECT, ProbeResults
+
+__all__ = ["PREFIX", "Monitor"]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "forgetwatch"
+
+
+class Monitor:
+    """One run's forgetting record, kept up to date evaluation by evaluation.
+
+    Args:
+        probes: the frozen probe set.
+        budget: a `Budget`, or None.
+        risk_rule: which probes count as at risk.
+        log_table: log the flips and at-risk tables to the loggers that take tables.
+        replay: keep `replay.jsonl` (forgotten probes as training examples) up to date.
+    """
+
+    def __init__(self, probes: ProbeSet, budget: Budget | None = None, risk_rule: RiskRule | None = None,
+                 log_table: bool = True, replay: bool = False):
+        self.probes, self.budget, self.log_table, self.replay = probes, budget, log_table, replay
+        self.risk_rule = risk_rule or RiskRule()
+        self.evaluated_steps: list[int] = []
+        self.record: RunRecord | None = None
+        self.output_dir: Path | None = None
+        self.base: ProbeResults | None = None
+        self.noise: NoiseFloor | None = None
+        self.loggers: list = []
+        self.tracker: ReplayTracker | None = None
+        self.last: ProbeResults | None = None
+        self.last_report: dict = {}
+        self.last_drift: dict = {}
+        self.last_rows: dict = {}
+        self.budget_state = BudgetState()
+        self._k = np.array([p.num_choices for p in probes])
+        self._categories = [p.category for p in probes]
+
+    def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None) -> None:
+        """Start (or continue) the record under `<output_dir>/forgetwatch/` against the base in `cache`.
+
+        With `resume_step`, evaluations after it are forgotten and the rest read back, so that the next evaluation
+        continues as in an uninterrupted run (its flips against the last one, the budget's state as it was);
+        without, the record starts empty and the base is reported as step 0."""
+        self.output_dir = Path(output_dir)
+        self.record = record = RunRecord(self.output_dir / PREFIX)
+        self.base, self.noise, self.loggers = cache.results, noise_floor(cache, precision), loggers
+        record.root.mkdir(parents=True, exist_ok=True)
+        self.probes.to_jsonl(record.root / "probes.jsonl")
+        record.truncate_after(resume_step if resume_step is not None else -1)
+        self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
+        self.budget_state = BudgetState()
+        last = None
+        for step in record.eval_steps():
+            last = record.read_results(step, self.probes.ids)
+            self.evaluated_steps.append(step)
+            if step > 0:
+                self.tracker.update(step, last.outcome)
+            if self.budget is not None:  # the budget's state as an uninterrupted run would have it
+                self.budget_state.update(step, self.budget.check(self.figures(last)[2]) if step > 0 else [])
+        if last is not None and self.evaluated_steps[-1] > 0:
+            # the next evaluation's flips are against the last one's, as in an uninterrupted run (not against the base)
+            self.last = last
+            self.last_report, self.last_drift, self.last_rows = self.figures(last)
+        if resume_step is None:
+            self.report(self.base, step=0, epoch=0.0, seconds=0.0)
+            _warn_nothing_to_forget(self.last_report)
+
+    # -- figures ------------------------------------------------------------------------------------------------
+    def figures(self, results: ProbeResults) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
+        """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base."""
+        assert self.base is not None
+        report = compute_report(self.base.outcome, results.outcome, self._k, self._categories)
+        drift = compute_drift(self.base, results, self._categories, self.risk_rule)
+        rows = {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
+        if self.noise is not None:
+            # flips with and without the probes whose base correctness depends on the precision
+            keep = ~self.noise.mask
+            clean = compute_report(self.base.outcome[keep], results.outcome[keep], self._k[keep],
+                                   [c for c, k in zip(self._categories, keep, strict=True) if k]) if self.noise.count else report
+            for name, row in rows.items():
+                row["forgetting_excl_noise"] = clean[name].forgetting if name in clean else float("nan")
+                row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
+            rows["overall"].update(noise_probes=self.noise.count, min_detectable_forgetting=self.noise.min_detectable())
+        return report, drift, rows
+
+    def category_forgetting(self) -> dict[str, float]:
+        """Each category's forgetting at the last evaluation, as replay weighs it: chance-adjusted (a rate net of
+        lucky guesses), raw where there is no chance term (short answers)."""
+        out = {}
+        for name, m in self.last_report.items():
+            if name != "overall":
+                value = m.forgetting_adjusted
+                out[name] = m.forgetting if value is None or math.isnan(value) else value
+        return out
+
+    # -- one evaluation -----------------------------------------------------------------------------------------
+    def report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> list[Breach]:
+        """Record and log one evaluation, and check the budget; never raises into training.
+
+        Returns the budget limits newly exceeded at this evaluation."""
+        assert self.base is not None and self.record is not None and self.tracker is not None
+        prev = self.last if self.last is not None else self.base
+        report, drift, rows = self.figures(results)
+        self.last, self.last_report, self.last_drift, self.last_rows = results, report, drift, rows
+        self.evaluated_steps.append(step)
+        if step > 0:
+            self.tracker.update(step, results.outcome)
+        flips, at_risk = [], []
+        try:
+            self.record.write_eval(step, results)
+            self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
+            flips = self.flips(prev, results, step)
+            self.record.append_flips(flips)
+            at_risk = self.at_risk(results, step)
+            self.record.append_at_risk(at_risk)
+            if self.replay:
+                self.record.write_replay(self.tracker.lines())
+        except Exception:
+            logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
+        breaches = self._check_budget(step, rows) if self.budget is not None else []
+        scalars = scalars_of(report, drift, rows)
+        scalars[f"{PREFIX}/probe_seconds"] = seconds
+        for lg in self.loggers:
+            lg.log(scalars, step)
+            # the at-risk table is not `forgetwatch/at_risk`: that key is the count's curve
+            for name, table in (("flips", flips), ("at_risk_probes", at_risk)):
+                if self.log_table and table:
+                    cols = list(table[0])
+                    lg.log_table(f"{PREFIX}/{name}", cols, [[r[c] for c in cols] for r in table], step)
+        return breaches
+
+    def finish(self) -> None:
+        """The run summary (`forgetwatch/final/...`, the budget's outcome) to every logger, then close them."""
+        if self.last is None:
+            return
+        # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
+        final = {k.replace("/", "/final/", 1): v for k, v in scalars_of(self.last_report, self.last_drift, self.last_rows).items()}
+        if self.budget is not None:
+            within = self.within_budget()
+            self.write_budget()
+            final.update({f"{PREFIX}/budget/exceeded": len(self.budget_state.over),
+                          f"{PREFIX}/budget/last_within_step": within["step"],
+                          f"{PREFIX}/budget/last_within_checkpoint": within["checkpoint"] or ""})
+        for lg in self.loggers:
+            lg.summary(final)
+            lg.close()
+
+    # -- budget -------------------------------------------------------------------------------------------------
+    def _check_budget(self, step: int, rows: dict[str, dict[str, Any]]) -> list[Breach]:
+        """Compare this evaluation with the budget; alert on each limit newly exceeded. Never raises."""
+        assert self.budget is not None and self.record is not None
+        try:
+            new = self.budget_state.update(step, self.budget.check(rows) if step > 0 else [])
+            within = self.within_budget()
+            for b in new:
+                where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
+                text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
+                logger.warning("forgetwatch: budget exceeded. %s", text)
+                self.record.append_event({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
+                                          "measured": b.measured, "limit": b.limit, "bound": b.bound,
+                                          "action": self.budget.on_budget, "last_within_budget": within})
+                for lg in self.loggers:
+                    lg.alert(f"forgetwatch: {b.key} over budget", text)
+            self.write_budget()
+            return new
+        except Exception:
+            logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
+            return []
+
+    def within_budget(self) -> dict[str, Any]:
+        """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
+        step = self.budget_state.last_within
+        ckpt = self.output_dir / f"checkpoint-{step}" if step is not None and self.output_dir is not None else None
+        return {"step": step, "checkpoint": str(ckpt) if ckpt is not None and ckpt.is_dir() else None}
+
+    def write_budget(self) -> None:
+        assert self.budget is not None and self.record is not None
+        self.record.write_budget({**self.budget.to_dict(), "over": sorted(self.budget_state.over),
+                                  "last_within_budget": self.within_budget()})
+
+    # -- tables -------------------------------------------------------------------------------------------------
+    def at_risk(self, results: ProbeResults, step: int) -> list[dict[str, Any]]:
+        """Probes right at base and still right now whose margin is small or has fallen (see `forgetwatch.drift`)."""
+        assert self.base is not None
+        rows = []
+        for i in np.flatnonzero(at_risk_mask(self.base, results, self.risk_rule)):
+            p = self.probes[int(i)]
+            rows.append({"step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                         "margin_base": round(float(self.base.margin[i]), 4), "margin_now": round(float(results.margin[i]), 4)})
+        return rows
+
+    def flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:
+        """Probes whose correctness changed since the previous evaluation."""
+        assert self.base is not None
+        was, is_ = prev.outcome == CORRECT, now.outcome == CORRECT
+        rows = []
+        for i in np.flatnonzero(was != is_):
+            p = self.probes[int(i)]
+            rows.append({
+                "step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                "base_prediction": self.base.prediction[i], "prediction": now.prediction[i],
+                "direction": "0→1" if is_[i] else "1→0",
+                "vs_base": _vs_base(int(self.base.outcome[i] == CORRECT), int(is_[i])),
+            })
+        return rows
+
+
+def scalars_of(report, drift, rows) -> dict[str, float]:
+    """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category, flips and drift alike.
+
+    W&B makes one workspace section per key prefix before the first "/": the overall curves get one section and
+    each metric another, with every category side by side in it (not ~60 panels in one section)."""
+    out = {}
+    for name, m in report.items():
+        figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {})}
+        if name == "overall":
+            out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
+        else:
+            out.update({f"{PREFIX}_{k}/{name}": v for k, v in figures.items()})
+    if "noise_probes" in rows.get("overall", {}):  # the precision noise floor, overall
+        out[f"{PREFIX}/noise_probes"] = rows["overall"]["noise_probes"]
+        out[f"{PREFIX}/forgetting_excl_noise"] = rows["overall"]["forgetting_excl_noise"]
+    return out
+
+
+def _warn_nothing_to_forget(base_report: dict) -> None:
+    empty = [f"{name} ({m.accuracy_pre:.0%} right at base)" for name, m in base_report.items()
+             if name != "overall" and m.nothing_to_forget]
+    if empty:
+        logger.warning(
+            "forgetwatch: nothing to forget in %s: the base model knows nothing there beyond chance, so these categories "
+            "can only show backward transfer. Choose probes the base model knows (or another scoring mode) to watch "
+            "forgetting there.", ", ".join(empty))
+
+
+def _vs_base(base_correct: int, now_correct: int) -> str:
+    return {(1, 1): "retained", (1, 0): "forgotten", (0, 1): "learned", (0, 0): "never known"}[(base_correct, now_correct)]
