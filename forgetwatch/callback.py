@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import time
 import weakref
@@ -14,6 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from ._io import atomic_write
 from .budgets import Breach, Budget, check_options, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 # Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SERIAL = itertools.count()
+SCORING_MODES = ("inline", "sidecar")
 
 
 @dataclass
@@ -68,6 +71,7 @@ class ForgetWatchArguments:
     forgetwatch_on_budget: str = field(default="alert", metadata={"help": "When a budget is exceeded: alert (W&B/trackio alert, warning, record event), save (also save a checkpoint there) or stop (also stop training)."})
     forgetwatch_budget_bound: str = field(default="lower", metadata={"help": "lower: a limit is exceeded when the lower end of the 95% interval is above it (noise pages nobody); point: the measured value."})
     forgetwatch_at_risk_margin: float = field(default=2.0, metadata={"help": "A probe right at base and still right counts as at risk when its margin (nats) is below this (chosen on a calibration run: benchmarks/RESULTS.md)..."})
+    forgetwatch_scoring: str = field(default="inline", metadata={"help": "inline: score in the training process; sidecar: score nothing here, save a checkpoint at every evaluation step and leave the scoring to `forgetwatch watch OUTPUT_DIR` in another process."})
     forgetwatch_at_risk_drop: float | None = field(default=None, metadata={"help": "...or, when set, has fallen by this many nats since base (off by default: the drop did not predict flips)."})
 
     forgetwatch_replay_mix: float = field(default=0.0, metadata={"help": "Replay: the share of training examples drawn from `forgetwatch_replay_pool` (0 = off; e.g. 0.1). Applied by the recipes with `forgetwatch.replay.mix_replay`; needs max_steps."})
@@ -144,6 +148,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         budget_bound: str = "lower",
         at_risk_margin: float = 2.0,
         at_risk_drop: float | None = None,
+        scoring: str = "inline",
     ):
         if probes is None:
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
@@ -157,6 +162,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.replay = replay
         self.log_table = log_table
         check_options(on_budget, budget_bound)
+        if scoring not in SCORING_MODES:
+            raise ValueError(f"`scoring` must be one of {', '.join(SCORING_MODES)}, got {scoring!r}")
+        if scoring == "sidecar" and budget and on_budget in ("save", "stop"):
+            raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
+                             "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
+                             "scoring='inline'")
+        self.scoring = scoring
         self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.categories) if budget else None
         self.risk_rule = RiskRule(at_risk_margin, at_risk_drop)
         self._args = {
@@ -164,7 +176,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
             "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
             "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
-            "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop,
+            "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop, "scoring": scoring,
         }
         if base_cache and Path(base_cache).is_file():
             # Fail before any training step is spent: a cache for another probe set can never match. (A cache of an
@@ -222,6 +234,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     def attach_mixer(self, mixer) -> None:
         """Steer a replay stream (`forgetwatch.replay.mix_replay` calls this): after each evaluation its category
         weights follow the per-category forgetting, and its history goes into the record."""
+        if self.scoring == "sidecar" and mixer.strategy == "closed_loop":
+            raise ValueError("closed-loop replay steers by the scores inside the training process, and scoring='sidecar' "
+                             "scores in `forgetwatch watch`: use strategy='uniform' or scoring='inline'")
         self._mixers.append(mixer)
 
     # -- trainer events -------------------------------------------------------------------------------------
@@ -259,6 +274,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # Every rank tracks the last step it scored, so all ranks agree on the final evaluation (the record,
         # kept by the main process only, cannot tell the other ranks).
         self._scored_step = state.global_step
+        if self.scoring == "sidecar":
+            if self._is_main:
+                self._start_sidecar(args, state, cache, record, scoring_key["precision"])
+            return
         if not self._is_main:
             if self._mixers:
                 self._start_mixers(args, state)
@@ -276,6 +295,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
         # The last step is scored here too, not in on_train_end: by then the report_to integrations (which run
         # first) may have ended their runs (mlflow, trackio).
+        if self.scoring == "sidecar":
+            if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
+                control.should_save = True  # `forgetwatch watch` scores the checkpoint
+            return control
         if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
             breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
             if self.budget is not None and self.budget.on_budget in ("save", "stop"):
@@ -290,12 +313,41 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         return control
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.scoring == "sidecar":
+            if self._is_main:
+                self._write_sidecar({"finished": True, "final_step": state.global_step})
+            return
         if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._mixers and self._is_main:
             self._write_mix()
         if self._is_main:
             self.monitor.finish()
+
+    # -- sidecar mode: the training process scores nothing -----------------------------------------------------
+    def _start_sidecar(self, args, state, cache: BaseCache, record: RunRecord, precision: str) -> None:
+        """What `forgetwatch watch` needs to score the checkpoints as this process would: the probes, the base cache
+        and a manifest (scoring options, precision, budget, the trainer's W&B run to sit beside)."""
+        record.root.mkdir(parents=True, exist_ok=True)
+        self.probes.to_jsonl(record.root / "probes.jsonl")
+        base_path = record.root / "base.parquet"
+        if not base_path.is_file():
+            cache.save(base_path)
+        args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
+        self._sidecar_path = record.root / "sidecar.json"
+        self._sidecar = {
+            "format": 1, "probes": "probes.jsonl", "base_cache": "base.parquet", "precision": precision,
+            "callback": args_, "scoring_config": dataclasses.asdict(self.config), "max_steps": state.max_steps,
+            "report_to": list(args.report_to or []), "run_name": args.run_name, "wandb": _wandb_run_info(),
+            "trackio_project": getattr(args, "project", None),
+            "started_at_step": state.global_step, "finished": False, "final_step": None,
+        }
+        self._write_sidecar({})
+
+    def _write_sidecar(self, update: dict[str, Any]) -> None:
+        self._sidecar.update(update)
+        with atomic_write(self._sidecar_path) as f:
+            f.write(json.dumps(self._sidecar, indent=1) + "\n")
 
     # -- internals ------------------------------------------------------------------------------------------
     def _score_reference(self, model, tokenizer, precision: str, args) -> ProbeResults | None:
@@ -447,6 +499,20 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _wandb_run_info() -> dict[str, Any] | None:
+    """The trainer's live W&B run, for a watcher's run to sit beside it (same project and group, named after it)."""
+    try:
+        import wandb
+
+        run = wandb.run
+        if run is None:
+            return None
+        return {"id": run.id, "project": run.project, "entity": run.entity, "group": run.group or run.id, "name": run.name,
+                "mode": "offline" if run.settings._offline else "online", "dir": str(Path(run.dir).parents[2])}  # <dir>/wandb/<run>/files
+    except Exception:  # wandb absent or a run without these fields: the watcher starts its own run elsewhere
+        return None
 
 
 def _tokenizer(processing_class: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from pathlib import Path
@@ -84,6 +85,29 @@ def load_model(name_or_path: str, dtype: str = "float32", revision: str | None =
         model.to(device)
     elif torch.cuda.is_available():
         model.to("cuda")
+    return model, tokenizer
+
+
+def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
+    """A Trainer checkpoint as a model and tokenizer: a full model, or a PEFT adapter on its base model.
+
+    The tokenizer comes from the checkpoint (the Trainer saves it there), else from the adapter's base model.
+    """
+    path = Path(path)
+    adapter = path / "adapter_config.json"
+    if not adapter.is_file():
+        return load_model(str(path), dtype=dtype, device=device)
+    from peft import PeftModel
+
+    base = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter}: no base_model_name_or_path, so the adapter's base model is unknown")
+    model, tokenizer = load_model(base, dtype=dtype, device=device)
+    model = PeftModel.from_pretrained(model, str(path))
+    if (path / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
     return model, tokenizer
 
 

@@ -162,6 +162,20 @@ def describe_precision(model: torch.nn.Module, autocast: str | None = None) -> s
     return f"{dtype}+autocast-{autocast}" if autocast else dtype
 
 
+def precision_context(model: torch.nn.Module, precision: str) -> contextlib.AbstractContextManager:
+    """Autocast as a precision string from `describe_precision` says ("float32+autocast-bfloat16"), else nothing:
+    how a process outside the trainer scores in the trainer's precision.
+
+    Example:
+        >>> with precision_context(model, "float32+autocast-bfloat16"):  # doctest: +SKIP
+        ...     results = score_probes(model, tokenizer, probes)
+    """
+    if "+autocast-" not in precision:
+        return contextlib.nullcontext()
+    autocast = precision.split("+autocast-")[1]
+    return torch.autocast(next(model.parameters()).device.type, dtype=getattr(torch, autocast))
+
+
 @contextlib.contextmanager
 def full_precision(model: torch.nn.Module) -> Iterator[bool]:
     """Run forwards of `model` in fp32 without autocast inside this block; yields False (changing nothing) when its

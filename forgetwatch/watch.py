@@ -1,0 +1,246 @@
+"""`forgetwatch watch OUTPUT_DIR`: score a run's checkpoints beside it, into the record the callback would have written.
+
+Training runs with `ForgetWatchCallback(..., scoring="sidecar")`: the training process writes the probes, the base cache
+and a manifest (`<output_dir>/forgetwatch/sidecar.json`), saves a checkpoint at every evaluation step, and scores
+nothing. The watcher, in another process (another GPU, or the CPU), follows the `checkpoint-N` directories, waits
+until each is complete (the Trainer writes `trainer_state.json` last), scores it with the same probes, scoring options
+and precision, and hands the results to the same `Monitor` as the callback: `metrics.jsonl`, `evals/`, `flips.jsonl`,
+replay, budget alerts, keyed by the trainer's global step. Checkpoints already in the record are skipped, so a
+restarted watcher picks up where it stopped.
+
+Example:
+    >>> Watcher("outputs/run").run(once=True)  # doctest: +SKIP
+    scored checkpoint-50 (200 probes, 31.2 s): forgetting 0.040, adjusted 0.012
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .budgets import Budget, parse_budget
+from .cache import BaseCache, make_cache_key
+from .drift import RiskRule
+from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
+from .monitor import PREFIX, Monitor
+from .probes import ProbeSet
+from .record import RunRecord
+from .scoring import ScoringConfig
+
+__all__ = ["Watcher", "SidecarError"]
+
+logger = logging.getLogger(__name__)
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+class SidecarError(ValueError):
+    """The output directory cannot be watched; the message says why and what to do."""
+
+
+class Watcher:
+    """Scores the checkpoints of one training run, as its callback would have.
+
+    Args:
+        output_dir: the trainer's `output_dir`.
+        device: where to score ("cuda:1", "cpu"; default: cuda when available).
+        report_to: backends to log to (default: the trainer's `report_to`); W&B gets a run of its own beside the
+            trainer's (same project and group, named `<run>-forgetwatch`, the trainer's step on the x-axis).
+        into_trainer_run: after training has ended, append to the trainer's own W&B run instead.
+        batch_size: probes per forward (default: the callback's).
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, device: str | None = None, report_to: list[str] | None = None,
+                 into_trainer_run: bool = False, batch_size: int | None = None):
+        self.output_dir = Path(output_dir)
+        record_dir = self.output_dir / PREFIX
+        start = ("start training with ForgetWatchCallback(probes, scoring=\"sidecar\") (a recipe: --forgetwatch_scoring "
+                 "sidecar) writing to that output_dir, then run `forgetwatch watch` on it")
+        if not self.output_dir.is_dir():
+            raise SidecarError(f"{self.output_dir}: no such directory; {start}")
+        path = record_dir / "sidecar.json"
+        if not path.is_file():
+            raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
+        self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        self.probes = ProbeSet.from_jsonl(record_dir / self.manifest["probes"])
+        cache_path = record_dir / self.manifest["base_cache"]
+        cache = BaseCache.load(cache_path)
+        # a cache for other probes can never match (as `compare` refuses it)
+        cache.check(make_cache_key({}, self.probes, {}), ignore=("format", "model", "scoring"), path=cache_path)
+        ref = cache.reference.select(self.probes.ids) if cache.reference is not None else None
+        cache = BaseCache(cache.key, cache.results.select(self.probes.ids), ref)
+        opts = self.manifest["callback"]
+        budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.categories)
+                  if opts.get("budget") else None)
+        self.eval_steps = int(opts["eval_steps"])
+        self.config = ScoringConfig(**{**self.manifest["scoring_config"], **({"batch_size": batch_size} if batch_size else {})})
+        self.precision = self.manifest["precision"]
+        self.device = device
+        self.monitor = Monitor(self.probes, budget, RiskRule(opts["at_risk_margin"], opts["at_risk_drop"]),
+                               log_table=opts["log_table"], replay=opts["replay"])
+        if into_trainer_run and not self.manifest.get("finished"):
+            raise SidecarError("--into-trainer-run appends to the trainer's W&B run, which two processes cannot write while "
+                               "it is live: wait until training has ended, or leave the flag out (a run of its own beside it)")
+        loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []), into_trainer_run)
+        done = RunRecord(record_dir).eval_steps()
+        self.monitor.open(self.output_dir, cache, self.precision, loggers, resume_step=max(done) if done else None)
+        self._failed: set[int] = set()
+        self._gone: set[int] = set()
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def checkpoints(self) -> dict[int, Path]:
+        """The trainer's `checkpoint-N` directories by step."""
+        out = {}
+        for p in self.output_dir.iterdir():
+            m = _CHECKPOINT.match(p.name)
+            if m and p.is_dir():
+                out[int(m.group(1))] = p
+        return dict(sorted(out.items()))
+
+    @staticmethod
+    def complete(path: Path, step: int) -> dict[str, Any] | None:
+        """The checkpoint's trainer state once it is completely written (the Trainer writes it last), else None."""
+        try:
+            state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        return state if state.get("global_step") == step else None
+
+    def pending(self) -> list[tuple[int, Path]]:
+        done = set(self.monitor.evaluated_steps) | self._failed
+        return [(s, p) for s, p in self.checkpoints().items() if s not in done and s > self.manifest.get("started_at_step", 0)]
+
+    def _report_deleted(self, present: dict[int, Path]) -> None:
+        """Say so when an evaluation step's checkpoint disappeared before it was scored (`save_total_limit`)."""
+        last = max(present, default=0)
+        if self.manifest.get("final_step"):
+            last = max(last, self.manifest["final_step"])
+        start = self.manifest.get("started_at_step", 0)
+        expected = set(range(start - start % self.eval_steps + self.eval_steps, last + 1, self.eval_steps))
+        if self.manifest.get("finished") and self.manifest.get("final_step"):
+            expected.add(self.manifest["final_step"])
+        for step in sorted(expected - set(present) - set(self.monitor.evaluated_steps) - self._gone):
+            if step < last or self.manifest.get("finished"):
+                self._gone.add(step)
+                logger.warning("forgetwatch watch: checkpoint-%d was deleted before it was scored (the trainer's "
+                               "save_total_limit?); step %d is missing from the record. Raise save_total_limit or keep the "
+                               "watcher running alongside training.", step, step)
+
+    # -- scoring --------------------------------------------------------------------------------------------------
+    def score(self, step: int, path: Path, state: dict[str, Any]) -> bool:
+        """Score one checkpoint into the record; a checkpoint that fails to load is skipped with a message."""
+        from .models import load_checkpoint
+        from .scoring import precision_context, score_probes
+
+        t0 = time.perf_counter()
+        try:
+            model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device)
+        except Exception as e:
+            self._failed.add(step)
+            logger.warning("forgetwatch watch: could not load %s (%s: %s); skipped, watching on", path, type(e).__name__, e)
+            return False
+        with precision_context(model, self.precision):
+            results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
+        del model
+        seconds = time.perf_counter() - t0
+        self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds)
+        overall = self.monitor.last_report["overall"]
+        print(f"scored {path.name} ({len(self.probes)} probes, {seconds:.1f} s): forgetting {overall.forgetting:.3f}, "
+              f"adjusted {overall.forgetting_adjusted:.3f}", flush=True)
+        return True
+
+    def poll(self) -> int:
+        """Score every complete checkpoint not yet in the record, oldest first; the number scored."""
+        self._refresh_manifest()
+        present = self.checkpoints()
+        self._report_deleted(present)
+        n = 0
+        for step, path in self.pending():
+            state = self.complete(path, step)
+            if state is None:
+                continue  # still being written: next time
+            n += self.score(step, path, state)
+        return n
+
+    def finished(self) -> bool:
+        """Training has ended and every checkpoint up to its last step is scored (or gone)."""
+        if not self.manifest.get("finished"):
+            return False
+        return not [s for s, _ in self.pending() if s <= (self.manifest.get("final_step") or 0)]
+
+    def run(self, once: bool = False, poll_seconds: float = 10.0, timeout: float | None = None) -> int:
+        """Score checkpoints as they appear; with `once`, those already there, then return. Ends when training has ended
+        and its checkpoints are scored, or after `timeout` seconds. Returns the number of checkpoints scored."""
+        t0, n = time.monotonic(), 0
+        try:
+            while True:
+                n += self.poll()
+                if once or self.finished():
+                    break
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    logger.warning("forgetwatch watch: stopped after %.0f s (--timeout) with training still going", timeout)
+                    break
+                time.sleep(poll_seconds)
+        finally:
+            self.monitor.finish()
+            if self._own_wandb is not None:
+                self._own_wandb.finish()  # the watcher's run (or its turn on the trainer's): the trainer's callback ends its own
+        return n
+
+    def _refresh_manifest(self) -> None:
+        try:
+            self.manifest = json.loads((self.output_dir / PREFIX / "sidecar.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            pass  # being rewritten: the previous one holds
+
+    # -- loggers --------------------------------------------------------------------------------------------------
+    def _loggers(self, report_to: list[str], into_trainer_run: bool) -> list[MetricLogger]:
+        self._own_wandb = None
+        loggers: list[MetricLogger] = []
+        name = self.manifest.get("run_name") or self.output_dir.name
+        for backend in [b for b in report_to if b not in ("none", None)]:
+            try:
+                if backend == "wandb":
+                    loggers.append(WandbLogger(self._wandb_run(name, into_trainer_run)))
+                elif backend == "tensorboard":
+                    loggers.append(TensorBoardLogger(_tensorboard_dir(str(self.output_dir))))
+                elif backend == "trackio":
+                    import trackio
+
+                    trackio.init(project=self.manifest.get("trackio_project") or "huggingface", name=f"{name}-forgetwatch",
+                                 resume="allow")
+                    loggers.append(TrackioLogger())
+                else:
+                    logger.warning("forgetwatch watch: does not log to %r (it logs to wandb, tensorboard, trackio)", backend)
+            except Exception as e:
+                logger.warning("forgetwatch watch: cannot log to %s (%s: %s); the local record goes on", backend,
+                               type(e).__name__, e)
+        return loggers
+
+    def _wandb_run(self, name: str, into_trainer_run: bool):
+        import wandb
+
+        info = self.manifest.get("wandb") or {}
+        kwargs: dict[str, Any] = {"project": info.get("project") or os.environ.get("WANDB_PROJECT", "forgetwatch"),
+                                  "entity": info.get("entity"), "resume": "allow"}
+        if info.get("dir"):
+            kwargs["dir"] = info["dir"]
+        if info.get("mode") == "offline" and not os.environ.get("WANDB_MODE"):
+            kwargs["mode"] = "offline"
+        if into_trainer_run and info.get("id"):
+            kwargs["id"] = info["id"]
+        else:
+            # a run of its own, beside the trainer's: same project and group, named after it; a restarted watcher
+            # continues the same run (its id follows the trainer's)
+            kwargs.update(group=info.get("group") or name, name=f"{info.get('name') or name}-forgetwatch",
+                          job_type="forgetwatch", id=f"{info['id']}-forgetwatch" if info.get("id") else None,
+                          config={PREFIX: {"watching": str(self.output_dir), "trainer_run": info.get("id"),
+                                           "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
+                                           "eval_steps": self.eval_steps}})
+        self._own_wandb = wandb.init(**kwargs)
+        return self._own_wandb
