@@ -6,6 +6,8 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
+import socket
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -87,7 +89,13 @@ class ForgetWatchArguments:
         """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""
         if not self.forgetwatch_replay_mix:
             return None
-        pool = self.forgetwatch_replay_pool or self.forgetwatch_probes
+        pool = self.forgetwatch_replay_pool
+        if pool is None:
+            probes = str(self.forgetwatch_probes or "")
+            if probes.endswith(".jsonl") or os.path.sep in probes or Path(probes).is_file():
+                raise ValueError(f"forgetwatch_replay_pool is needed: forgetwatch_probes is a file ({probes}), so there are "
+                                 "no suites to hold examples out of; give suite names or a file of held-out examples")
+            pool = probes  # the rest of the monitored suites (mix_replay holds the monitored probes out by id)
         return {"pool": pool, "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
 
 
@@ -194,6 +202,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._serial = next(_SERIAL)
         _LIVE.add(self)
         self._has_base = False
+        self._record_root: Path | None = None
         self._scored_step: int | None = None
         self._is_main = True
         self._progress = True
@@ -208,8 +217,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     # -- ExportableState: survives `resume_from_checkpoint` -------------------------------------------------
     def state(self) -> dict[str, Any]:
         args = dict(self._args)
-        if args["probes"] is None and self.monitor.record is not None:
-            args["probes"] = str(self.monitor.record.root / "probes.jsonl")  # a ProbeSet object is restored from the record
+        if args["probes"] is None and self._record_root is not None:
+            args["probes"] = str(self._record_root / "probes.jsonl")  # a ProbeSet object is restored from the record
         # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
         return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True}}
 
@@ -225,7 +234,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     # -- results for Python users ---------------------------------------------------------------------------
     @property
     def record_dir(self) -> Path | None:
-        return self.monitor.record.root if self.monitor.record else None
+        return self._record_root
 
     def replay_examples(self) -> list[dict[str, Any]]:
         """Forgotten probes so far, as training examples (see `forgetwatch.replay.replay_examples`)."""
@@ -248,6 +257,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._is_main = state.is_world_process_zero
         self._progress = not args.disable_tqdm
         record = RunRecord(Path(args.output_dir) / PREFIX)
+        self._record_root = record.root  # on every rank and in every mode (the Monitor opens it on the main process only)
         autocast = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
         key = make_cache_key(model_identity(model), self.probes, scoring_key)
@@ -277,6 +287,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self.scoring == "sidecar":
             if self._is_main:
                 self._start_sidecar(args, state, cache, record, scoring_key["precision"])
+            if self._mixers:
+                self._start_mixers(args, state)
             return
         if not self._is_main:
             if self._mixers:
@@ -296,8 +308,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # The last step is scored here too, not in on_train_end: by then the report_to integrations (which run
         # first) may have ended their runs (mlflow, trackio).
         if self.scoring == "sidecar":
-            if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
+            if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps
+                    or control.should_training_stop):
                 control.should_save = True  # `forgetwatch watch` scores the checkpoint
+            if self._mixers and self._is_main:
+                self._write_mix()
             return control
         if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
             breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
@@ -335,12 +350,20 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             cache.save(base_path)
         args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
         self._sidecar_path = record.root / "sidecar.json"
+        first = _read_json(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
+        if args.fsdp or args.deepspeed:
+            logger.warning("forgetwatch: scoring='sidecar' loads the checkpoints in another process: make them hold full "
+                           "weights (FSDP: fsdp_config state_dict_type FULL_STATE_DICT; ZeRO-3: "
+                           "stage3_gather_16bit_weights_on_model_save true), or `forgetwatch watch` cannot load them")
         self._sidecar = {
             "format": 1, "probes": "probes.jsonl", "base_cache": "base.parquet", "precision": precision,
             "callback": args_, "scoring_config": dataclasses.asdict(self.config), "max_steps": state.max_steps,
             "report_to": list(args.report_to or []), "run_name": args.run_name, "wandb": _wandb_run_info(),
             "trackio_project": getattr(args, "project", None),
-            "started_at_step": state.global_step, "finished": False, "final_step": None,
+            "started_at_step": first.get("started_at_step", 0) if first else state.global_step,
+            # a checkpoint older than this run's start belongs to an earlier run in the same output_dir
+            "started_at": first.get("started_at", time.time()) if first else time.time(),
+            "pid": os.getpid(), "host": socket.gethostname(), "finished": False, "final_step": None,
         }
         self._write_sidecar({})
 
@@ -407,7 +430,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         elif origin.endswith(".jsonl"):
             probes = origin
         else:  # a ProbeSet built in code: the run's record keeps it as JSONL
-            probes = str(self.monitor.record.root / "probes.jsonl") if self.monitor.record else "probes.jsonl"
+            probes = str(self._record_root / "probes.jsonl") if self._record_root else "probes.jsonl"
         return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet")
 
     def _share_state_with_the_users_object(self) -> None:
@@ -453,8 +476,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         world_size = args.world_size if float(per_rank).is_integer() else 1  # groups spanning ranks: no per-rank share
         schedules, last = None, None
         if self._is_main and state.global_step > 0:
-            mix = self.monitor.record.read_mix()
-            schedules = [m.get("schedule", []) for m in mix["mixers"]] if mix else []
+            try:
+                mix = RunRecord(self._record_root).read_mix()
+                schedules = [m.get("schedule", []) for m in mix["mixers"]] if mix else []
+            except Exception as e:  # decided here and shared: raising on this rank alone would leave the others waiting
+                logger.warning("forgetwatch: could not read replay_mix.json (%s); the replay weights start afresh", e)
+                schedules = []
             if self.evaluated_steps and self.evaluated_steps[-1] > 0:
                 last = (self.evaluated_steps[-1], self.monitor.category_forgetting())
         schedules, last = broadcast_from_main((schedules, last))
@@ -482,7 +509,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             return
         self._mix_written = state
         try:
-            self.monitor.record.write_mix({"mixers": [
+            RunRecord(self._record_root).write_mix({"mixers": [
                 {"ratio": m.ratio, "strategy": m.strategy, "floor": m.floor, "seed": m.seed, "categories": m.categories,
                  "weights": m.weights, "schedule": [list(e) for e in m.schedule]} for m in self._mixers]})
         except Exception:
@@ -499,6 +526,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _wandb_run_info() -> dict[str, Any] | None:

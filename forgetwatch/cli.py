@@ -295,11 +295,25 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from .watch import Watcher
+    import time
+
+    from .watch import SidecarError, Watcher
 
     report_to = [b.strip() for b in args.report_to.split(",") if b.strip()] if args.report_to is not None else None
-    watcher = Watcher(args.output_dir, device=args.device, report_to=report_to, into_trainer_run=args.into_trainer_run,
-                      batch_size=args.batch_size)
+    t0, said = time.monotonic(), False
+    while True:
+        try:
+            watcher = Watcher(args.output_dir, device=args.device, report_to=report_to,
+                              into_trainer_run=args.into_trainer_run, batch_size=args.batch_size)
+            break
+        except SidecarError as e:
+            # started beside a training run that has not written its manifest yet: wait for it (not with --once)
+            if args.once or (args.timeout is not None and time.monotonic() - t0 > args.timeout):
+                raise
+            if not said:
+                print(f"forgetwatch watch: waiting for training to start ({e})", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(args.poll)
     n = watcher.run(once=args.once, poll_seconds=args.poll, timeout=args.timeout)
     print(f"forgetwatch watch: scored {n} checkpoint(s); record: {watcher.monitor.record.root}")
     return 0

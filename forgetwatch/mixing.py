@@ -89,10 +89,10 @@ class ReplayMixer:
     the weights in force at that position, so the stream is the same whenever it is read again (TRL reads its
     first rows while preparing the dataset, a resumed run reads and discards what it already trained on).
 
-    The weights change when the monitor publishes an evaluation (`publish`): they take effect at the next
-    position the stream yields, and the switch is kept in `schedule` as (position, step, weights). The callback
-    writes the schedule into its record and hands it back on resume (`restore`), so that a resumed run draws
-    exactly what the uninterrupted run drew, however far ahead the data pipeline reads.
+    The weights change when the monitor publishes an evaluation (`publish`): they take effect after the last position
+    read so far, and the switch is kept in `schedule` as (position, step, weights). The callback writes the schedule
+    into its record at that step (before a checkpoint is saved) and hands it back on resume (`restore`), so that a
+    resumed run draws exactly what the uninterrupted run drew, however far ahead the data pipeline reads.
 
     Args:
         train: the training examples (dicts with the same keys).
@@ -101,6 +101,7 @@ class ReplayMixer:
         strategy: "closed_loop" (weights follow the monitor's per-category forgetting) or "uniform".
         floor: the share spread evenly over categories in closed loop.
         seed: the seed of every draw.
+        fill: columns the pool has and the training rows lack, with the value the training rows get.
 
     Example:
         >>> mixer = ReplayMixer([{"text": "t0"}, {"text": "t1"}], {"a": [{"text": "a0"}], "b": [{"text": "b0"}]},
@@ -113,12 +114,13 @@ class ReplayMixer:
     """
 
     def __init__(self, train: Sequence[Mapping[str, Any]], pool: Mapping[str, Sequence[Mapping[str, Any]]], ratio: float,
-                 strategy: str = "closed_loop", floor: float = 0.1, seed: int = 0):
+                 strategy: str = "closed_loop", floor: float = 0.1, seed: int = 0, fill: Mapping[str, Any] | None = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"`strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
         if not train:
             raise ValueError("the training dataset is empty")
         self.train, self.ratio, self.strategy, self.floor, self.seed = train, check_ratio(ratio), strategy, floor, seed
+        self.fill = dict(fill or {})
         self.pool = {c: list(rows) for c, rows in pool.items() if rows}
         if ratio > 0 and not self.pool:
             raise ValueError("the replay pool is empty")
@@ -127,7 +129,7 @@ class ReplayMixer:
         self.weights = self._initial  # the latest published
         # (position, step, weights): the weights in force from that position on
         self.schedule: list[tuple[int, int, dict[str, float]]] = []
-        self._pending: tuple[int, dict[str, float]] | None = None
+        self._read = -1  # the furthest position read so far
         self._slice, self._world = 1, 1
 
     # -- the monitor's side ------------------------------------------------------------------------------------
@@ -137,18 +139,23 @@ class ReplayMixer:
         self._slice, self._world = max(1, int(slice_size)), max(1, int(world_size))
 
     def publish(self, step: int, forgetting: Mapping[str, float]) -> None:
-        """The monitor's evaluation at `step`: each category's forgetting. Takes effect at the next position read."""
+        """The monitor's evaluation at `step`: each category's forgetting. The new weights hold from the position after
+        the last one read (what the data pipeline already read keeps the weights it was drawn with); the switch is in
+        `schedule` at once, so a checkpoint saved after this evaluation can carry it."""
         if self.strategy == "uniform" or not self.categories:
             return
         weights = category_weights({c: forgetting.get(c, 0.0) for c in self.categories}, self.floor, self.strategy)
-        self._pending = (int(step), {c: round(w, 12) for c, w in weights.items()})
-        self.weights = self._pending[1]
+        self.weights = {c: round(w, 12) for c, w in weights.items()}
+        # after the last switch too: a stream read again from its start (a resume skipping what it trained on) has not
+        # caught up yet with the positions already switched
+        position = max(self._read + 1, self.schedule[-1][0] + 1 if self.schedule else 0)
+        self.schedule.append((position, int(step), self.weights))
 
     def restore(self, schedule: Sequence[Sequence[Any]], upto_step: int | None = None) -> None:
         """Take back a schedule written by an earlier run, keeping switches of evaluations up to `upto_step` (a resume
         recomputes what came after its checkpoint); the weights in force are the last kept."""
         kept = [(int(p), int(s), dict(w)) for p, s, w in schedule if upto_step is None or int(s) <= upto_step]
-        self.schedule, self._pending = kept, None
+        self.schedule = kept
         if kept:
             self.weights = dict(kept[-1][2])
 
@@ -166,11 +173,6 @@ class ReplayMixer:
         return math.floor((m + 1) * self.ratio) > math.floor(m * self.ratio)
 
     def _weights_at(self, n: int) -> dict[str, float]:
-        if self._pending is not None:  # the first position read after an evaluation: the switch happens here
-            step, weights = self._pending
-            self._pending = None
-            # (while a restarted read goes over positions already switched, a new switch goes after the last one)
-            self.schedule.append((max(n, self.schedule[-1][0] + 1) if self.schedule else n, step, weights))
         for p, _, w in reversed(self.schedule):  # a position read again gets the weights it had the first time
             if p <= n:
                 return w
@@ -189,6 +191,7 @@ class ReplayMixer:
         """The stream from position 0, without end."""
         n_train, train_seen, perm = len(self.train), 0, None
         for n in itertools.count():
+            self._read = max(self._read, n)
             if self.ratio > 0 and self.is_replay(n):
                 cat, i = self.draw(n)
                 yield dict(self.pool[cat][i])
@@ -197,4 +200,4 @@ class ReplayMixer:
             if k == 0 or perm is None:
                 perm = np.random.default_rng([self.seed, epoch, 0]).permutation(n_train)
             train_seen += 1
-            yield dict(self.train[int(perm[k])])
+            yield {**self.train[int(perm[k])], **self.fill}

@@ -111,6 +111,17 @@ def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str
     return model, tokenizer
 
 
+def free_memory() -> None:
+    """Give back the memory of models no longer referenced (a watcher loads one checkpoint after another)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # Config fields that say nothing about the weights: where they were loaded from, in which dtype, by which version, and
 # what trainers set on the way (TRL sets pad_token_id; dropout is a training choice).
 _VOLATILE_CONFIG = {"_name_or_path", "_commit_hash", "transformers_version", "torch_dtype", "dtype", "use_cache",

@@ -186,6 +186,11 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
         raise ValueError("`train_dataset` is empty")
     columns = list(train_dataset.column_names) if hasattr(train_dataset, "column_names") else list(train_dataset[0])
     rows = _pool_rows(pool, monitor.probes if monitor is not None else None)
+    fill: dict[str, Any] = {}
+    if "solution" in columns and "kind" not in columns and any(r.get("kind") == "mcq" for _, r in rows):
+        # GRPO data with replayed multiple choice: `probe_reward` needs each row's kind (the training rows' own reward
+        # applies where it is None), or a replayed question would be checked as a short answer against its letter
+        columns, fill = [*columns, "kind"], {"kind": None}
     by_category: dict[str, list[dict[str, Any]]] = {}
     for where, row in rows:
         missing = [c for c in columns if c not in row]
@@ -202,7 +207,7 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
             logger.warning("forgetwatch: replay pool categories %s are not monitored, so the loop cannot weigh them: "
                            "left out", ", ".join(unsteered))
         by_category = {c: by_category[c] for c in wanted}
-    mixer = ReplayMixer(train_dataset, by_category, ratio, strategy=strategy, floor=floor, seed=seed)
+    mixer = ReplayMixer(train_dataset, by_category, ratio, strategy=strategy, floor=floor, seed=seed, fill=fill)
     if monitor is not None:
         monitor.attach_mixer(mixer)
 

@@ -37,6 +37,7 @@ __all__ = ["Watcher", "SidecarError"]
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+MAX_ATTEMPTS = 3  # a checkpoint that fails to load or score this often is given up on
 
 
 class SidecarError(ValueError):
@@ -89,8 +90,9 @@ class Watcher:
         loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []), into_trainer_run)
         done = RunRecord(record_dir).eval_steps()
         self.monitor.open(self.output_dir, cache, self.precision, loggers, resume_step=max(done) if done else None)
-        self._failed: set[int] = set()
+        self._failed: dict[int, int] = {}  # step -> failed attempts
         self._gone: set[int] = set()
+        self._stale: set[int] = set()
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def checkpoints(self) -> dict[int, Path]:
@@ -111,9 +113,25 @@ class Watcher:
             return None
         return state if state.get("global_step") == step else None
 
+    def is_evaluation(self, step: int) -> bool:
+        """A step the callback would have scored: on the eval_steps grid, or the last one (a checkpoint the trainer
+        saved for its own reasons at another step is not an evaluation, as in-loop probing would not score it)."""
+        return step % self.eval_steps == 0 or step in (self.manifest.get("max_steps"), self.manifest.get("final_step"))
+
     def pending(self) -> list[tuple[int, Path]]:
-        done = set(self.monitor.evaluated_steps) | self._failed
-        return [(s, p) for s, p in self.checkpoints().items() if s not in done and s > self.manifest.get("started_at_step", 0)]
+        done = set(self.monitor.evaluated_steps) | {s for s, n in self._failed.items() if n >= MAX_ATTEMPTS}
+        out = []
+        for s, p in self.checkpoints().items():
+            if s in done or s <= self.manifest.get("started_at_step", 0) or not self.is_evaluation(s):
+                continue
+            if _mtime(p / "trainer_state.json") < self.manifest.get("started_at", 0) - 1:
+                if s not in self._stale:  # an earlier run's, in a reused output_dir: never this run's step
+                    self._stale.add(s)
+                    logger.warning("forgetwatch watch: %s predates this run (an earlier run in the same output_dir); "
+                                   "not scored", p)
+                continue
+            out.append((s, p))
+        return out
 
     def _report_deleted(self, present: dict[int, Path]) -> None:
         """Say so when an evaluation step's checkpoint disappeared before it was scored (`save_total_limit`)."""
@@ -134,19 +152,24 @@ class Watcher:
     # -- scoring --------------------------------------------------------------------------------------------------
     def score(self, step: int, path: Path, state: dict[str, Any]) -> bool:
         """Score one checkpoint into the record; a checkpoint that fails to load is skipped with a message."""
-        from .models import load_checkpoint
+        from .models import free_memory, load_checkpoint
         from .scoring import precision_context, score_probes
 
         t0 = time.perf_counter()
+        model = None
         try:
             model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device)
-        except Exception as e:
-            self._failed.add(step)
-            logger.warning("forgetwatch watch: could not load %s (%s: %s); skipped, watching on", path, type(e).__name__, e)
+            with precision_context(model, self.precision):
+                results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
+        except Exception as e:  # not loadable (yet), deleted meanwhile, out of memory: skip it, keep watching
+            self._failed[step] = self._failed.get(step, 0) + 1
+            last = self._failed[step] >= MAX_ATTEMPTS
+            logger.warning("forgetwatch watch: could not score %s (%s: %s); %s", path, type(e).__name__, e,
+                           "giving up on it" if last else "will try again")
             return False
-        with precision_context(model, self.precision):
-            results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
-        del model
+        finally:
+            del model
+            free_memory()
         seconds = time.perf_counter() - t0
         self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds)
         overall = self.monitor.last_report["overall"]
@@ -157,7 +180,8 @@ class Watcher:
     def poll(self) -> int:
         """Score every complete checkpoint not yet in the record, oldest first; the number scored."""
         self._refresh_manifest()
-        present = self.checkpoints()
+        started = self.manifest.get("started_at", 0) - 1
+        present = {s: p for s, p in self.checkpoints().items() if _mtime(p / "trainer_state.json") >= started}
         self._report_deleted(present)
         n = 0
         for step, path in self.pending():
@@ -182,6 +206,11 @@ class Watcher:
                 n += self.poll()
                 if once or self.finished():
                     break
+                if not self.manifest.get("finished") and not self._trainer_alive():
+                    n += self.poll()  # what it saved before it went
+                    logger.warning("forgetwatch watch: the training process (pid %s) is gone without finishing; scored "
+                                   "what it saved", self.manifest.get("pid"))
+                    break
                 if timeout is not None and time.monotonic() - t0 > timeout:
                     logger.warning("forgetwatch watch: stopped after %.0f s (--timeout) with training still going", timeout)
                     break
@@ -191,6 +220,21 @@ class Watcher:
             if self._own_wandb is not None:
                 self._own_wandb.finish()  # the watcher's run (or its turn on the trainer's): the trainer's callback ends its own
         return n
+
+    def _trainer_alive(self) -> bool:
+        """False when the training process ran on this host and no longer exists (elsewhere: assumed alive)."""
+        import socket
+
+        pid = self.manifest.get("pid")
+        if not pid or self.manifest.get("host") != socket.gethostname():
+            return True
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # exists, owned by another user
+        return True
 
     def _refresh_manifest(self) -> None:
         try:
@@ -244,3 +288,10 @@ class Watcher:
                                            "eval_steps": self.eval_steps}})
         self._own_wandb = wandb.init(**kwargs)
         return self._own_wandb
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("inf")  # not there (yet): `complete` decides

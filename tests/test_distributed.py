@@ -313,6 +313,6 @@ def test_replay_stream_gives_each_rank_its_share(tmp_path):
     first_epoch = train_rows[0][:6] + train_rows[1][:6]  # 12 rows per rank in 8 steps; 16 rows in an epoch
     assert len(set(first_epoch)) == 12
     (mix,) = [r for r in trace(tmp_path, 0) if r["event"] == "mix"]
-    assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6]
+    assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6, 8]
     recorded = json.loads((tmp_path / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]["schedule"]
     assert recorded == mix["schedule"]

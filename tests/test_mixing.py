@@ -112,11 +112,11 @@ def test_a_stream_read_again_is_the_same_stream_across_weight_switches():
 
 def test_closed_loop_shifts_draws_toward_the_category_that_forgets():
     mixer = _mixer(ratio=0.5)
-    before = [r["text"][0] for r in itertools.islice(mixer.rows(), 400) if not r["text"].startswith("t")]
+    rows = mixer.rows()
+    before = [r["text"][0] for r in itertools.islice(rows, 400) if not r["text"].startswith("t")]
     assert all(abs(before.count(c) / len(before) - 1 / 3) < 0.08 for c in "abc")  # nothing forgotten yet: uniform
     mixer.publish(10, {"a": 0.0, "b": 0.3, "c": 0.0})
-    rows = mixer.rows()
-    next(rows)
+    assert mixer.schedule[-1][:2] == (400, 10)  # from the position after the last one read
     after = [r["text"][0] for r in itertools.islice(rows, 400) if not r["text"].startswith("t")]
     # b: 0.1 / 3 + 0.9 of the draws
     assert after.count("b") / len(after) == pytest.approx(0.1 / 3 + 0.9, abs=0.05)

@@ -219,6 +219,6 @@ def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
     assert "replay: 50% of the examples, closed_loop, from arc_easy 567, hellaswag 10039, piqa 1835, sciq 997, triviaqa 7990" in proc.stdout
     mix = json.loads((tmp_path / "out" / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]
     assert mix["ratio"] == 0.5 and mix["categories"] == ["arc_easy", "hellaswag", "piqa", "sciq", "triviaqa"]
-    assert [step for _, step, _ in mix["schedule"]] == [1]  # step 1's weights drew step 2's replay
+    assert [step for _, step, _ in mix["schedule"]] == [1, 2]  # each evaluation's weights, from where the data was read
     if stage == "grpo":  # replayed multiple-choice prompts were rewarded as such (the reward logs their invalid rate)
         assert "'forgetwatch/mcq_invalid'" in proc.stdout and "'forgetwatch/short_answer_invalid'" in proc.stdout

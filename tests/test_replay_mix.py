@@ -3,6 +3,7 @@ the closed loop following the callback's measurements, resume continuing the sam
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,9 @@ def test_closed_loop_weights_follow_the_measured_forgetting(replay_run):
     mix = record.read_mix()["mixers"][0]
     assert mix["ratio"] == RATIO and mix["strategy"] == "closed_loop" and mix["categories"] == ["add", "compare", "count", "short"]
     metrics = {row["step"]: row["metrics"] for row in record.read_metrics()}
-    assert [step for _, step, _ in mix["schedule"]] == [2, 4]  # step 6's weights come after the last batch
+    # each evaluation's weights hold from the position after the last one read then (step 6's: after the last batch)
+    assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6]
+    assert [p for p, _, _ in mix["schedule"]] == [12, 20, 28]  # one batch read ahead: steps 3, 5, 7 are read at 2, 4, 6
     def expected(step):
         forgetting = {c: m.get("forgetting_adjusted", m["forgetting"]) for c, m in metrics[step].items() if c != "overall"}
         return category_weights(forgetting, floor=0.1)
@@ -109,9 +112,10 @@ def test_closed_loop_weights_follow_the_measured_forgetting(replay_run):
 
 
 def test_resume_continues_the_same_stream(tokenizer, tmp_path):
-    """Resumed from step 6's checkpoint, the stream is read again from its start (the skipped batches included) and
-    steps 7-8 train on the same examples as the uninterrupted run: step 8's replay is drawn by step 6's weights (which
-    lean to `add`), switched in at the position the first run recorded, after step 7's batch had been read."""
+    """Resumed from step 6's checkpoint (in a copy of the run's directory), the stream is read again from its start
+    (the skipped batches included) and steps 7-8 train on the same examples as the uninterrupted run: step 8's replay is
+    drawn by step 6's weights (which lean to `add`), from the position the record holds, after step 7's batch (read
+    before step 6's evaluation) which keeps step 4's."""
     def run(out: Path, resume: bool = False):
         w = watcher()
         trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0),
@@ -120,11 +124,27 @@ def test_resume_continues_the_same_stream(tokenizer, tmp_path):
         return trainer, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"]
 
     whole, whole_schedule = run(tmp_path / "whole")
-    position, step, weights = whole_schedule[-1]
-    assert step == 6 and weights["add"] > 0.5 and 28 <= position < 32  # in step 8's batch
-    resumed, schedule = run(tmp_path / "whole", resume=True)  # the same run, steps 7-8 trained again
+    (position, step, weights), = [e for e in whole_schedule if e[1] == 6]
+    assert weights["add"] > 0.5 and position == 28  # step 8's batch is positions 28-31
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    resumed, schedule = run(tmp_path / "cut", resume=True)  # evaluations after step 6 are recomputed
     assert resumed.fed == whole.fed[6:]
     assert schedule == whole_schedule
+
+
+def test_grpo_data_gets_each_rows_kind_for_probe_reward():
+    """A GRPO dataset without a `kind` column: replayed multiple-choice rows carry kind "mcq" (the training rows None),
+    so `probe_reward` checks their letter rather than a short answer."""
+    from forgetwatch.answers import probe_reward
+
+    w = watcher()
+    train = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i} + 1 = ?"}], "solution": str(i + 1)} for i in range(8)])
+    pool = ProbeSet([p for p in make_pool() if p.kind == "mcq"] + [Probe("pool-short", "short", "Pool short?", answers=("yes",), category="short")])
+    rows = list(mix_replay(train, pool, ratio=0.5, strategy="uniform", monitor=w).take(8))
+    assert all(set(r) == {"prompt", "solution", "kind"} for r in rows)
+    mcq = [r for r in rows if r["kind"] == "mcq"]
+    assert mcq and {r["kind"] for r in rows if r["solution"] in [str(i + 1) for i in range(8)]} == {None}
+    assert probe_reward([mcq[0]["solution"]], solution=[mcq[0]["solution"]], kind=[mcq[0]["kind"]]) == [1.0]
 
 
 def test_bad_input_is_refused_before_training(tokenizer):

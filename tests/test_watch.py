@@ -93,7 +93,7 @@ def test_a_restarted_watcher_scores_only_what_is_new(tokenizer, tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
         assert Watcher(out, device="cpu").run(once=True) == 1
     assert RunRecord(out / "forgetwatch").eval_steps() == [0, 2, 4]
-    assert "could not load" in caplog.text and "checkpoint-6" in caplog.text
+    assert "could not score" in caplog.text and "checkpoint-6" in caplog.text and "will try again" in caplog.text
     assert Watcher(out, device="cpu").run(once=True) == 0  # nothing new: checkpoint-6 is retried, still broken
 
 
@@ -245,3 +245,29 @@ def test_watching_a_recipe_run_as_it_trains(tiny_model_dir, tmp_path):
     assert watch.returncode == 0, watch.stderr[-3000:]
     assert "scored 3 checkpoint(s)" in watch.stdout
     assert [r["step"] for r in RunRecord(out / "forgetwatch").read_metrics()] == [0, 2, 4, 6]
+
+
+def test_only_evaluation_steps_of_this_run_and_a_dead_trainer_ends_the_watch(tokenizer, tmp_path, caplog):
+    """Checkpoints the trainer saved for itself off the eval grid are not evaluations; checkpoints older than the run
+    (an earlier run in the same output_dir) are not this run's; a watcher whose training process died stops."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    sft_trainer(tokenizer, out, [watcher(scoring="sidecar")], save_strategy="steps", save_steps=3).train()
+    assert sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")) == [2, 3, 4, 6]
+    path = out / "forgetwatch" / "sidecar.json"
+    manifest = json.loads(path.read_text())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path.write_text(json.dumps({**manifest, "finished": False, "final_step": None, "pid": int(dead.stdout)}))
+    shutil.copytree(out / "checkpoint-6", out / "checkpoint-8")  # an earlier run's, older than this run
+    state = out / "checkpoint-8" / "trainer_state.json"
+    state.write_text(state.read_text().replace('"global_step": 6', '"global_step": 8'))
+    import os
+
+    os.utime(state, (manifest["started_at"] - 60, manifest["started_at"] - 60))
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+        assert Watcher(out, device="cpu").run(poll_seconds=0.1, timeout=60) == 3
+    assert RunRecord(out / "forgetwatch").eval_steps() == [0, 2, 4, 6]
+    assert "checkpoint-8 predates this run" in caplog.text
+    assert f"the training process (pid {int(dead.stdout)}) is gone without finishing" in caplog.text
