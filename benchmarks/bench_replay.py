@@ -174,9 +174,15 @@ def analyse() -> dict:
         summary[arm]["seeds"] = len(rows)
     if "none" in summary:
         ref = summary["none"]
+
+        def cut(arm: dict, key: str) -> float | None:
+            base = ref[key]["mean"]
+            return 1 - arm[key]["mean"] / base if base else None  # no forgetting without replay: nothing to cut
+
         for s in summary.values():
-            s["cut_held_out_forgetting_adjusted"] = 1 - s["held_out_forgetting_adjusted"]["mean"] / ref["held_out_forgetting_adjusted"]["mean"]
-            s["cut_held_out_forgetting"] = 1 - s["held_out_forgetting"]["mean"] / ref["held_out_forgetting"]["mean"]
+            s["cut_held_out_forgetting"] = cut(s, "held_out_forgetting")
+            s["cut_held_out_forgetting_adjusted"] = cut(s, "held_out_forgetting_adjusted")
+            s["cut_monitored_forgetting"] = cut(s, "monitored_forgetting")
             s["task_loss_cost"] = s["task_loss"]["mean"] / ref["task_loss"]["mean"] - 1
     return {"setting": {"ratio": RATIO, "seeds": SEEDS, "per_suite": PER_SUITE, "suites": SUITES,
                         "held_out_task_rows": HELD_OUT_TASK},
@@ -190,9 +196,10 @@ def plot(result: dict) -> None:
     import matplotlib.pyplot as plt
 
     arms = list(result["arms"])
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, key, title in zip(axes, ("held_out_forgetting_adjusted", "monitored_forgetting_adjusted", "task_loss"),
-                              ("held-out probes: F_adj", "monitored probes: F_adj", "held-out GSM8K loss"), strict=True):
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
+    panels = (("held_out_forgetting", "held-out probes: F (headline)"), ("monitored_forgetting", "monitored probes: F"),
+              ("monitored_forgetting_adjusted", "monitored probes: F_adj"), ("task_loss", "held-out GSM8K loss"))
+    for ax, (key, title) in zip(axes, panels, strict=True):
         for i, arm in enumerate(arms):
             runs = result["arms"][arm][key]["runs"]
             ax.bar(i, np.mean(runs), color=("#999999", "#6699cc", "#cc6633")[i % 3], alpha=0.6)
@@ -200,8 +207,8 @@ def plot(result: dict) -> None:
         ax.set_xticks(range(len(arms)), arms)
         ax.set_title(title)
     if result.get("base_task_loss"):
-        axes[2].axhline(result["base_task_loss"], color="k", ls="--", lw=1, label="base")
-        axes[2].legend()
+        axes[3].axhline(result["base_task_loss"], color="k", ls="--", lw=1, label="base")
+        axes[3].legend()
     fig.suptitle(f"SFT demo, replay ratio {RATIO}, seeds {', '.join(map(str, SEEDS))} (bars: mean; dots: runs)")
     fig.tight_layout()
     fig.savefig(REPO / "benchmarks" / "results" / "replay.png", dpi=110)

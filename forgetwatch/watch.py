@@ -219,6 +219,10 @@ class Watcher:
             self.monitor.finish()
             if self._own_wandb is not None:
                 self._own_wandb.finish()  # the watcher's run (or its turn on the trainer's): the trainer's callback ends its own
+            if self._own_trackio:
+                import trackio
+
+                trackio.finish()
         return n
 
     def _trainer_alive(self) -> bool:
@@ -244,7 +248,7 @@ class Watcher:
 
     # -- loggers --------------------------------------------------------------------------------------------------
     def _loggers(self, report_to: list[str], into_trainer_run: bool) -> list[MetricLogger]:
-        self._own_wandb = None
+        self._own_wandb, self._own_trackio = None, False
         loggers: list[MetricLogger] = []
         name = self.manifest.get("run_name") or self.output_dir.name
         for backend in [b for b in report_to if b not in ("none", None)]:
@@ -258,6 +262,7 @@ class Watcher:
 
                     trackio.init(project=self.manifest.get("trackio_project") or "huggingface", name=f"{name}-forgetwatch",
                                  resume="allow")
+                    self._own_trackio = True
                     loggers.append(TrackioLogger())
                 else:
                     logger.warning("forgetwatch watch: does not log to %r (it logs to wandb, tensorboard, trackio)", backend)

@@ -271,3 +271,30 @@ def test_only_evaluation_steps_of_this_run_and_a_dead_trainer_ends_the_watch(tok
     assert RunRecord(out / "forgetwatch").eval_steps() == [0, 2, 4, 6]
     assert "checkpoint-8 predates this run" in caplog.text
     assert f"the training process (pid {int(dead.stdout)}) is gone without finishing" in caplog.text
+
+
+def test_the_watcher_logs_to_tensorboard_and_trackio(tokenizer, tmp_path, monkeypatch):
+    """Like the callback: TensorBoard into the trainer's log directory, trackio into a run of its own
+    (`<run>-forgetwatch`) in the trainer's project; both read back from disk, on the trainer's step axis."""
+    pytest.importorskip("tensorboard")
+    trackio = pytest.importorskip("trackio")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", tmp_path / "trackio", raising=False)
+    out = tmp_path / "run"
+    sft_trainer(tokenizer, out, [watcher(scoring="sidecar")], report_to=["tensorboard", "trackio"], max_steps=4,
+                project="fw-test", run_name="run").train()
+    assert Watcher(out, device="cpu").run(once=True) == 2
+    expected = {m["step"]: m["metrics"]["overall"]["forgetting"] for m in RunRecord(out / "forgetwatch").read_metrics()}
+    tb: dict[int, float] = {}
+    for f in sorted((tmp_path / "tb").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        if "forgetwatch/forgetting" in acc.Tags()["scalars"]:
+            tb.update({e.step: e.value for e in acc.Scalars("forgetwatch/forgetting")})
+    assert tb == pytest.approx(expected) and sorted(tb) == [0, 2, 4]
+    logs = trackio.SQLiteStorage.get_logs("fw-test", "run-forgetwatch")
+    got = {int(r["train/global_step"]): r["forgetwatch/forgetting"] for r in logs if "forgetwatch/forgetting" in r}
+    assert got == pytest.approx(expected)
