@@ -184,3 +184,16 @@ def test_dataloader_workers_are_refused_at_the_start(tokenizer, tmp_path):
                          dataloader_num_workers=1)
     with pytest.raises(ValueError, match="dataloader_num_workers=0"):
         trainer.train()
+
+
+def test_a_probe_file_needs_a_replay_pool():
+    """With suite names the pool defaults to the rest of the suites; a probe file has no rest, and would otherwise be
+    its own pool (refused as the monitored probes themselves)."""
+    from forgetwatch import ForgetWatchArguments
+
+    assert ForgetWatchArguments(forgetwatch_probes="arc_easy,sciq").replay_kwargs() is None  # off by default
+    args = ForgetWatchArguments(forgetwatch_probes="arc_easy,sciq", forgetwatch_replay_mix=0.1)
+    assert args.replay_kwargs() == {"pool": "arc_easy,sciq", "ratio": 0.1, "strategy": "closed_loop"}
+    with pytest.raises(ValueError, match=r"forgetwatch_replay_pool is needed: forgetwatch_probes is a file \(probes.jsonl\)"):
+        ForgetWatchArguments(forgetwatch_probes="probes.jsonl", forgetwatch_replay_mix=0.1).replay_kwargs()
+    assert "replay_mix" not in str(args.to_kwargs())  # the callback does not take mix_replay's options
