@@ -4,6 +4,7 @@
     forgetwatch probes show probes.jsonl
     forgetwatch cache   --model <dir or hub id> --probes probes.jsonl -o base.parquet
     forgetwatch compare --model <checkpoint>    --probes probes.jsonl --base base.parquet [--json]
+    forgetwatch compare BEFORE AFTER            # two lm-eval --log_samples outputs, or two lighteval details
     forgetwatch report  <output_dir> [-o DIR]
 """
 
@@ -66,14 +67,28 @@ def build_parser() -> argparse.ArgumentParser:
     _scoring_args(c, defaults=True)
     c.set_defaults(func=cmd_cache)
 
-    m = sub.add_parser("compare", help="score a checkpoint and compare it probe by probe with the base cache")
-    _model_args(m)
-    m.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")
+    m = sub.add_parser(
+        "compare", help="score a checkpoint and compare it probe by probe with the base cache, or compare two "
+        "lm-eval / lighteval per-sample outputs",
+        usage="%(prog)s --model CHECKPOINT --probes PROBES --base BASE [options]\n"
+              "       %(prog)s BEFORE AFTER [--json] [--metric M] [--filter F] [--match {auto,hash,id}]")
+    m.add_argument("runs", nargs="*", metavar="BEFORE AFTER",
+                   help="two lm-evaluation-harness --log_samples outputs (directories or samples_*.jsonl) or two lighteval "
+                        "details (directories or details_*.parquet), before and after post-training; no model is loaded")
+    _model_args(m, required=False)
+    m.add_argument("--base", default=None, help="the base cache made by `forgetwatch cache`")
     m.add_argument("--json", action="store_true", help="print the report as JSON")
     m.add_argument("--flips", type=int, default=10, help="flipped probes to list in the table (default 10)")
     m.add_argument("--allow-other-model", action="store_true",
                    help="compare although the model's architecture differs from the cache's base model (two different models)")
     m.add_argument("-o", "--output", default=None, help="also write this checkpoint's per-probe results (.parquet or .jsonl)")
+    m.add_argument("--metric", default=None, help="with BEFORE AFTER: the 0/1 per-sample metric to count as correct "
+                   "(default per task: acc, exact_match, ... whichever it logs)")
+    m.add_argument("--filter", default=None, help="with lm-eval outputs: the filter whose answers count where a task logged "
+                   "several (default: the task's first, e.g. gsm8k's strict-match)")
+    m.add_argument("--match", choices=("auto", "hash", "id"), default="auto",
+                   help="with BEFORE AFTER: match documents by content hash, by document id, or auto (hash where every "
+                        "document has one, else id); never by position or prompt text")
     _scoring_args(m, defaults=False)
     m.set_defaults(func=cmd_compare)
 
@@ -103,9 +118,9 @@ def _version() -> str:
     return __version__
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)")
-    p.add_argument("--probes", required=True, help="a probe JSONL file, or comma-separated suite names")
+def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)")
+    p.add_argument("--probes", required=required, help="a probe JSONL file, or comma-separated suite names")
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
 
@@ -243,6 +258,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.runs:
+        return cmd_compare_samples(args)
+    missing = [f"--{n}" for n in ("model", "probes", "base") if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"compare needs {', '.join(missing)} (a checkpoint scored against a base cache), "
+                         "or two per-sample outputs: forgetwatch compare BEFORE AFTER")
     from .cache import BaseCache, make_cache_key
     from .metrics import compute_report
     from .models import model_identity
@@ -285,6 +306,51 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for f in flips[: args.flips]:
             print(f"  {f['direction']}  {f['id']}  [{f['category']}]  base: {f['base_prediction']!r}  now: {f['prediction']!r}  gold: {f['gold']!r}")
     return 0
+
+
+def cmd_compare_samples(args: argparse.Namespace) -> int:
+    from .samples import compare_samples
+
+    if len(args.runs) != 2:
+        raise ValueError(f"compare takes two per-sample outputs, BEFORE and AFTER; got {len(args.runs)}: {' '.join(args.runs)}")
+    given = [f"--{n}" for n in ("model", "probes", "base", "output") if getattr(args, n) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} score a model; with two per-sample outputs (BEFORE AFTER) nothing is scored: drop them")
+    cmp = compare_samples(args.runs[0], args.runs[1], metric=args.metric, filter=args.filter, match=args.match)
+    if args.json:
+        print(json.dumps(cmp.to_dict(), indent=1, ensure_ascii=False))
+        return 0
+    for label, side in (("before", cmp.before), ("after", cmp.after)):
+        what = f"{side.format} {side.version}" if side.version else side.format
+        print(f"{label + ':':<8}{side.path}  ({what}{', model ' + side.model if side.model else ''})")
+    hows = sorted(set(cmp.match_by.values()))
+    print(f"matched {len(cmp.matched)} samples of {len(cmp.match_by)} task(s) by {' / '.join(hows)}; "
+          f"counted: {', '.join(f'{t} {m}' for t, m in sorted(cmp.before.metric.items()) if t in cmp.match_by)}")
+    for note in dict.fromkeys(cmp.before.notes + cmp.after.notes):
+        print(f"  note: {note}")
+    for label, tasks in (("before", cmp.tasks_only_before), ("after", cmp.tasks_only_after)):
+        if tasks:
+            print(f"  tasks only {label} (not compared): {', '.join(tasks)}")
+    for label, only in (("before", cmp.only_before), ("after", cmp.only_after)):
+        if only:
+            per = Counter(s.task for s in only)
+            print(f"  samples only {label} (not compared): {len(only)} ({', '.join(f'{t}: {n}' for t, n in sorted(per.items()))}); "
+                  "--json lists them")
+    print()
+    print(format_report(cmp.report, label="task"))
+    flips = cmp.flips
+    if flips and args.flips:
+        print(f"\nflipped samples ({len(flips)}; first {min(args.flips, len(flips))}):")
+        for f in flips[: args.flips]:
+            print(f"  {f['direction']}  {f['task']} doc {f['doc_id']}  {_cut(f['question'])!r}  before: {_cut(f['before'], 30)!r}  "
+                  f"after: {_cut(f['after'], 30)!r}  gold: {_cut(f['gold'], 30)!r}")
+    return 0
+
+
+def _cut(text: str, width: int = 60) -> str:
+    """One line of at most `width` characters (the full text is in --json)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -359,9 +425,9 @@ def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: 
     return " ".join([*parts, f"-o {output}"])
 
 
-def format_report(report: dict) -> str:
-    """A fixed-width table, one row per category and one for all probes."""
-    head = f"{'category':<22}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
+def format_report(report: dict, label: str = "category") -> str:
+    """A fixed-width table, one row per category (or task) and one for all probes."""
+    head = f"{label:<22}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
     lines = [head, "-" * len(head)]
     names = [k for k in report if k != "overall"] + ["overall"]
     for name in names:
@@ -378,7 +444,7 @@ def format_report(report: dict) -> str:
         )
     overall = report["overall"]
     lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
-    lines.append("F adj / BT adj subtract flips expected from guessing among each probe's own k options; short-answer probes have no chance term (n/a).")
+    lines.append("F adj / BT adj subtract flips expected from guessing among each item's own k options; short-answer and generative items have no chance term (n/a).")
     nothing = [k for k in names if k != "overall" and report[k].nothing_to_forget]
     if nothing:
         lines.append(f"* nothing to forget ({', '.join(nothing)}): the base model knew nothing there beyond chance "

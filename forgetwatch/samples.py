@@ -1,0 +1,474 @@
+"""Per-sample outputs of other evaluation harnesses, compared sample by sample like forgetwatch's own caches.
+
+Reads what users already have on disk:
+
+    lm-evaluation-harness (0.4.x) `--log_samples`: <output_path>/<model>/samples_<task>_<time>.jsonl, one line per
+        document (and per filter), with `doc_id`, `doc_hash`, `arguments` (one per option for multiple choice),
+        `filtered_resps` and one field per metric (`acc`, `exact_match`, ...).
+    lighteval `--save-details`: <output_dir>/details/<model>/<time>/details_<task>_<time>.parquet, one row per
+        document, with `doc` (query, choices, gold_index, id), `model_response` and `metric`.
+
+Samples are matched within a task by the document's content hash when both sides have one for every document
+(lm-eval's `doc_hash`; for lighteval a hash of the document's query, choices and gold), else by document id.
+Never by position or sorted prompt text: two runs may order, subsample or revise a dataset differently. A sample
+found on one side only is counted and listed, not dropped silently. Each document brings its own number of
+choices (0 for generative tasks, which have no chance term).
+
+Example:
+    >>> cmp = compare_samples("lm-eval-out/base", "lm-eval-out/step-1000")  # doctest: +SKIP
+    >>> cmp.report["overall"].forgetting, len(cmp.only_before)  # doctest: +SKIP
+    (0.071, 0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .metrics import ForgettingMetrics, compute_report
+
+__all__ = ["Sample", "SampleSet", "SampleComparison", "SamplesFormatError", "read_samples", "compare_samples"]
+
+FORMATS = "lm-evaluation-harness `--log_samples` outputs (samples_<task>_<time>.jsonl) and lighteval details (details_<task>_<time>.parquet, from --save-details)"
+# lm-eval names its files <prefix>_<task>_<ISO time with '-' for ':'>; the task name may itself hold underscores.
+_LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.]+)\.jsonl$")
+_LIGHTEVAL_FILE = re.compile(r"^details_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.:]+)\.parquet$")
+# document fields that hold the question, in the order tried, for the flips list (the full prompt has the few-shot)
+_QUESTION_FIELDS = ("question", "query", "problem", "Question", "ctx", "sentence", "goal", "text", "prompt", "input")
+# 0/1 metrics tried first when a task logs several (lm-eval lists a task's metrics in its config order)
+_PREFERRED = ("acc", "exact_match", "loglikelihood_acc", "em", "pass@1", "acc_norm")
+
+
+class SamplesFormatError(ValueError):
+    """A per-sample file is of an unknown format or malformed; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One document's outcome in one evaluation run.
+
+    `outcome` is 1 (correct) or 0 (wrong); `num_choices` is the document's own number of options, 0 for a
+    generative task. `key` is what it is matched by (set by `compare_samples`).
+    """
+
+    task: str
+    doc_id: str
+    doc_hash: str | None
+    outcome: int
+    num_choices: int
+    question: str
+    gold: str
+    prediction: str
+    where: str  # file:line, for messages
+
+
+@dataclass
+class SampleSet:
+    """The samples of one evaluation run (one side of a comparison), one metric and one filter per task."""
+
+    path: str
+    format: str  # "lm-eval" or "lighteval"
+    samples: list[Sample]
+    metric: dict[str, str]  # task -> the 0/1 metric used
+    filter: dict[str, str] = field(default_factory=dict)  # task -> lm-eval filter used (when a task has several)
+    model: str | None = None
+    version: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({s.task for s in self.samples})
+
+
+def read_samples(path: str | Path, metric: str | None = None, filter: str | None = None) -> SampleSet:
+    """Read one run's per-sample outputs: an lm-eval `--log_samples` directory or file, or lighteval details.
+
+    Args:
+        path: a directory (searched recursively), one `samples_*.jsonl` / `details_*.parquet` file, or
+            lm-eval's `results_*.json` (its samples files beside it are read).
+        metric: the 0/1 metric to count as correct where a task logs it (default per task: `acc`, `exact_match`,
+            ... whichever the task has, in that order, else its first 0/1 metric).
+        filter: lm-eval only: the filter whose answers count where a task has several (default: the task's
+            first, e.g. gsm8k's `strict-match`).
+
+    Raises:
+        SamplesFormatError: unknown or malformed input; the message names the file, line and field.
+    """
+    path = Path(path)
+    files, fmt = _find_files(path)
+    if fmt == "lm-eval":
+        return _read_lm_eval(path, files, metric, filter)
+    if filter is not None:
+        raise SamplesFormatError(f"--filter is an lm-eval option; {path} holds lighteval details")
+    return _read_lighteval(path, files, metric)
+
+
+def _find_files(path: Path) -> tuple[list[Path], str]:
+    if not path.exists():
+        raise SamplesFormatError(f"{path}: no such file or directory")
+    if path.is_file():
+        if path.name.startswith("results_") and path.suffix == ".json":
+            # lm-eval's aggregate file: its samples files share its timestamp
+            stamp = path.name[len("results_"):-len(".json")]
+            files = sorted(p for p in path.parent.glob(f"samples_*_{stamp}.jsonl"))
+            if not files:
+                raise SamplesFormatError(f"{path} is lm-eval's results file, but no samples_*_{stamp}.jsonl is beside it: "
+                                         "run lm_eval with --log_samples to write per-sample outputs")
+            return files, "lm-eval"
+        if path.suffix == ".jsonl":
+            return [path], "lm-eval"
+        if path.suffix == ".parquet":
+            return [path], "lighteval"
+        raise SamplesFormatError(f"{path}: not a per-sample output forgetwatch reads. It reads {FORMATS}")
+    lm = sorted(p for p in path.rglob("samples_*.jsonl") if _LM_EVAL_FILE.match(p.name))
+    le = sorted(p for p in path.rglob("details_*.parquet"))
+    if lm and le:
+        raise SamplesFormatError(f"{path} holds both lm-eval samples ({lm[0]}) and lighteval details ({le[0]}): "
+                                 "point at the directory of one run")
+    if not lm and not le:
+        raise SamplesFormatError(f"{path}: no per-sample outputs found. forgetwatch reads {FORMATS}; lm-eval writes them "
+                                 "with --log_samples --output_path DIR, lighteval with --save-details")
+    return (lm, "lm-eval") if lm else (le, "lighteval")
+
+
+def _latest_per_task(path: Path, files: list[Path], pattern: re.Pattern, notes: list[str]) -> dict[str, Path]:
+    """One file per task: the newest run's, when a reused output directory holds several (said in `notes`)."""
+    dirs = sorted({f.parent for f in files})
+    if len(dirs) > 1 and pattern is _LM_EVAL_FILE:
+        shown = ", ".join(str(d) for d in dirs[:5])
+        raise SamplesFormatError(f"{path} holds the samples of {len(dirs)} models or runs ({shown}): point at one of them")
+    by_task: dict[str, list[tuple[str, Path]]] = defaultdict(list)
+    for f in files:
+        m = pattern.match(f.name)
+        if m is None:  # a single file given by name: take the task from inside it
+            by_task[""].append(("", f))
+        else:
+            by_task[m["task"]].append((m["time"], f))
+    out = {}
+    for task, runs in by_task.items():
+        runs.sort()
+        out[task] = runs[-1][1]
+        if len(runs) > 1:
+            notes.append(f"{task}: {len(runs)} runs found in {path}; using the latest ({runs[-1][1].name})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- lm-eval
+
+
+def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str | None) -> SampleSet:
+    notes: list[str] = []
+    chosen = _latest_per_task(path, files, _LM_EVAL_FILE, notes)
+    configs, model, version = _lm_eval_results(chosen.values())
+    samples: list[Sample] = []
+    metrics: dict[str, str] = {}
+    filters: dict[str, str] = {}
+    filter_seen = False
+    for task_from_name, f in sorted(chosen.items()):
+        rows = list(_jsonl(f))
+        if not rows:
+            raise SamplesFormatError(f"{f}: empty samples file")
+        task = task_from_name or _task_from_results(f, configs) or f.stem
+        by_filter: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+        for line, row in rows:
+            by_filter[str(row.get("filter", "none"))].append((line, row))
+        names = list(by_filter)
+        if filter is not None and filter in by_filter:
+            use, filter_seen = filter, True
+        else:
+            use = names[0]
+        if len(names) > 1:
+            filters[task] = use
+            others = ", ".join(n for n in names if n != use)
+            notes.append(f"{task}: answers after filter {use!r} (also logged: {others}; choose with --filter)")
+        output_type = (configs.get(task) or {}).get("output_type")
+        chosen_rows = by_filter[use]
+        name = _pick_metric(task, f, chosen_rows, metric)
+        metrics[task] = name
+        for line, row in chosen_rows:
+            samples.append(_lm_eval_sample(task, f"{f}:{line}", row, name, output_type))
+    if filter is not None and not filter_seen:
+        logged = sorted({n for n in filters.values()} | {"none"})
+        raise SamplesFormatError(f"--filter {filter!r}: no task in {path} logged answers after that filter (seen: {', '.join(logged)})")
+    _check_metric_used(path, metric, metrics)
+    return SampleSet(str(path), "lm-eval", samples, metrics, filters, model, version, notes)
+
+
+def _jsonl(f: Path) -> Iterable[tuple[int, dict]]:
+    with open(f, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SamplesFormatError(f"{f}:{i}: not JSON ({e.msg}); forgetwatch reads {FORMATS}") from None
+            if not isinstance(row, dict) or "doc_id" not in row or not ({"filtered_resps", "resps"} & row.keys()):
+                raise SamplesFormatError(f"{f}:{i}: not an lm-eval sample (needs `doc_id` and `filtered_resps`); "
+                                         f"forgetwatch reads {FORMATS}")
+            yield i, row
+
+
+def _lm_eval_results(files: Iterable[Path]) -> tuple[dict[str, dict], str | None, str | None]:
+    """Task configs (for `output_type`), model and lm-eval version from the results_*.json beside the samples."""
+    configs: dict[str, dict] = {}
+    model = version = None
+    for stamp_dir in sorted({f.parent for f in files}):
+        for res in sorted(stamp_dir.glob("results_*.json")):
+            try:
+                data = json.loads(res.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue  # the samples carry everything needed; the results file only adds names
+            configs.update(data.get("configs") or {})
+            model = data.get("model_name") or (data.get("config") or {}).get("model_args") or model
+            version = data.get("lm_eval_version") or version
+    return configs, (str(model) if model else None), version
+
+
+def _task_from_results(f: Path, configs: dict[str, dict]) -> str | None:
+    return next(iter(configs)) if len(configs) == 1 else None
+
+
+def _is01(v: Any) -> bool:
+    return isinstance(v, (bool, int, float)) and not (isinstance(v, float) and math.isnan(v)) and float(v) in (0.0, 1.0)
+
+
+def _pick_metric(task: str, f: Path, rows: list[tuple[int, dict]], metric: str | None) -> str:
+    logged = rows[0][1].get("metrics") or [k for k in rows[0][1] if _is01(rows[0][1][k]) and k not in ("doc_id",)]
+    binary = [m for m in logged if all(_is01(r.get(m)) for _, r in rows)]
+    if metric is not None and metric in logged:
+        if metric not in binary:
+            line, row = next((ln, r) for ln, r in rows if not _is01(r.get(metric)))
+            raise SamplesFormatError(f"{f}:{line}: metric {metric!r} of task {task} is not 0/1 per sample "
+                                     f"({row.get(metric)!r}); sample-wise forgetting needs a 0/1 metric (this task has: {', '.join(binary) or 'none'})")
+        return metric
+    for m in (*_PREFERRED, *binary):
+        if m in binary:
+            return m
+    raise SamplesFormatError(f"{f}: task {task} logs no 0/1 metric per sample (it logs: {', '.join(logged) or 'nothing'}); "
+                             "sample-wise forgetting needs correct / wrong per document")
+
+
+def _check_metric_used(path: Path, metric: str | None, metrics: dict[str, str]) -> None:
+    if metric is not None and metric not in metrics.values():
+        raise SamplesFormatError(f"--metric {metric!r}: no task in {path} logs it per sample "
+                                 f"(used: {', '.join(f'{t}: {m}' for t, m in sorted(metrics.items()))})")
+
+
+def _lm_eval_args(row: dict) -> list[list]:
+    """Each request's arguments: lm-eval 0.4.4+ writes {"gen_args_0": {"arg_0": ctx, "arg_1": ...}}, older a list."""
+    args = row.get("arguments") or []
+    if isinstance(args, dict):
+        return [[a[k] for k in sorted(a, key=lambda s: int(s.rsplit("_", 1)[-1]))] if isinstance(a, dict) else list(a)
+                for _, a in sorted(args.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[-1]))]
+    return [list(a) if isinstance(a, (list, tuple)) else [a] for a in args]
+
+
+def _lm_eval_sample(task: str, where: str, row: dict, metric: str, output_type: str | None) -> Sample:
+    args = _lm_eval_args(row)
+    continuations = [a[1] for a in args if len(a) > 1 and isinstance(a[1], str)]
+    mcq = output_type == "multiple_choice" or (output_type is None and len(continuations) == len(args) >= 2)
+    k = len(args) if mcq and len(args) >= 2 else 0
+    doc = row.get("doc") if isinstance(row.get("doc"), dict) else {}
+    target = row.get("target")
+    resps = row.get("filtered_resps", row.get("resps"))
+    if k:
+        lls = [_loglik(r) for r in resps] if isinstance(resps, list) and len(resps) == k else []
+        if lls and metric == "acc_norm":
+            lls = [ll / max(len(c), 1) for ll, c in zip(lls, continuations, strict=False)]
+        prediction = continuations[int(np.argmax(lls))].strip() if lls and all(v is not None for v in lls) else ""
+        gold = _gold_choice(target, continuations)
+    else:
+        prediction = _text(resps)
+        gold = _text(target)
+    question = next((doc[q] for q in _QUESTION_FIELDS if isinstance(doc.get(q), str)), None)
+    if question is None:
+        question = str(args[0][0]) if args and args[0] else ""
+    return Sample(task, str(row["doc_id"]), row.get("doc_hash"), int(float(row[metric])), k, question.strip(), gold,
+                  prediction, where)
+
+
+def _loglik(r: Any) -> float | None:
+    # a multiple-choice response is [loglik, is_greedy], both written as strings
+    v = r[0] if isinstance(r, (list, tuple)) and r else r
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _gold_choice(target: Any, continuations: Sequence[str]) -> str:
+    try:
+        idx = [int(t) for t in target] if isinstance(target, list) else [int(target)]
+        return " | ".join(continuations[i].strip() for i in idx)
+    except (TypeError, ValueError, IndexError):
+        return _text(target)
+
+
+def _text(v: Any) -> str:
+    while isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+# -------------------------------------------------------------------------------------------------- lighteval
+
+
+def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> SampleSet:
+    raise SamplesFormatError(f"{path}: lighteval details are not supported yet")
+
+
+# -------------------------------------------------------------------------------------------------- comparing
+
+
+@dataclass
+class SampleComparison:
+    """Two runs matched sample by sample: the forgetting report, the flips and what had no partner.
+
+    `pre` / `post` / `num_choices` / `tasks` are aligned arrays over the matched samples.
+    """
+
+    before: SampleSet
+    after: SampleSet
+    match_by: dict[str, str]  # task -> "doc_hash" | "doc_id" | "content hash"
+    matched: list[tuple[Sample, Sample]]
+    only_before: list[Sample]
+    only_after: list[Sample]
+    tasks_only_before: list[str]
+    tasks_only_after: list[str]
+    report: dict[str, ForgettingMetrics]
+
+    @property
+    def flips(self) -> list[dict[str, Any]]:
+        out = []
+        for a, b in self.matched:
+            if a.outcome != b.outcome:
+                out.append({"task": a.task, "doc_id": a.doc_id, "doc_id_after": b.doc_id, "direction": "1→0" if a.outcome else "0→1",
+                            "question": a.question, "gold": a.gold, "before": a.prediction, "after": b.prediction})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(s: SampleSet, only: list[Sample], tasks_only: list[str]) -> dict[str, Any]:
+            return {"path": s.path, "format": s.format, "model": s.model, "version": s.version, "metric": s.metric,
+                    "filter": s.filter, "tasks_only_here": tasks_only,
+                    "samples_only_here": [{"task": x.task, "doc_id": x.doc_id, "doc_hash": x.doc_hash, "where": x.where} for x in only]}
+
+        return {"before": side(self.before, self.only_before, self.tasks_only_before),
+                "after": side(self.after, self.only_after, self.tasks_only_after),
+                "n": len(self.matched), "match_by": self.match_by,
+                "metrics": {k: v.to_dict() for k, v in self.report.items()}, "flips": self.flips,
+                "notes": self.before.notes + self.after.notes}
+
+
+def compare_samples(before: str | Path | SampleSet, after: str | Path | SampleSet, *, metric: str | None = None,
+                    filter: str | None = None, match: str = "auto") -> SampleComparison:
+    """Match two runs' samples within each task and compute the sample-wise forgetting report.
+
+    Args:
+        before, after: paths for `read_samples`, or `SampleSet`s.
+        metric, filter: as in `read_samples`.
+        match: "auto" (content hash where both sides have one for every document of a task, else document id),
+            "hash" or "id".
+
+    Raises:
+        SamplesFormatError: no task in common (both task lists are named), a document id that holds different
+            documents on the two sides, or documents without any usable key.
+    """
+    if match not in ("auto", "hash", "id"):
+        raise ValueError(f"match must be 'auto', 'hash' or 'id', got {match!r}")
+    a = before if isinstance(before, SampleSet) else read_samples(before, metric, filter)
+    b = after if isinstance(after, SampleSet) else read_samples(after, metric, filter)
+    ta, tb = set(a.tasks), set(b.tasks)
+    common = sorted(ta & tb)
+    if not common:
+        raise SamplesFormatError(f"the two runs share no task: before ({a.path}) has {', '.join(sorted(ta))}; "
+                                 f"after ({b.path}) has {', '.join(sorted(tb))}")
+    for t in common:
+        if a.metric[t] != b.metric[t]:
+            raise SamplesFormatError(f"task {t}: before counts {a.metric[t]!r} but after counts {b.metric[t]!r}; "
+                                     "pick one for both with --metric")
+    sa, sb = _by_task(a.samples), _by_task(b.samples)
+    match_by, matched, only_a, only_b = {}, [], [], []
+    for t in common:
+        how, pairs, oa, ob = _match_task(t, sa[t], sb[t], match)
+        match_by[t] = how
+        matched += pairs
+        only_a += oa
+        only_b += ob
+    if not matched:
+        raise SamplesFormatError(f"no document of {', '.join(common)} is on both sides ({a.path}, {b.path}); "
+                                 "were the two runs made on different datasets?")
+    pre = np.array([x.outcome for x, _ in matched], dtype=np.int8)
+    post = np.array([y.outcome for _, y in matched], dtype=np.int8)
+    k = np.array([max(x.num_choices, y.num_choices) for x, y in matched], dtype=np.int64)
+    report = compute_report(pre, post, k, [x.task for x, _ in matched])
+    return SampleComparison(a, b, match_by, matched, only_a, only_b, sorted(ta - tb), sorted(tb - ta), report)
+
+
+def _by_task(samples: list[Sample]) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        out[s.task].append(s)
+    return out
+
+
+def _keyed(samples: list[Sample], attr: str) -> dict[tuple[str, int], Sample]:
+    """Key -> sample; duplicates of a key (the same document twice in a dataset) are told apart by their order."""
+    seen: Counter = Counter()
+    out = {}
+    for s in sorted(samples, key=lambda s: _id_order(s.doc_id)):
+        v = getattr(s, attr)
+        out[(v, seen[v])] = s
+        seen[v] += 1
+    return out
+
+
+def _id_order(doc_id: str) -> tuple[int, Any]:
+    return (0, int(doc_id)) if doc_id.lstrip("-").isdigit() else (1, doc_id)
+
+
+def _match_task(task: str, a: list[Sample], b: list[Sample], match: str):
+    hashed = all(s.doc_hash for s in a) and all(s.doc_hash for s in b)
+    with_id = all(s.doc_id not in ("", "None") for s in a) and all(s.doc_id not in ("", "None") for s in b)
+    if match == "hash" and not hashed:
+        raise SamplesFormatError(f"task {task}: --match hash, but some documents carry no content hash ({_first_missing(a + b, 'doc_hash')})")
+    if match == "id" and not with_id:
+        raise SamplesFormatError(f"task {task}: --match id, but some documents carry no id ({_first_missing(a + b, 'doc_id')})")
+    if match == "id" or (match == "auto" and not hashed):
+        if not with_id:
+            raise SamplesFormatError(f"task {task}: documents carry neither a content hash nor an id "
+                                     f"({_first_missing(a + b, 'doc_id')}); cannot match them safely")
+        attr, how = "doc_id", "doc_id"
+        ka, kb = _keyed(a, attr), _keyed(b, attr)
+        if hashed:  # same id, different document: the datasets differ, an id match would compare unrelated items
+            bad = [(x, kb[key]) for key, x in ka.items() if key in kb and x.doc_hash != kb[key].doc_hash]
+            if bad:
+                x, y = bad[0]
+                raise SamplesFormatError(f"task {task}: {len(bad)} document id(s) hold different documents on the two sides "
+                                         f"(first: doc_id {x.doc_id} at {x.where} and {y.where}); match by content with --match hash")
+    else:
+        attr, how = "doc_hash", "content hash"
+        ka, kb = _keyed(a, attr), _keyed(b, attr)
+    pairs = [(ka[key], kb[key]) for key in ka if key in kb]
+    only_a = [x for key, x in ka.items() if key not in kb]
+    only_b = [y for key, y in kb.items() if key not in ka]
+    return how, pairs, only_a, only_b
+
+
+def _first_missing(samples: list[Sample], attr: str) -> str:
+    s = next(s for s in samples if not getattr(s, attr) or getattr(s, attr) == "None")
+    return f"first at {s.where}"
+
+
+def content_hash(*parts: Any) -> str:
+    """A stable hash of a document's content (for sources without one), as lm-eval's `doc_hash`: sha256 of JSON."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()

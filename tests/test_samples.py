@@ -1,0 +1,262 @@
+"""`forgetwatch compare BEFORE AFTER` on real lm-evaluation-harness `--log_samples` outputs.
+
+The outputs are made here by the `lm_eval` command (0.4.13) from the tiny model and a perturbed copy, on two local
+tasks: a multiple-choice task whose documents have 2, 3 or 4 options, and a generative task whose answers are the
+base model's own greedy outputs (so the base is right on all of them and the perturbed copy forgets some).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
+
+from forgetwatch.cli import main
+from forgetwatch.samples import SamplesFormatError, compare_samples, read_samples
+
+MC_TASK = """task: fw_mc
+dataset_path: json
+dataset_kwargs:
+  data_files: {data}/mc.jsonl
+test_split: train
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+QA_TASK = """task: fw_qa
+dataset_path: json
+dataset_kwargs:
+  data_files: {data}/qa.jsonl
+test_split: train
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: answer
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+filter_list:
+  - name: strict
+    filter:
+      - function: take_first
+  - name: loose
+    filter:
+      - function: regex
+        regex_pattern: "(\\\\d+)"
+      - function: take_first
+"""
+
+
+def _lm_eval(model_dir: Path, tasks_dir: Path, out: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model_dir}", "--include_path",
+           str(tasks_dir), "--tasks", "fw_mc,fw_qa", "--output_path", str(out), "--log_samples", "--device", "cpu",
+           "--batch_size", "8"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Real lm-eval outputs: {"base": dir, "after": dir, "tasks": dir}."""
+    import torch
+
+    root = tmp_path_factory.mktemp("lm-eval")
+    tok = build_tokenizer()
+    model = build_model(tok)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    data = root / "tasks"
+    data.mkdir()
+    with open(data / "mc.jsonl", "w") as f:
+        for i in range(30):
+            k = 2 + i % 3
+            f.write(json.dumps({"question": f"Question {i}: which one is right?",
+                                "choices": [f"option {j} of {i}" for j in range(k)], "label": i % k}) + "\n")
+    with open(data / "qa.jsonl", "w") as f, torch.no_grad():
+        for i in range(8):
+            q = f"What is {i}+{i}?"
+            ids = tok(f"Question: {q}\nAnswer:", return_tensors="pt").input_ids
+            out = model.generate(ids, max_new_tokens=8, do_sample=False)
+            f.write(json.dumps({"question": q, "answer": tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]}) + "\n")
+    (data / "fw_mc.yaml").write_text(MC_TASK.format(data=data))
+    (data / "fw_qa.yaml").write_text(QA_TASK.format(data=data))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.std() * torch.randn_like(p))
+    model.save_pretrained(root / "after")
+    tok.save_pretrained(root / "after")
+    _lm_eval(root / "base", data, root / "out-base")
+    _lm_eval(root / "after", data, root / "out-after")
+    return {"base": root / "out-base", "after": root / "out-after", "tasks": data}
+
+
+def _rows(out: Path, task: str, filter: str) -> list[dict]:
+    (f,) = out.rglob(f"samples_{task}_*.jsonl")
+    return [r for r in map(json.loads, f.read_text().splitlines()) if r["filter"] == filter]
+
+
+def _expected(runs, metric="acc", qa_filter="strict"):
+    """Counts read straight from the files, keyed by lm-eval's doc_hash: {task: (n, 1->0, 0->1)}."""
+    out = {}
+    for task, flt, m in (("fw_mc", "none", metric), ("fw_qa", qa_filter, "exact_match")):
+        pre = {r["doc_hash"]: r[m] for r in _rows(runs["base"], task, flt)}
+        post = {r["doc_hash"]: r[m] for r in _rows(runs["after"], task, flt)}
+        out[task] = (len(pre), sum(pre[h] == 1 and post[h] == 0 for h in pre), sum(pre[h] == 0 and post[h] == 1 for h in pre))
+    return out
+
+
+def test_compare_matches_every_document_and_counts_its_own_options(runs):
+    cmp = compare_samples(runs["base"], runs["after"])
+    expected = _expected(runs)
+    for task, (n, forgotten, learned) in expected.items():
+        m = cmp.report[task]
+        assert (m.n, m.forgotten, m.learned) == (n, forgotten, learned)
+    assert cmp.report["overall"].n == 38 and not cmp.only_before and not cmp.only_after
+    assert cmp.match_by == {"fw_mc": "content hash", "fw_qa": "content hash"}
+    # the base model is right on every generative document (they are its own answers); the perturbed copy forgets some
+    assert cmp.report["fw_qa"].accuracy_pre == 1.0 and cmp.report["fw_qa"].forgotten > 0
+    assert cmp.report["fw_mc"].forgotten + cmp.report["fw_mc"].learned > 0
+    # k from each document: 2, 3 or 4 options, 0 for the generative task
+    docs = [json.loads(line) for line in (runs["tasks"] / "mc.jsonl").read_text().splitlines()]
+    ks = {s.doc_id: s.num_choices for s in cmp.before.samples if s.task == "fw_mc"}
+    assert ks == {str(i): len(d["choices"]) for i, d in enumerate(docs)}
+    assert {s.num_choices for s in cmp.before.samples if s.task == "fw_qa"} == {0}
+    # the chance term uses those k: 4-option documents expect fewer lucky flips than 2-option ones
+    assert cmp.report["fw_mc"].adjusted and not cmp.report["fw_qa"].adjusted
+    flip = next(f for f in cmp.flips if f["task"] == "fw_mc")
+    doc = docs[int(flip["doc_id"])]
+    assert flip["question"] == doc["question"] and flip["gold"] == doc["choices"][doc["label"]]
+    assert {flip["before"], flip["after"]} <= set(doc["choices"]) and flip["before"] != flip["after"]
+
+
+def test_cli_table_and_json(runs, capsys):
+    assert main(["compare", str(runs["base"]), str(runs["after"])]) == 0
+    out = capsys.readouterr().out
+    assert "matched 38 samples of 2 task(s) by content hash" in out
+    assert "fw_qa: answers after filter 'strict' (also logged: loose; choose with --filter)" in out
+    assert "lm-eval 0.4.13" in out and "flipped samples" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("fw_mc", "fw_qa", "overall"))}
+    expected = _expected(runs)
+    assert int(rows["fw_mc"][4]) == expected["fw_mc"][1] and int(rows["fw_qa"][4]) == expected["fw_qa"][1]
+
+    assert main(["compare", str(runs["base"]), str(runs["after"]), "--json", "--metric", "acc_norm", "--filter", "loose"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["n"] == 38 and data["before"]["metric"] == {"fw_mc": "acc_norm", "fw_qa": "exact_match"}
+    assert data["before"]["filter"] == {"fw_qa": "loose"}
+    expected = _expected(runs, metric="acc_norm", qa_filter="loose")
+    assert data["metrics"]["fw_mc"]["forgotten"] == expected["fw_mc"][1]
+    assert data["metrics"]["fw_qa"]["forgotten"] == expected["fw_qa"][1]
+    assert len(data["flips"]) == sum(e[1] + e[2] for e in expected.values())
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_samples(out: Path, task: str, edit) -> None:
+    (f,) = out.rglob(f"samples_{task}_*.jsonl")
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    f.write_text("".join(json.dumps(r) + "\n" for r in edit(rows)))
+
+
+def test_reordered_dataset_still_matches_by_content_and_one_sided_samples_are_reported(runs, tmp_path, capsys):
+    after = _copy(runs["after"], tmp_path / "after")
+
+    def reorder_and_drop(rows):
+        # the same documents in reverse order (new doc_ids), and three of them missing on this side
+        n = len(rows)
+        for r in rows:
+            r["doc_id"] = n - 1 - r["doc_id"]
+        return [r for r in rows if r["doc_id"] not in (0, 1, 2)]
+
+    _edit_samples(after, "fw_mc", reorder_and_drop)
+    cmp = compare_samples(runs["base"], after)
+    full = compare_samples(runs["base"], runs["after"])
+    assert cmp.report["fw_mc"].n == 27 and len(cmp.only_before) == 3 and not cmp.only_after
+    assert {s.doc_id for s in cmp.only_before} == {"29", "28", "27"}
+    dropped = {s.doc_hash for s in cmp.only_before}
+    assert cmp.report["fw_mc"].forgotten == sum(1 for a, b in full.matched if a.task == "fw_mc" and a.doc_hash not in dropped
+                                               and a.outcome == 1 and b.outcome == 0)
+    assert main(["compare", str(runs["base"]), str(after)]) == 0
+    assert "samples only before (not compared): 3 (fw_mc: 3); --json lists them" in capsys.readouterr().out
+    # by id, the reordered documents would pair unrelated questions: refused, with the way out named
+    with pytest.raises(SamplesFormatError, match=r"fw_mc: \d+ document id\(s\) hold different documents.*--match hash"):
+        compare_samples(runs["base"], after, match="id")
+
+
+def test_without_content_hashes_documents_match_by_id(runs, tmp_path):
+    base, after = _copy(runs["base"], tmp_path / "base"), _copy(runs["after"], tmp_path / "after")
+    for out in (base, after):
+        for task in ("fw_mc", "fw_qa"):
+            _edit_samples(out, task, lambda rows: [{k: v for k, v in r.items() if k != "doc_hash"} for r in rows])
+    cmp = compare_samples(base, after)
+    assert cmp.match_by == {"fw_mc": "doc_id", "fw_qa": "doc_id"}
+    assert cmp.report["overall"].to_dict() == compare_samples(runs["base"], runs["after"]).report["overall"].to_dict()
+    with pytest.raises(SamplesFormatError, match="--match hash, but some documents carry no content hash"):
+        compare_samples(base, after, match="hash")
+
+
+def test_a_reused_output_dir_uses_the_latest_run(runs, tmp_path):
+    base = _copy(runs["base"], tmp_path / "base")
+    (f,) = base.rglob("samples_fw_mc_*.jsonl")
+    older = f.with_name("samples_fw_mc_2000-01-01T00-00-00.000000.jsonl")
+    older.write_text(f.read_text().replace('"acc": 1.0', '"acc": 0.0'))
+    s = read_samples(base)
+    assert any(n.startswith("fw_mc: 2 runs found") and f.name in n for n in s.notes)
+    assert compare_samples(s, runs["after"]).report["overall"].to_dict() == compare_samples(runs["base"], runs["after"]).report["overall"].to_dict()
+
+
+def test_bad_input_names_the_problem(runs, tmp_path, capsys):
+    with pytest.raises(SamplesFormatError, match="no per-sample outputs found.*lm-evaluation-harness.*lighteval"):
+        read_samples(tmp_path)
+    junk = tmp_path / "samples_x_2026-01-01T00-00-00.jsonl"
+    junk.write_text('{"doc_id": 0, "filtered_resps": [], "metrics": ["acc"], "acc": 1}\n{"hello": 1}\n')
+    with pytest.raises(SamplesFormatError, match=r"samples_x_2026-01-01T00-00-00.jsonl:2: not an lm-eval sample"):
+        read_samples(junk)
+    (tmp_path / "a.csv").write_text("x\n")
+    with pytest.raises(SamplesFormatError, match=r"a.csv: not a per-sample output.*reads lm-evaluation-harness"):
+        read_samples(tmp_path / "a.csv")
+    # two sides with different tasks: both lists named
+    only_mc, only_qa = tmp_path / "mc", tmp_path / "qa"
+    for dst, drop in ((only_mc, "fw_qa"), (only_qa, "fw_mc")):
+        _copy(runs["base"], dst)
+        for f in dst.rglob(f"samples_{drop}_*.jsonl"):
+            f.unlink()
+    with pytest.raises(SamplesFormatError, match=r"share no task: before .* has fw_mc; after .* has fw_qa"):
+        compare_samples(only_mc, only_qa)
+    # some tasks in common: the others are named, not silently dropped
+    assert main(["compare", str(runs["base"]), str(only_mc)]) == 0
+    assert "tasks only before (not compared): fw_qa" in capsys.readouterr().out
+    with pytest.raises(SamplesFormatError, match="--filter 'nope': no task"):
+        read_samples(runs["base"], filter="nope")
+    with pytest.raises(SamplesFormatError, match="--metric 'f1': no task"):
+        read_samples(runs["base"], metric="f1")
+    # the two ways of calling compare do not mix, and the model way still names what it needs
+    assert main(["compare", str(runs["base"]), str(runs["after"]), "--model", "x"]) == 2
+    assert "--model score a model" in capsys.readouterr().err
+    assert main(["compare", "--model", "x"]) == 2
+    assert "compare needs --probes, --base" in capsys.readouterr().err
+    assert main(["compare", str(runs["base"])]) == 2
+    assert "takes two per-sample outputs" in capsys.readouterr().err
+
+
+def test_sample_counts_per_task_are_the_files(runs):
+    s = read_samples(runs["base"])
+    assert s.format == "lm-eval" and s.version == "0.4.13"
+    assert Counter(x.task for x in s.samples) == {"fw_mc": 30, "fw_qa": 8}
