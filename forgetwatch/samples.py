@@ -41,6 +41,7 @@ __all__ = ["Sample", "SampleSet", "SampleComparison", "SamplesFormatError", "rea
 FORMATS = "lm-evaluation-harness `--log_samples` outputs (samples_<task>_<time>.jsonl) and lighteval details (details_<task>_<time>.parquet, from --save-details)"
 # lm-eval names its files <prefix>_<task>_<ISO time with '-' for ':'>; the task name may itself hold underscores.
 _LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.]+)\.jsonl$")
+# lighteval: details_<task>|<few-shot>_<time>.parquet
 _LIGHTEVAL_FILE = re.compile(r"^details_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.:]+)\.parquet$")
 # document fields that hold the question, in the order tried, for the flips list (the full prompt has the few-shot)
 _QUESTION_FIELDS = ("question", "query", "problem", "Question", "ctx", "sentence", "goal", "text", "prompt", "input")
@@ -324,7 +325,68 @@ def _text(v: Any) -> str:
 
 
 def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> SampleSet:
-    raise SamplesFormatError(f"{path}: lighteval details are not supported yet")
+    """lighteval (0.10+) details: one parquet per task, a row per document with `doc`, `metric`, `model_response`.
+
+    lighteval writes no per-document hash, so the content hash is computed here from the document's query, choices
+    and gold; `doc.id` is the document's index in its split (stable while the dataset is)."""
+    import pyarrow.parquet as pq
+
+    notes: list[str] = []
+    dirs = sorted({f.parent.parent for f in files})  # details/<model>/<time>/details_*.parquet
+    if len(dirs) > 1:
+        shown = ", ".join(str(d) for d in dirs[:5])
+        raise SamplesFormatError(f"{path} holds the details of {len(dirs)} models ({shown}): point at one of them")
+    chosen = _latest_per_task(path, files, _LIGHTEVAL_FILE, notes)
+    samples: list[Sample] = []
+    metrics: dict[str, str] = {}
+    for _, f in sorted(chosen.items()):
+        try:
+            table = pq.read_table(f)
+        except Exception as e:  # pyarrow raises several types for a file that is not parquet
+            raise SamplesFormatError(f"{f}: not a readable parquet file ({e}); forgetwatch reads {FORMATS}") from None
+        missing = {"doc", "metric"} - set(table.column_names)
+        if missing:
+            raise SamplesFormatError(f"{f}: not lighteval details of version 0.10 or later (no column {', '.join(sorted(missing))}; "
+                                     f"it has {', '.join(table.column_names)}); forgetwatch reads {FORMATS}")
+        rows = [(i, r) for i, r in enumerate(table.to_pylist(), 1)]
+        by_task: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+        named = m["task"] if (m := _LIGHTEVAL_FILE.match(f.name)) else f.stem
+        for i, r in rows:
+            by_task[str((r.get("doc") or {}).get("task_name") or named)].append((i, r))
+        for task, trows in by_task.items():
+            flat = [(i, {**(r.get("metric") or {}), "metrics": list((r.get("metric") or {}).keys())}) for i, r in trows]
+            name = _pick_metric(task, f, flat, metric)
+            metrics[task] = name
+            for (i, r), (_, m) in zip(trows, flat, strict=True):
+                samples.append(_lighteval_sample(task, f"{f}:row {i}", r, int(float(m[name]))))
+    _check_metric_used(path, metric, metrics)
+    model = None
+    for f in chosen.values():
+        parts = f.parts
+        if "details" in parts:  # details/<model path>/<time>/file
+            model = "/".join(parts[parts.index("details") + 1 : -2]) or None
+    return SampleSet(str(path), "lighteval", samples, metrics, {}, model, None, notes)
+
+
+def _lighteval_sample(task: str, where: str, row: dict, outcome: int) -> Sample:
+    doc = row.get("doc") or {}
+    resp = row.get("model_response") or {}
+    choices = [str(c) for c in (doc.get("choices") or [])]
+    gold = doc.get("gold_index")
+    golds = gold if isinstance(gold, list) else [gold]
+    generative = "GENERATIVE" in (doc.get("sampling_methods") or []) or not resp.get("logprobs")
+    k = len(choices) if not generative and len(choices) >= 2 else 0
+    if k:
+        lls = resp.get("logprobs") or []
+        prediction = choices[int(np.argmax(lls))].strip() if len(lls) == k else ""
+    else:
+        text = resp.get("text_post_processed") or resp.get("text") or []
+        prediction = _text(text) if text else ""
+    gold_text = " | ".join(choices[g].strip() for g in golds if isinstance(g, int) and 0 <= g < len(choices))
+    question = str(doc.get("original_query") or doc.get("query") or "")
+    doc_id = doc.get("id")
+    return Sample(task, "" if doc_id is None else str(doc_id), content_hash(doc.get("query"), choices, gold), outcome, k,
+                  question.strip(), gold_text, prediction, where)
 
 
 # -------------------------------------------------------------------------------------------------- comparing

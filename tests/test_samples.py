@@ -260,3 +260,66 @@ def test_sample_counts_per_task_are_the_files(runs):
     s = read_samples(runs["base"])
     assert s.format == "lm-eval" and s.version == "0.4.13"
     assert Counter(x.task for x in s.samples) == {"fw_mc": 30, "fw_qa": 8}
+
+
+# -- lighteval ---------------------------------------------------------------------------------------------------
+# Real details files written by lighteval 0.13.0 (`--save-details`) for the tiny model and a perturbed copy, on a
+# multiple-choice task with 2-4 options per document and a generative one. lighteval installs here but does not run
+# offline without patches (at import it downloads a file and calls the Hub), so they were made once by the scripts in
+# tests/data/lighteval/make/ and are kept; lighteval stores them under names holding '|', restored here.
+LIGHTEVAL = Path(__file__).parent / "data" / "lighteval"
+
+
+def _lighteval_run(root: Path, side: str, stamp: str) -> Path:
+    d = root / side / "details" / "tmp" / "models" / f"tiny-{side}" / stamp
+    d.mkdir(parents=True)
+    for task in ("probe_mc", "probe_gen"):
+        shutil.copy(LIGHTEVAL / side / f"{task}.parquet", d / f"details_{task}|0_{stamp}.parquet")
+    return root / side
+
+
+def _lighteval_rows(side: str, task: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(LIGHTEVAL / side / f"{task}.parquet").to_pylist()
+
+
+def test_lighteval_details_are_matched_by_content_with_each_documents_options(tmp_path):
+    base = _lighteval_run(tmp_path, "base", "2026-11-24T01-50-06.042509")
+    after = _lighteval_run(tmp_path, "after", "2026-11-24T01-50-16.387675")
+    cmp = compare_samples(base, after)
+    assert cmp.before.format == "lighteval" and cmp.before.model == "tmp/models/tiny-base"
+    assert cmp.match_by == {"probe_mc|0": "content hash", "probe_gen|0": "content hash"}
+    assert cmp.before.metric == {"probe_mc|0": "acc", "probe_gen|0": "em"}
+    for task, name, metric in (("probe_mc", "probe_mc|0", "acc"), ("probe_gen", "probe_gen|0", "em")):
+        pre = {r["doc"]["id"]: r["metric"][metric] for r in _lighteval_rows("base", task)}
+        post = {r["doc"]["id"]: r["metric"][metric] for r in _lighteval_rows("after", task)}
+        m = cmp.report[name]
+        assert (m.n, m.forgotten, m.learned) == (len(pre), sum(pre[i] > post[i] for i in pre), sum(pre[i] < post[i] for i in pre))
+    # lighteval shuffles its rows: the two files order the documents differently, and the match does not care
+    order = [[r["doc"]["id"] for r in _lighteval_rows(side, "probe_mc")] for side in ("base", "after")]
+    assert sorted(order[0]) == sorted(order[1])
+    assert cmp.report["probe_mc|0"].forgotten + cmp.report["probe_mc|0"].learned > 0
+    ks = {s.doc_id: s.num_choices for s in cmp.before.samples if s.task == "probe_mc|0"}
+    assert ks == {r["doc"]["id"]: len(r["doc"]["choices"]) for r in _lighteval_rows("base", "probe_mc")}
+    assert set(ks.values()) == {2, 3, 4}
+    assert {s.num_choices for s in cmp.before.samples if s.task == "probe_gen|0"} == {0}
+    for f in cmp.flips:
+        (row,) = [r for r in _lighteval_rows("base", "probe_mc") if r["doc"]["id"] == f["doc_id"]]
+        assert f["question"] == row["doc"]["query"].strip()
+        assert f["gold"] == row["doc"]["choices"][row["doc"]["gold_index"]].strip()
+
+
+def test_lighteval_bad_input(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "details_x|0_2026-01-01T00-00-00.parquet"
+    pq.write_table(pa.table({"example": ["q"], "metrics": [{"acc": 1}]}), f)
+    with pytest.raises(SamplesFormatError, match=r"not lighteval details of version 0.10 or later \(no column doc, metric"):
+        read_samples(f)
+    (tmp_path / "samples_x_2026-01-01T00-00-00.jsonl").write_text("{}\n")
+    with pytest.raises(SamplesFormatError, match="holds both lm-eval samples .* and lighteval details"):
+        read_samples(tmp_path)
+    with pytest.raises(SamplesFormatError, match="--filter is an lm-eval option"):
+        read_samples(f, filter="strict")
