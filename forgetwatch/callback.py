@@ -271,6 +271,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise error
         if self._is_main and not resuming and record.set_aside() and cache is not None and cache_path == own_cache:
             cache.save(own_cache)  # the base this run uses, from the record it just set aside
+        if self._is_main and resuming:
+            record.truncate_after(state.global_step, names=("trainer_log.jsonl",))  # the resumed run logs those steps again
         if cache is None:
             t0 = time.perf_counter()
             base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
@@ -326,6 +328,20 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self._mixers and self._is_main:
             self._write_mix()
         return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # The trainer's own rows (loss, learning rate, GRPO reward), kept so the report can draw them on the step axis
+        # beside the forgetting curves (the demo saves no checkpoint, so there is often no trainer_state.json). Read
+        # only: `logs` is the dict every other callback gets next.
+        if not self._is_main or self._record_root is None or not logs:
+            return
+        try:
+            row = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and not k.startswith(PREFIX + "/")}
+            if row:
+                RunRecord(self._record_root).append_trainer_log({"step": state.global_step, "epoch": state.epoch, **row})
+        except Exception:  # a full disk must not end the run
+            logger.exception("forgetwatch: could not keep the trainer's log row at step %d; training goes on", state.global_step)
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.scoring == "sidecar":

@@ -8,6 +8,8 @@
     at_risk.jsonl         the probes still right but at risk at each evaluation (see `forgetwatch.drift`)
     events.jsonl          budget events: a limit exceeded, at which step, and what was done
     budget.json           the budget, the limits over now, and the last evaluation within budget (and its checkpoint)
+    trainer_log.jsonl     the trainer's own log rows (loss, learning rate, GRPO reward, ...) as the callback saw them in
+                          `on_log`, with their step: the report draws them beside the forgetting curves
     replay.jsonl          forgotten probes as ready-to-train examples (when replay is on)
     replay_mix.json       with `mix_replay`: the ratio, strategy, and from which stream position each evaluation's
                           category weights were drawn (what the closed loop decided; a resume reads it back)
@@ -37,6 +39,9 @@ __all__ = ["RunRecord", "load_record"]
 logger = logging.getLogger(__name__)
 
 _EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
+# what a resume from step N cuts back to N: the scoring's per-step files (the trainer log is the training process's own:
+# the watcher, which scores beside training, never touches it)
+_STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
 
 
 def _append_line(path: Path, obj: dict[str, Any]) -> None:
@@ -84,6 +89,12 @@ class RunRecord:
 
     def append_at_risk(self, rows: list[dict[str, Any]]) -> None:
         self._append_lines("at_risk.jsonl", rows)
+
+    def append_trainer_log(self, row: dict[str, Any]) -> None:
+        _append_line(self.root / "trainer_log.jsonl", row)
+
+    def read_trainer_log(self) -> list[dict[str, Any]]:
+        return _read_jsonl(self.root / "trainer_log.jsonl")
 
     def append_event(self, row: dict[str, Any]) -> None:
         _append_line(self.root / "events.jsonl", row)
@@ -182,12 +193,15 @@ class RunRecord:
                        "`resume_from_checkpoint=` to continue a run's own record.", root, target)
         return target
 
-    def truncate_after(self, step: int) -> None:
-        """Forget evaluations after `step` (resuming from an earlier checkpoint recomputes them)."""
-        for s in self.eval_steps():
-            if s > step:
-                (self.evals_dir / f"step-{s:08d}.npz").unlink()
-        for name in ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl"):
+    def truncate_after(self, step: int, names: tuple[str, ...] = _STEP_FILES) -> None:
+        """Forget evaluations after `step` (resuming from an earlier checkpoint recomputes them); `names` says which files."""
+        if "evals" in names:
+            for s in self.eval_steps():
+                if s > step:
+                    (self.evals_dir / f"step-{s:08d}.npz").unlink()
+        for name in names:
+            if name == "evals":
+                continue
             path = self.root / name
             if path.is_file():
                 kept = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]

@@ -6,8 +6,13 @@
         forgetting_by_category.png         F per category, one panel each (shared axes)
         backward_transfer_by_category.png  BT per category, one panel each (shared axes)
         accuracy.png                       accuracy vs step, overall and per category
+        training.png                       the trainer's loss (and GRPO reward) above F and BT, on one step axis
+        probe_states.png                   how many probes are retained / forgotten / learned / never known at each step
+        probe_matrix.png                   every probe × every evaluation, grouped by category, coloured by that state
+        drift.png                          margins and KL since base (when the run has them)
 
-Everything comes from the record (`metrics.jsonl`, `flips.jsonl`, `probes.jsonl`, `evals/`); nothing is
+Everything comes from the record (`metrics.jsonl`, `flips.jsonl`, `probes.jsonl`, `evals/`, `trainer_log.jsonl`, or
+the trainer's `trainer_state.json` for records made before the callback kept the trainer's log); nothing is
 recomputed from a model. Plots use matplotlib's Agg canvas directly (no pyplot, no global backend change);
 every file is written atomically, the HTML last, so the page never points at a missing plot.
 """
@@ -15,8 +20,10 @@ every file is written atomically, the HTML last, so the page never points at a m
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,7 +46,14 @@ _PNG = {
     "backward_transfer": "backward_transfer_by_category.png",
     "accuracy": "accuracy.png",
     "drift": "drift.png",
+    "training": "training.png",
+    "states": "probe_states.png",
+    "matrix": "probe_matrix.png",
 }
+# the four states of a probe against the base model, in the order they are stacked, and their colours
+_STATES = ("retained", "forgotten", "learned", "never known")
+_STATE_COLORS = ("#8fc98f", "tab:red", "tab:blue", "#e6e6e6")
+CUT = 160  # characters of a question (or answer) shown in a table cell; the full text unfolds below it
 _VS_BASE = {(True, True): "retained", (True, False): "forgotten", (False, True): "learned", (False, False): "never known"}
 _LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
 
@@ -76,7 +90,15 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     out.mkdir(parents=True, exist_ok=True)
 
     categories = [c for c in rows[-1]["metrics"] if c != OVERALL]
+    # in the page's order: the headline, what training did beside it, every probe, then the breakdowns
     figures = {"overall": _plot_overall(figure_cls, rows, len(probes))}
+    train_log, train_source = _trainer_log(record)
+    if any(k in r for r in train_log for k in _TRAIN_KEYS):
+        figures["training"] = _plot_training(figure_cls, rows, train_log)
+    states = _states(record, probes)
+    if states is not None:
+        figures["states"] = _plot_states(figure_cls, *states)
+        figures["matrix"] = _plot_matrix(figure_cls, *states, probes, rows[-1]["metrics"])
     if categories:
         for metric in ("forgetting", "backward_transfer"):
             figures[metric] = _plot_by_category(figure_cls, rows, categories, metric)
@@ -89,7 +111,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
             fig.savefig(f, format="png", dpi=_DPI)
 
     forgotten, learned = _final_flips(record, probes, rows[-1]["step"])
-    page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows)
+    page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows, train_source)
     page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
     path = out / "report.html"
     with atomic_write(path) as f:
@@ -115,6 +137,56 @@ def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict
         )
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
     return record, probes, rows
+
+
+# the trainer's log keys drawn beside the forgetting curves: loss panel, then reward panel (GRPO)
+_TRAIN_KEYS = ("loss", "eval_loss", "reward")
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _trainer_log(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
+    """The trainer's log rows with their step: kept by the callback (`trainer_log.jsonl`), else the `log_history` of
+    the newest `trainer_state.json` in the output dir or its checkpoints. Returns (rows, where they came from)."""
+    rows = record.read_trainer_log()
+    if rows:
+        return rows, str(record.root / "trainer_log.jsonl")
+    run_dir = record.root.parent
+    candidates = [run_dir / "trainer_state.json"]
+    if run_dir.is_dir():
+        ckpts = sorted((int(m.group(1)), p) for p in run_dir.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
+        candidates += [p / "trainer_state.json" for _, p in reversed(ckpts)]
+    for path in candidates:
+        try:
+            history = json.loads(path.read_text(encoding="utf-8")).get("log_history") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        rows = [r for r in history if isinstance(r, dict) and "step" in r]
+        if rows:
+            return rows, str(path)
+    return [], ""
+
+
+def _states(record: RunRecord, probes: ProbeSet) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, state[e, i]): each probe's state against the base at each evaluation, as an index into _STATES.
+
+    The base is the record's step-0 evaluation, or its base.parquet when the record starts later (a resumed run
+    whose earlier record was cut)."""
+    steps, matrix = record.outcome_matrix()
+    if not steps or matrix.shape[1] != len(probes):
+        return None
+    if steps[0] == 0:
+        base = matrix[0]
+    else:
+        from .cache import BaseCache
+
+        try:
+            base = BaseCache.load(record.root / "base.parquet").results.select(probes.ids).outcome
+        except Exception:  # no base at hand: no picture, the rest of the report stands
+            return None
+    b, now = base[None, :] == 1, matrix == 1
+    # retained 0, forgotten 1, learned 2, never known 3
+    state = np.where(b, np.where(now, 0, 1), np.where(now, 2, 3)).astype(np.int8)
+    return np.asarray(steps), state
 
 
 def _series(rows: list[dict[str, Any]], name: str, field: str) -> np.ndarray:
@@ -225,6 +297,90 @@ def _plot_overall(figure_cls, rows, n_probes: int):
     return fig
 
 
+def _plot_training(figure_cls, rows, log: list[dict[str, Any]]):
+    """The trainer's loss (and GRPO reward) above forgetting and backward transfer, sharing the step axis."""
+    panels = [keys for keys in (("loss", "eval_loss"), ("reward",)) if any(k in r for r in log for k in keys)]
+    fig = figure_cls(figsize=(8, 2.4 * (len(panels) + 1) + 0.6), layout="constrained")
+    axes = fig.subplots(len(panels) + 1, 1, sharex=True, squeeze=False).ravel()
+    styles = {"loss": ("black", "-", "training loss"), "eval_loss": ("tab:purple", "--", "eval loss"),
+              "reward": ("tab:green", "-", "reward (mean)")}
+    for ax, keys in zip(axes, panels, strict=False):
+        for k in keys:
+            pts = [(r["step"], float(r[k])) for r in log if isinstance(r.get(k), (int, float)) and math.isfinite(float(r[k]))]
+            if pts:
+                color, ls, label = styles[k]
+                x, y = zip(*sorted(pts), strict=True)
+                ax.plot(x, y, color=color, linestyle=ls, marker="." if len(pts) < 60 else None, linewidth=1.5, label=label)
+        ax.grid(True, alpha=0.3)
+        ax.set_ylabel("reward" if keys == ("reward",) else "loss")
+        ax.legend(fontsize="small", loc="best")
+    ax = axes[-1]
+    for metric, color in (("forgetting", _F_COLOR), ("backward_transfer", _BT_COLOR)):
+        _draw_metric(ax, rows, OVERALL, metric, color, _LABEL[metric])
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("share of probes")
+    ax.set_xlabel("optimizer step")
+    ax.legend(fontsize="x-small", loc="upper left", ncols=2)
+    fig.suptitle("What training optimised, and what it cost: one step axis")
+    return fig
+
+
+def _plot_states(figure_cls, steps: np.ndarray, state: np.ndarray):
+    """Stacked counts of retained / forgotten / learned / never known probes at each evaluation."""
+    counts = np.stack([(state == i).sum(axis=1) for i in range(len(_STATES))])
+    fig = figure_cls(figsize=(8, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.stackplot(steps, counts, labels=[f"{s}" for s in _STATES], colors=_STATE_COLORS, alpha=0.95)
+    ax.set_xlim(steps[0], steps[-1] if len(steps) > 1 else steps[0] + 1)
+    ax.set_ylim(0, state.shape[1])
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("probes")
+    ax.set_title(f"All {state.shape[1]} probes against the base model at each evaluation")
+    ax.grid(True, alpha=0.3)
+    fig.legend(loc="outside right upper", fontsize="small", reverse=True)
+    return fig
+
+
+def _plot_matrix(figure_cls, steps: np.ndarray, state: np.ndarray, probes: ProbeSet, final: dict[str, Any]):
+    """Every probe (row) at every evaluation (column), grouped by category; within a category, the probes forgotten
+    earliest first, then those forgotten later, retained, learned and never known."""
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    cats = [p.category for p in probes]
+    names = sorted(set(cats))
+    first_lost = np.where((state == 1).any(axis=0), (state == 1).argmax(axis=0), len(steps))
+    final_state = state[-1]
+    order = sorted(range(len(probes)), key=lambda i: (names.index(cats[i]), final_state[i] != 1, first_lost[i], final_state[i], i))
+    grid = state[:, order].T
+    n = len(probes)
+    fig = figure_cls(figsize=(max(6.5, min(2.5 + 0.35 * len(steps), 12)), min(max(4.2, n / 45), 14)), layout="constrained")
+    ax = fig.add_subplot()
+    ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=ListedColormap(_STATE_COLORS),
+              norm=BoundaryNorm(np.arange(-0.5, len(_STATES)), len(_STATES)))
+    ticks = range(len(steps)) if len(steps) <= 16 else np.linspace(0, len(steps) - 1, 10).astype(int)
+    ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
+    ax.set_xlabel("evaluation at optimizer step")
+    # category bands: a line between them and a label in the middle of each
+    sorted_cats = [cats[i] for i in order]
+    starts = [0] + [j for j in range(1, n) if sorted_cats[j] != sorted_cats[j - 1]]
+    ends = starts[1:] + [n]
+    for j in starts[1:]:
+        ax.axhline(j - 0.5, color="black", linewidth=0.8)
+    labels = []
+    for a, b in zip(starts, ends, strict=True):
+        c = sorted_cats[a]
+        mark = " (nothing to forget)" if final.get(c, {}).get("nothing_to_forget") else ""
+        labels.append(_plain(f"{c} ({b - a}){mark}"))
+    ax.set_yticks([(a + b - 1) / 2 for a, b in zip(starts, ends, strict=True)], labels, fontsize="small")
+    from matplotlib.patches import Patch
+
+    fig.legend([Patch(color=c) for c in _STATE_COLORS], list(_STATES), loc="outside lower center", ncols=4,
+               fontsize="small", frameon=False)
+    ax.set_title("Each probe at each evaluation, against the base model")
+    return fig
+
+
 def _plot_drift(figure_cls, rows):
     """Mean margin change since base with its 95% band (left), KL(base ‖ now) over the options (right)."""
     fig = figure_cls(figsize=(8, 4.2), layout="constrained")
@@ -266,7 +422,7 @@ def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
         if risky:
             cols = ("id", "category", "question", "gold", "margin_base", "margin_now")
             q_class = ' class="q"'
-            body = "\n".join("<tr>" + "".join(f"<td{q_class if c == 'question' else ''}>{_e(r[c])}</td>" for c in cols)
+            body = "\n".join("<tr>" + "".join(f"<td{q_class if c == 'question' else ''}>{_cell(r[c])}</td>" for c in cols)
                              + "</tr>" for r in risky[:max_rows])
             more = len(risky) - max_rows
             parts.append(head + '<table class="flips"><thead><tr>' + "".join(f"<th>{c}</th>" for c in cols)
@@ -301,7 +457,11 @@ def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
     for ax, cat in zip(axes, categories, strict=False):  # axes: a full grid
         _draw_metric(ax, rows, cat, metric, color, None)
         _style_axis(ax, rows, ylabel=None)
-        ax.set_title(_plain(f"{cat} (n={final.get(cat, {}).get('n', '?')})"), fontsize="medium")
+        nothing = final.get(cat, {}).get("nothing_to_forget")
+        ax.set_title(_plain(f"{cat} (n={final.get(cat, {}).get('n', '?')})") + ("\nnothing to forget" if nothing else ""),
+                     fontsize="medium", color="grey" if nothing else "black")
+        if nothing:  # the base knew nothing here beyond chance: only backward transfer can show
+            ax.set_facecolor("#f2f2f2")
         ax.tick_params(labelbottom=True)
     # One y range for all panels, set once every panel is drawn (a limit set earlier would freeze autoscaling).
     top = max(np.nanmax(np.r_[_series(rows, c, f"{metric}_ci_high"), _series(rows, c, metric), 0.0]) for c in categories)
@@ -346,6 +506,14 @@ def _e(value: Any) -> str:
 
 def _f(value: float) -> str:
     return f"{value:.3f}"
+
+
+def _cell(value: Any, cut: int = CUT) -> str:
+    """A table cell's text, escaped; text longer than `cut` characters shows its start and unfolds to the whole."""
+    text = str(value)
+    if len(text) <= cut:
+        return _e(text)
+    return f'<details><summary>{_e(text[:cut].rstrip())}…</summary>{_e(text)}</details>'
 
 
 _CSS = """
@@ -393,7 +561,7 @@ def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_st
     for r in flips[:max_rows]:
         cells = [(r["id"], ' class="id"'), (r["category"], ""), (r["question"], ' class="q"'), (r["gold"], ""),
                  (r["base_prediction"], ""), (r["prediction"], ""), (r["first_step"], ' class="num"'), (r["changes"], ' class="num"')]
-        body.append(f'<tr data-id="{_e(r["id"])}">' + "".join(f"<td{c}>{_e(v)}</td>" for v, c in cells) + "</tr>")
+        body.append(f'<tr data-id="{_e(r["id"])}">' + "".join(f"<td{c}>{_cell(v)}</td>" for v, c in cells) + "</tr>")
     more = len(flips) - max_rows
     tail = f'<p class="note">… and {more} more not shown (the full list is in flips.jsonl).</p>' if more > 0 else ""
     return (head + f'<table class="flips" data-kind="{kind}"><thead><tr>' + "".join(f"<th>{_e(c)}</th>" for c in _FLIP_COLS)
@@ -401,7 +569,7 @@ def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_st
 
 
 def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: list[str], figures: list[str],
-          forgotten: list[dict[str, Any]], learned: list[dict[str, Any]], max_rows: int) -> str:
+          forgotten: list[dict[str, Any]], learned: list[dict[str, Any]], max_rows: int, train_source: str = "") -> str:
     from . import __version__
 
     final = rows[-1]
@@ -420,6 +588,7 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         ("categories", ", ".join(categories) or "none"),
         ("evaluations", f"{len(rows)}, at steps {', '.join(map(str, steps[:12]))}{' …' if len(steps) > 12 else ''}"),
         ("final evaluation", f"step {final['step']}, epoch {float(final.get('epoch') or 0):.2f}"),
+        ("trainer log", train_source or "none (kept by the callback from this version on; else a trainer_state.json)"),
     ]
     summary = (
         f"At step {final['step']}: accuracy {_f(o['accuracy_pre'])} → {_f(o['accuracy_post'])} "
@@ -436,6 +605,14 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         "forgetting": "Forgetting per category, same encoding; all panels share their axes.",
         "backward_transfer": "Backward transfer per category, same encoding; all panels share their axes.",
         "accuracy": "Accuracy now, overall (black) and per category; the dotted line is the base model's overall accuracy.",
+        "training": "The trainer's own log (loss; reward for GRPO) above the share of probes forgotten and learned, on the "
+                    "same optimizer-step axis: what training optimised next to what it cost.",
+        "states": "Every probe against the base model at each evaluation: retained (right at base, right now), forgotten "
+                  "(right → wrong), learned (wrong → right), never known (wrong at both). Forgetting hidden by learning "
+                  "shows here as red and blue growing together while accuracy stays flat.",
+        "matrix": "One row per probe, one column per evaluation, grouped by category (their sizes in brackets); within a "
+                  "category the probes forgotten earliest come first. Categories where the base knew nothing beyond "
+                  "chance are marked: they can only show learning.",
         "drift": "Mean change since base of the multiple-choice margins (gold option's score minus the best wrong one's), "
                  "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "
                  "Margins fall before probes flip.",

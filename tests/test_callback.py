@@ -446,6 +446,23 @@ def test_grpo_runs_with_the_callback(grpo_runs):
     assert [e["step"] for e in trainer.state.log_history if "reward" in e] == [1, 2, 3, 4, 5]
 
 
+def _numeric(row: dict) -> dict:
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def test_the_trainers_own_log_rows_are_kept_for_the_report(sft_run, grpo_runs, tmp_path):
+    """on_log copies every row the trainer logs (loss, learning rate, GRPO reward) into the record, on its step."""
+    from forgetwatch.report import make_report
+
+    for trainer, record in ((sft_run.trainer, sft_run.record), (grpo_runs.watched, load_record(grpo_runs.root / "watched"))):
+        kept = record.read_trainer_log()
+        assert [_numeric(r) for r in kept] == [_numeric(e) for e in trainer.state.log_history]
+    grpo = load_record(grpo_runs.root / "watched")
+    assert [r["step"] for r in grpo.read_trainer_log() if "reward" in r] == [1, 2, 3, 4, 5]
+    page = make_report(grpo_runs.root / "watched", tmp_path / "report")
+    assert (tmp_path / "report" / "training.png").is_file() and 'src="training.png"' in page.read_text(encoding="utf-8")
+
+
 def test_grpo_trajectory_is_bit_identical(grpo_runs):
     assert_same_weights(grpo_runs.watched.model, grpo_runs.plain.model)
     assert own_logs(grpo_runs.watched) == own_logs(grpo_runs.plain)
@@ -652,6 +669,10 @@ def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
         assert metrics[step]["metrics"] == reference[step]["metrics"], step
     assert record.read_flips() == sft_run.record.read_flips()
     assert_same_weights(second.model, sft_run.trainer.model)
+    # the trainer's own log rows of steps 3 and 4 (first run) were replaced by the resumed run's, not duplicated
+    losses = [(r["step"], r["loss"]) for r in record.read_trainer_log() if "loss" in r]
+    assert losses == [(r["step"], r["loss"]) for r in sft_run.record.read_trainer_log() if "loss" in r]
+    assert [s for s, _ in losses] == [1, 2, 3, 4, 5, 6]
 
 
 # -- tensorboard -------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from forgetwatch.cli import main
 from forgetwatch.metrics import compute_report
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.record import RunRecord
-from forgetwatch.report import _final_flips, make_report
+from forgetwatch.report import CUT, _final_flips, _states, make_report
 from forgetwatch.results import ProbeResults
 
 STEPS = (0, 10, 20, 30)
@@ -167,8 +167,9 @@ def test_report_from_the_command_line(tmp_path, capsys):
     html_text = path.read_text(encoding="utf-8")
     page = _parse(path)
 
-    # every plot the page shows is a real PNG beside it
-    assert len(page.imgs) == 4
+    # every plot the page shows is a real PNG beside it (no trainer log in this record: no training.png)
+    assert page.imgs == ["forgetting_backward_transfer.png", "probe_states.png", "probe_matrix.png",
+                         "forgetting_by_category.png", "backward_transfer_by_category.png", "accuracy.png"]
     for src in page.imgs:
         png = path.parent / src
         data = png.read_bytes()
@@ -225,7 +226,7 @@ def test_report_of_the_base_evaluation_only(tmp_path):
     run = tmp_path / "run"
     _, _, final = build_record(run, steps=(0,))
     page = _parse(make_report(run))
-    assert len(page.imgs) == 4 and page.metrics["overall"][4:6] == ["0", "0"]
+    assert len(page.imgs) == 6 and page.metrics["overall"][4:6] == ["0", "0"]
     assert page.flips == {}
 
 
@@ -263,3 +264,64 @@ def test_metrics_rows_are_json_lines(tmp_path):
     lines = (run / "forgetwatch" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(STEPS)
     assert RunRecord(run / "forgetwatch").eval_steps() == list(STEPS)
+
+
+def test_probe_states_are_the_record_against_the_base(tmp_path):
+    """The data behind probe_states.png / probe_matrix.png: each probe's state vs base at each evaluation."""
+    run = tmp_path / "run"
+    probes, outcomes, _ = build_record(run)
+    steps, state = _states(RunRecord(run / "forgetwatch"), probes)
+    assert list(steps) == list(STEPS) and state.shape == (len(STEPS), len(probes))
+    base = outcomes[0] == 1
+    for e, now in enumerate(outcomes):
+        now = now == 1  # invalid counts as wrong, as in every metric
+        assert (state[e] == 0).sum() == (base & now).sum()  # retained
+        assert (state[e] == 1).sum() == (base & ~now).sum()  # forgotten
+        assert (state[e] == 2).sum() == (~base & now).sum()  # learned
+        assert (state[e] == 3).sum() == (~base & ~now).sum()  # never known
+    assert state[0].tolist().count(1) == 0 and state[0].tolist().count(2) == 0
+
+
+def test_trainer_log_is_drawn_beside_the_curves(tmp_path):
+    run = tmp_path / "run"
+    build_record(run)
+    record = RunRecord(run / "forgetwatch")
+    for step in range(1, 31):
+        record.append_trainer_log({"step": step, "epoch": step / 40, "loss": 2.0 - step / 30, "learning_rate": 1e-3, "reward": step / 30})
+    path = make_report(run)
+    page = _parse(path)
+    assert page.imgs[:2] == ["forgetting_backward_transfer.png", "training.png"]
+    assert (path.parent / "training.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert str(record.root / "trainer_log.jsonl") in path.read_text(encoding="utf-8")
+
+
+def test_without_the_callbacks_log_the_trainer_state_of_the_newest_checkpoint_is_used(tmp_path):
+    run = tmp_path / "run"
+    build_record(run)
+    for step, loss in ((10, 9.0), (30, 1.0)):
+        (run / f"checkpoint-{step}").mkdir()
+        history = [{"step": s, "loss": loss} for s in range(1, step + 1)]
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
+    path = make_report(run)
+    assert "training.png" in _parse(path).imgs
+    assert str(run / "checkpoint-30" / "trainer_state.json") in path.read_text(encoding="utf-8")
+    # none at all: no training panel, and the page says where the log would come from
+    (run / "checkpoint-10" / "trainer_state.json").unlink()
+    (run / "checkpoint-30" / "trainer_state.json").unlink()
+    path = make_report(run)
+    assert "training.png" not in _parse(path).imgs and "none (kept by the callback" in path.read_text(encoding="utf-8")
+
+
+def test_long_questions_are_cut_with_the_full_text_a_click_away(tmp_path):
+    run = tmp_path / "run"
+    build_record(run)
+    flips = tmp_path / "run" / "forgetwatch" / "flips.jsonl"
+    long = "Which of these " + "very " * 100 + "long words < ends the question?"
+    rows = [json.loads(line) for line in flips.read_text().splitlines()]
+    for r in rows:
+        if r["id"] == "mc/0":
+            r["question"] = long
+    flips.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = make_report(run).read_text(encoding="utf-8")
+    cut = html.escape(long[:CUT].rstrip())
+    assert f"<details><summary>{cut}…</summary>{html.escape(long)}</details>" in text
