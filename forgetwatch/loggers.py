@@ -146,6 +146,10 @@ class TrackioLogger(MetricLogger):
         # Like the trainer's TrackioCallback: no `step=` (it would move trackio's own counter under the trainer's rows)
         self.trackio.log({**metrics, STEP_KEY: step})
 
+    def _log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        # The dashboard's "Media & Tables" page shows it; only this evaluation's rows, as for W&B.
+        self.trackio.log({key: self.trackio.Table(columns=columns, data=rows), STEP_KEY: step})
+
     def _alert(self, title: str, text: str) -> None:
         self.trackio.alert(title=title, text=text, level=self.trackio.AlertLevel.WARN)
 

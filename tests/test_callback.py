@@ -725,16 +725,24 @@ def test_mlflow_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4, 5]  # the trainer's own
 
 
-def test_trackio_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def trackio_run(tokenizer, tmp_path_factory):
+    """SFT for 5 steps with report_to="trackio", the store in a fresh TRACKIO_DIR."""
     trackio = pytest.importorskip("trackio")
-    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
-    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", tmp_path / "trackio", raising=False)
-    trainer = sft_trainer(tokenizer, tmp_path / "out", [watcher()], report_to=["trackio"], max_steps=5,
-                          project="fw-test", run_name="run")
-    trainer.train()  # the trainer's TrackioCallback finishes the run
+    root = tmp_path_factory.mktemp("trackio")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRACKIO_DIR", str(root / "trackio"))
+        mp.setattr(trackio.sqlite_storage, "TRACKIO_DIR", root / "trackio", raising=False)
+        trainer = sft_trainer(tokenizer, root / "out", [watcher()], report_to=["trackio"], max_steps=5,
+                              project="fw-test", run_name="run")
+        trainer.train()  # the trainer's TrackioCallback finishes the run
+        logs = trackio.SQLiteStorage.get_logs("fw-test", "run")
+    return SimpleNamespace(root=root, store=root / "trackio", logs=logs, record=load_record(root / "out"))
 
-    logs = trackio.SQLiteStorage.get_logs("fw-test", "run")
-    metrics = metric_rows(load_record(tmp_path / "out"))
+
+def test_trackio_gets_the_scalars_and_the_flips_table(trackio_run):
+    logs = trackio_run.logs
+    metrics = metric_rows(trackio_run.record)
     for group in ("overall", "add"):
         for name, field in LOGGED.items():
             key = logged_name(group, name)
@@ -744,6 +752,76 @@ def test_trackio_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
     own = [r for r in logs if "train/loss" in r]
     assert [int(r["train/global_step"]) for r in own] == [1, 2, 3, 4, 5]  # the trainer's own rows, untouched
     assert [int(r["step"]) for r in own] == sorted(int(r["step"]) for r in own)  # trackio's own counter still rises
+    # the flips of each evaluation as a trackio.Table, row for row the record's
+    tables = {int(r["train/global_step"]): r["forgetwatch/flips"] for r in logs if "forgetwatch/flips" in r}
+    flips = trackio_run.record.read_flips()
+    assert tables and sorted(tables) == sorted({f["step"] for f in flips})
+    for step, table in tables.items():
+        assert table["_type"] == "trackio.table"
+        assert table["_value"] == [f for f in flips if f["step"] == step]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
+def test_trackio_dashboard_shows_forgetwatch_offline(trackio_run, tmp_path):
+    """trackio's local dashboard, opened in headless Chromium, shows forgetwatch's panels and its flips table."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {**os.environ, "TRACKIO_DIR": str(trackio_run.store)}
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys, trackio; trackio.show(project='fw-test', open_browser=False, "
+         "server_port=int(sys.argv[1]), block_thread=True)", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(base + "/", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"trackio's dashboard did not start: {server.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.3)
+
+        def chromium(url: str, *what: str) -> str:
+            profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+            # The flags keep Chromium off the network (this machine has none) and let the page's data load before
+            # the DOM is dumped (virtual time runs until the page is idle or the budget is spent).
+            cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                   f"--user-data-dir={profile}", "--window-size=1400,1000", "--virtual-time-budget=15000", *what, url]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            return proc.stdout
+
+        dom = chromium(f"{base}/?project=fw-test&smoothing=0", "--dump-dom")
+        assert 'data-metric="forgetwatch/forgetting"' in dom and 'data-metric="forgetwatch/backward_transfer"' in dom
+        assert 'data-metric="train/loss"' in dom  # beside the trainer's own curves
+        media = chromium(f"{base}/media?project=fw-test", "--dump-dom")
+        assert "forgetwatch/flips" in media
+        flipped = {f["id"] for f in trackio_run.record.read_flips()}
+        assert any(f"<td>{pid}</td>" in media or f">{pid}<" in media for pid in flipped)
+        shot = tmp_path / "dashboard.png"
+        chromium(f"{base}/?project=fw-test&smoothing=0", f"--screenshot={shot}")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
 
 
 # -- short-answer options and "nothing to forget" ------------------------------------------------------------
