@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -42,3 +44,16 @@ def file_lock(path: str | os.PathLike, timeout: float = 600) -> FileLock:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Hidden, and never deleted: removing a lock file while another process waits on it breaks the lock.
     return FileLock(str(path.parent / f".{path.name}.lock"), timeout=timeout)
+
+
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, hint: str = "") -> Iterator[tuple[int, Any]]:
+    """(line number, value) for each non-blank line of a JSONL file; a line that is not JSON raises `error` naming
+    the file, the line and the column, followed by `hint` (what the file should hold)."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{path} line {lineno}: not valid JSON ({e.msg} at column {e.colno}){'; ' + hint if hint else ''}") from None

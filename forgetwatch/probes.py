@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write
+from ._io import atomic_write, read_jsonl
 from .answers import extract_number
 
 __all__ = ["Probe", "ProbeSet", "ProbeFormatError"]
@@ -245,22 +245,15 @@ class ProbeSet:
             raise FileNotFoundError(f"{path}: probe file not found; build one with `forgetwatch probes build`")
         probes: list[Probe] = []
         seen: dict[str, int] = {}
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path} line {lineno}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ProbeFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-                probe = Probe.from_dict(record, where)
-                if probe.id in seen:
-                    raise ProbeFormatError(
-                        f"{where}: field `id`: duplicate id {probe.id!r} (first on line {seen[probe.id]}); ids must be unique"
-                    )
-                seen[probe.id] = lineno
-                probes.append(probe)
+        for lineno, record in read_jsonl(path, ProbeFormatError):
+            where = f"{path} line {lineno}"
+            probe = Probe.from_dict(record, where)
+            if probe.id in seen:
+                raise ProbeFormatError(
+                    f"{where}: field `id`: duplicate id {probe.id!r} (first on line {seen[probe.id]}); ids must be unique"
+                )
+            seen[probe.id] = lineno
+            probes.append(probe)
         if not probes:
             raise ProbeFormatError(f"{path}: the probe file has no probes; add at least one line")
         return cls(probes, origin=str(path))

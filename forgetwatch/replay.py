@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import read_jsonl
 from .answers import LETTERS
 from .probes import Probe
 from .prompts import question_block
@@ -255,14 +256,7 @@ def _is_probe_file(path: Path) -> bool:
 
 
 def _read_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {i}: not JSON ({e.msg}); one example per line") from None
-            yield i, row
-            if limit is not None and i >= limit:
-                return
+    for i, row in read_jsonl(path, hint="one example per line"):
+        yield i, row
+        if limit is not None and i >= limit:
+            return

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import read_jsonl
 from .metrics import ForgettingMetrics, compute_report
 
 __all__ = ["Sample", "SampleSet", "SampleComparison", "SamplesFormatError", "read_samples", "compare_samples"]
@@ -196,7 +197,7 @@ def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str
         name = _pick_metric(task, f, chosen_rows, metric)
         metrics[task] = name
         for line, row in chosen_rows:
-            samples.append(_lm_eval_sample(task, f"{f}:{line}", row, name, output_type))
+            samples.append(_lm_eval_sample(task, f"{f} line {line}", row, name, output_type))
     if filter is not None and not filter_seen:
         logged = sorted({n for n in filters.values()} | {"none"})
         raise SamplesFormatError(f"--filter {filter!r}: no task in {path} logged answers after that filter (seen: {', '.join(logged)})")
@@ -205,18 +206,11 @@ def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str
 
 
 def _jsonl(f: Path) -> Iterable[tuple[int, dict]]:
-    with open(f, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SamplesFormatError(f"{f}:{i}: not JSON ({e.msg}); forgetwatch reads {FORMATS}") from None
-            if not isinstance(row, dict) or "doc_id" not in row or not ({"filtered_resps", "resps"} & row.keys()):
-                raise SamplesFormatError(f"{f}:{i}: not an lm-eval sample (needs `doc_id` and `filtered_resps`); "
-                                         f"forgetwatch reads {FORMATS}")
-            yield i, row
+    for i, row in read_jsonl(f, SamplesFormatError, hint=f"forgetwatch reads {FORMATS}"):
+        if not isinstance(row, dict) or "doc_id" not in row or not ({"filtered_resps", "resps"} & row.keys()):
+            raise SamplesFormatError(f"{f} line {i}: not an lm-eval sample (needs `doc_id` and `filtered_resps`); "
+                                     f"forgetwatch reads {FORMATS}")
+        yield i, row
 
 
 def _lm_eval_results(files: Iterable[Path]) -> tuple[dict[str, dict], str | None, str | None]:
@@ -249,7 +243,7 @@ def _pick_metric(task: str, f: Path, rows: list[tuple[int, dict]], metric: str |
     if metric is not None and metric in logged:
         if metric not in binary:
             line, row = next((ln, r) for ln, r in rows if not _is01(r.get(metric)))
-            raise SamplesFormatError(f"{f}:{line}: metric {metric!r} of task {task} is not 0/1 per sample "
+            raise SamplesFormatError(f"{f} line {line}: metric {metric!r} of task {task} is not 0/1 per sample "
                                      f"({row.get(metric)!r}); sample-wise forgetting needs a 0/1 metric (this task has: {', '.join(binary) or 'none'})")
         return metric
     for m in (*_PREFERRED, *binary):
@@ -358,7 +352,7 @@ def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> Sample
             name = _pick_metric(task, f, flat, metric)
             metrics[task] = name
             for (i, r), (_, m) in zip(trows, flat, strict=True):
-                samples.append(_lighteval_sample(task, f"{f}:row {i}", r, int(float(m[name]))))
+                samples.append(_lighteval_sample(task, f"{f} row {i}", r, int(float(m[name]))))
     _check_metric_used(path, metric, metrics)
     model = None
     for f in chosen.values():

@@ -210,6 +210,10 @@ def test_without_content_hashes_documents_match_by_id(runs, tmp_path):
     assert cmp.report["overall"].to_dict() == compare_samples(runs["base"], runs["after"]).report["overall"].to_dict()
     with pytest.raises(SamplesFormatError, match="--match hash, but some documents carry no content hash"):
         compare_samples(base, after, match="hash")
+    # neither a hash nor an id: refused, never matched by position
+    _edit_samples(after, "fw_mc", lambda rows: [{**r, "doc_id": None} for r in rows])
+    with pytest.raises(SamplesFormatError, match=r"fw_mc: documents carry neither a content hash nor an id \(first at .*samples_fw_mc_.* line 1\)"):
+        compare_samples(base, after)
 
 
 def test_a_reused_output_dir_uses_the_latest_run(runs, tmp_path):
@@ -227,7 +231,7 @@ def test_bad_input_names_the_problem(runs, tmp_path, capsys):
         read_samples(tmp_path)
     junk = tmp_path / "samples_x_2026-01-01T00-00-00.jsonl"
     junk.write_text('{"doc_id": 0, "filtered_resps": [], "metrics": ["acc"], "acc": 1}\n{"hello": 1}\n')
-    with pytest.raises(SamplesFormatError, match=r"samples_x_2026-01-01T00-00-00.jsonl:2: not an lm-eval sample"):
+    with pytest.raises(SamplesFormatError, match=r"samples_x_2026-01-01T00-00-00.jsonl line 2: not an lm-eval sample"):
         read_samples(junk)
     (tmp_path / "a.csv").write_text("x\n")
     with pytest.raises(SamplesFormatError, match=r"a.csv: not a per-sample output.*reads lm-evaluation-harness"):
