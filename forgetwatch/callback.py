@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -336,8 +337,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if not self._is_main or self._record_root is None or not logs:
             return
         try:
-            row = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and not k.startswith(PREFIX + "/")}
+            # a NaN / inf loss is written as null: strict JSON readers (jq, browsers) reject NaN
+            row = {k: (v if math.isfinite(v) else None) for k, v in logs.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith(PREFIX + "/")}
             if row:
                 RunRecord(self._record_root).append_trainer_log({"step": state.global_step, "epoch": state.epoch, **row})
         except Exception:  # a full disk must not end the run

@@ -326,7 +326,7 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
     hows = sorted(set(cmp.match_by.values()))
     print(f"matched {len(cmp.matched)} samples of {len(cmp.match_by)} task(s) by {' / '.join(hows)}; "
           f"counted: {', '.join(f'{t} {m}' for t, m in sorted(cmp.before.metric.items()) if t in cmp.match_by)}")
-    for note in dict.fromkeys(cmp.before.notes + cmp.after.notes):
+    for note in dict.fromkeys(cmp.before.notes + cmp.after.notes + cmp.notes):
         print(f"  note: {note}")
     for label, tasks in (("before", cmp.tasks_only_before), ("after", cmp.tasks_only_after)):
         if tasks:

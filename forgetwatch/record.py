@@ -44,11 +44,12 @@ _EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
 _STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
 
 
-def _append_line(path: Path, obj: dict[str, Any]) -> None:
+def _append_line(path: Path, obj: dict[str, Any], sync: bool = True) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(obj, ensure_ascii=False) + "\n")
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
 
 
 @dataclass
@@ -91,10 +92,13 @@ class RunRecord:
         self._append_lines("at_risk.jsonl", rows)
 
     def append_trainer_log(self, row: dict[str, Any]) -> None:
-        _append_line(self.root / "trainer_log.jsonl", row)
+        # Every logging step, inside the training loop: no fsync (a slow one on network storage would stall the step);
+        # a crash loses at most the last rows, which trainer_state.json of the next checkpoint has anyway.
+        _append_line(self.root / "trainer_log.jsonl", row, sync=False)
 
     def read_trainer_log(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.root / "trainer_log.jsonl")
+        # written without fsync: after a power loss a line may be garbage, and a plot of the loss is worth keeping
+        return _read_jsonl(self.root / "trainer_log.jsonl", skip_bad=True)
 
     def append_event(self, row: dict[str, Any]) -> None:
         _append_line(self.root / "events.jsonl", row)
@@ -181,7 +185,8 @@ class RunRecord:
         """
         root = self.root
         metrics = root / "metrics.jsonl"
-        if not metrics.is_file() and not any(self.evals_dir.glob("step-*.npz")):
+        # trainer_log.jsonl alone: a sidecar-mode run whose checkpoints no watcher scored; its log is a record too
+        if not metrics.is_file() and not any(self.evals_dir.glob("step-*.npz")) and not (root / "trainer_log.jsonl").is_file():
             return None
         when = metrics.stat().st_mtime if metrics.is_file() else time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
@@ -209,14 +214,18 @@ class RunRecord:
                     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.endswith("\n"):  # a line cut short by a crash is not a record
-                rows.append(json.loads(line))
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    if not skip_bad:
+                        raise
     return rows
 
 

@@ -53,7 +53,7 @@ _PNG = {
 # the four states of a probe against the base model, in the order they are stacked, and their colours
 _STATES = ("retained", "forgotten", "learned", "never known")
 _STATE_COLORS = ("#8fc98f", "tab:red", "tab:blue", "#e6e6e6")
-CUT = 160  # characters of a question (or answer) shown in a table cell; the full text unfolds below it
+CUT = 160  # characters of a question (or answer) shown in a table cell; the rest unfolds below them
 _VS_BASE = {(True, True): "retained", (True, False): "forgotten", (False, True): "learned", (False, False): "never known"}
 _LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
 
@@ -145,25 +145,24 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _trainer_log(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
-    """The trainer's log rows with their step: kept by the callback (`trainer_log.jsonl`), else the `log_history` of
-    the newest `trainer_state.json` in the output dir or its checkpoints. Returns (rows, where they came from)."""
-    rows = record.read_trainer_log()
-    if rows:
-        return rows, str(record.root / "trainer_log.jsonl")
+    """The trainer's log rows with their step, and where they came from: the rows the callback kept
+    (`trainer_log.jsonl`) or the `log_history` of a `trainer_state.json` (the output dir's or a checkpoint's),
+    whichever covers the most steps (a record kept from a resume on, or a stale trainer_state.json of an earlier run
+    in the same output dir, covers fewer); the callback's rows on a tie."""
+    candidates = [(record.read_trainer_log(), str(record.root / "trainer_log.jsonl"))]
     run_dir = record.root.parent
-    candidates = [run_dir / "trainer_state.json"]
+    paths = [run_dir / "trainer_state.json"]
     if run_dir.is_dir():
         ckpts = sorted((int(m.group(1)), p) for p in run_dir.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
-        candidates += [p / "trainer_state.json" for _, p in reversed(ckpts)]
-    for path in candidates:
+        paths += [p / "trainer_state.json" for _, p in reversed(ckpts)]
+    for path in paths:
         try:
             history = json.loads(path.read_text(encoding="utf-8")).get("log_history") or []
         except (OSError, ValueError, AttributeError):
             continue
-        rows = [r for r in history if isinstance(r, dict) and "step" in r]
-        if rows:
-            return rows, str(path)
-    return [], ""
+        candidates.append(([r for r in history if isinstance(r, dict) and "step" in r], str(path)))
+    rows, source = max(candidates, key=lambda c: len({r.get("step") for r in c[0]}))  # max keeps the first on a tie
+    return (rows, source) if rows else ([], "")
 
 
 def _states(record: RunRecord, probes: ProbeSet) -> tuple[np.ndarray, np.ndarray] | None:
@@ -321,7 +320,7 @@ def _plot_training(figure_cls, rows, log: list[dict[str, Any]]):
     ax.set_ylim(bottom=0)
     ax.set_ylabel("share of probes")
     ax.set_xlabel("optimizer step")
-    ax.legend(fontsize="x-small", loc="upper left", ncols=2)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize="x-small", frameon=False)
     fig.suptitle("What training optimised, and what it cost: one step axis")
     return fig
 
@@ -355,9 +354,14 @@ def _plot_matrix(figure_cls, steps: np.ndarray, state: np.ndarray, probes: Probe
     grid = state[:, order].T
     n = len(probes)
     fig = figure_cls(figsize=(max(6.5, min(2.5 + 0.35 * len(steps), 12)), min(max(4.2, n / 45), 14)), layout="constrained")
+    fontsize = 8 if len(set(cats)) <= 30 else 6
     ax = fig.add_subplot()
-    ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=ListedColormap(_STATE_COLORS),
-              norm=BoundaryNorm(np.arange(-0.5, len(_STATES)), len(_STATES)))
+    height_in = min(max(4.2, n / 45), 14)
+    # More probes than pixel rows: average the colours of the rows that share a pixel (in RGBA, after colouring) so
+    # that a lone forgotten probe still tints its pixel instead of vanishing under a neighbour.
+    many = n > height_in * _DPI * 0.8
+    ax.imshow(grid, aspect="auto", interpolation="antialiased" if many else "nearest", interpolation_stage="rgba",
+              cmap=ListedColormap(_STATE_COLORS), norm=BoundaryNorm(np.arange(-0.5, len(_STATES)), len(_STATES)))
     ticks = range(len(steps)) if len(steps) <= 16 else np.linspace(0, len(steps) - 1, 10).astype(int)
     ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
     ax.set_xlabel("evaluation at optimizer step")
@@ -367,12 +371,19 @@ def _plot_matrix(figure_cls, steps: np.ndarray, state: np.ndarray, probes: Probe
     ends = starts[1:] + [n]
     for j in starts[1:]:
         ax.axhline(j - 0.5, color="black", linewidth=0.8)
-    labels = []
+    # a label in the middle of each band, unless it would overlap the last one drawn (57 MMLU subjects, say)
+    rows_per_label = n * (fontsize * 1.25 / 72) / (height_in * 0.85)
+    ticks, labels, last = [], [], -math.inf
     for a, b in zip(starts, ends, strict=True):
+        mid = (a + b - 1) / 2
+        if mid - last < rows_per_label:
+            continue
         c = sorted_cats[a]
         mark = " (nothing to forget)" if final.get(c, {}).get("nothing_to_forget") else ""
+        ticks.append(mid)
         labels.append(_plain(f"{c} ({b - a}){mark}"))
-    ax.set_yticks([(a + b - 1) / 2 for a, b in zip(starts, ends, strict=True)], labels, fontsize="small")
+        last = mid
+    ax.set_yticks(ticks, labels, fontsize=fontsize)
     from matplotlib.patches import Patch
 
     fig.legend([Patch(color=c) for c in _STATE_COLORS], list(_STATES), loc="outside lower center", ncols=4,
@@ -509,11 +520,12 @@ def _f(value: float) -> str:
 
 
 def _cell(value: Any, cut: int = CUT) -> str:
-    """A table cell's text, escaped; text longer than `cut` characters shows its start and unfolds to the whole."""
+    """A table cell's text, escaped. Longer than `cut` characters: its start, the rest unfolding below on a click, and
+    the whole text as the tooltip (and for find-in-page tools that read attributes)."""
     text = str(value)
     if len(text) <= cut:
         return _e(text)
-    return f'<details><summary>{_e(text[:cut].rstrip())}…</summary>{_e(text)}</details>'
+    return f'<details title="{_e(text)}"><summary>{_e(text[:cut])}…</summary>…{_e(text[cut:])}</details>'
 
 
 _CSS = """

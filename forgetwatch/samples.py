@@ -70,7 +70,8 @@ class Sample:
     question: str
     gold: str
     prediction: str
-    where: str  # file:line, for messages
+    where: str  # file and line, for messages
+    prompt_hash: str | None = None  # lm-eval's hash of the prompt as asked (few-shot, chat template and all)
 
 
 @dataclass
@@ -151,8 +152,8 @@ def _latest_per_task(path: Path, files: list[Path], pattern: re.Pattern, notes: 
     by_task: dict[str, list[tuple[str, Path]]] = defaultdict(list)
     for f in files:
         m = pattern.match(f.name)
-        if m is None:  # a single file given by name: take the task from inside it
-            by_task[""].append(("", f))
+        if m is None:  # a file renamed by hand: its own name stands for the task (lighteval's rows name theirs)
+            by_task[f.stem].append(("", f))
         else:
             by_task[m["task"]].append((m["time"], f))
     out = {}
@@ -174,16 +175,17 @@ def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str
     samples: list[Sample] = []
     metrics: dict[str, str] = {}
     filters: dict[str, str] = {}
-    filter_seen = False
+    filter_seen, logged_filters = False, set()
     for task_from_name, f in sorted(chosen.items()):
         rows = list(_jsonl(f))
         if not rows:
             raise SamplesFormatError(f"{f}: empty samples file")
-        task = task_from_name or _task_from_results(f, configs) or f.stem
+        task = task_from_name if _LM_EVAL_FILE.match(f.name) else (_task_from_results(f, configs) or task_from_name)
         by_filter: dict[str, list[tuple[int, dict]]] = defaultdict(list)
         for line, row in rows:
             by_filter[str(row.get("filter", "none"))].append((line, row))
         names = list(by_filter)
+        logged_filters.update(names)
         if filter is not None and filter in by_filter:
             use, filter_seen = filter, True
         else:
@@ -191,18 +193,36 @@ def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str
         if len(names) > 1:
             filters[task] = use
             others = ", ".join(n for n in names if n != use)
-            notes.append(f"{task}: answers after filter {use!r} (also logged: {others}; choose with --filter)")
-        output_type = (configs.get(task) or {}).get("output_type")
+            missing = f"--filter {filter!r} is not among them, so the first; " if filter is not None and use != filter else ""
+            notes.append(f"{task}: answers after filter {use!r} ({missing}also logged: {others}; choose with --filter)")
+        cfg = configs.get(task) or {}
         chosen_rows = by_filter[use]
+        _refuse_repeated_ids(task, f, chosen_rows)
         name = _pick_metric(task, f, chosen_rows, metric)
         metrics[task] = name
         for line, row in chosen_rows:
-            samples.append(_lm_eval_sample(task, f"{f} line {line}", row, name, output_type))
+            samples.append(_lm_eval_sample(task, f"{f} line {line}", row, name, cfg))
     if filter is not None and not filter_seen:
-        logged = sorted({n for n in filters.values()} | {"none"})
-        raise SamplesFormatError(f"--filter {filter!r}: no task in {path} logged answers after that filter (seen: {', '.join(logged)})")
+        raise SamplesFormatError(f"--filter {filter!r}: no task in {path} logged answers after that filter "
+                                 f"(logged: {', '.join(sorted(logged_filters))})")
     _check_metric_used(path, metric, metrics)
     return SampleSet(str(path), "lm-eval", samples, metrics, filters, model, version, notes)
+
+
+def _refuse_repeated_ids(task: str, f: Path, rows: list[tuple[int, dict]]) -> None:
+    """One row per document and filter: a document id twice means rows of several filters without a `filter` field
+    (lm-eval before 0.4.2) or files of several runs merged; counting both would double the document."""
+    seen: dict[str, int] = {}
+    for line, row in rows:
+        if row["doc_id"] is None:  # no id at all: matched by content hash, or refused later
+            continue
+        key = str(row["doc_id"])
+        if key in seen:
+            raise SamplesFormatError(
+                f"{f} line {line}: doc_id {key} of task {task} again (first on line {seen[key]}). lm-eval writes one line per "
+                "document and filter; lines without a `filter` field from several filters (lm-eval before 0.4.2), or "
+                "several runs in one file, cannot be told apart: rerun with lm-eval 0.4.2 or later, or keep one run per file")
+        seen[key] = line
 
 
 def _jsonl(f: Path) -> Iterable[tuple[int, dict]]:
@@ -268,8 +288,12 @@ def _lm_eval_args(row: dict) -> list[list]:
     return [list(a) if isinstance(a, (list, tuple)) else [a] for a in args]
 
 
-def _lm_eval_sample(task: str, where: str, row: dict, metric: str, output_type: str | None) -> Sample:
+def _lm_eval_sample(task: str, where: str, row: dict, metric: str, cfg: dict) -> Sample:
     args = _lm_eval_args(row)
+    output_type = cfg.get("output_type")
+    if len(args) >= 4 and len(args) % 2 == 0 and all(a and a[0] == "" for a in args[len(args) // 2:]):
+        # acc_mutual_info adds each option again with an empty context (its unconditional log-likelihood)
+        args = args[: len(args) // 2]
     continuations = [a[1] for a in args if len(a) > 1 and isinstance(a[1], str)]
     mcq = output_type == "multiple_choice" or (output_type is None and len(continuations) == len(args) >= 2)
     k = len(args) if mcq and len(args) >= 2 else 0
@@ -277,9 +301,11 @@ def _lm_eval_sample(task: str, where: str, row: dict, metric: str, output_type: 
     target = row.get("target")
     resps = row.get("filtered_resps", row.get("resps"))
     if k:
-        lls = [_loglik(r) for r in resps] if isinstance(resps, list) and len(resps) == k else []
-        if lls and metric == "acc_norm":
-            lls = [ll / max(len(c), 1) for ll, c in zip(lls, continuations, strict=False)]
+        lls = [_loglik(r) for r in resps[:k]] if isinstance(resps, list) and len(resps) >= k else []
+        if lls and metric == "acc_norm" and all(v is not None for v in lls):
+            # lm-eval divides by the option's length in characters, without the delimiter before it
+            delim = str(cfg.get("target_delimiter", " "))
+            lls = [ll / max(len(c[len(delim):] if c.startswith(delim) else c), 1) for ll, c in zip(lls, continuations, strict=False)]
         prediction = continuations[int(np.argmax(lls))].strip() if lls and all(v is not None for v in lls) else ""
         gold = _gold_choice(target, continuations)
     else:
@@ -288,8 +314,8 @@ def _lm_eval_sample(task: str, where: str, row: dict, metric: str, output_type: 
     question = next((doc[q] for q in _QUESTION_FIELDS if isinstance(doc.get(q), str)), None)
     if question is None:
         question = str(args[0][0]) if args and args[0] else ""
-    return Sample(task, str(row["doc_id"]), row.get("doc_hash"), int(float(row[metric])), k, question.strip(), gold,
-                  prediction, where)
+    return Sample(task, "" if row["doc_id"] is None else str(row["doc_id"]), row.get("doc_hash"), int(float(row[metric])), k, question.strip(), gold,
+                  prediction, where, row.get("prompt_hash"))
 
 
 def _loglik(r: Any) -> float | None:
@@ -302,11 +328,24 @@ def _loglik(r: Any) -> float | None:
 
 
 def _gold_choice(target: Any, continuations: Sequence[str]) -> str:
-    try:
-        idx = [int(t) for t in target] if isinstance(target, list) else [int(target)]
-        return " | ".join(continuations[i].strip() for i in idx)
-    except (TypeError, ValueError, IndexError):
-        return _text(target)
+    """The gold option's text. lm-eval writes `target` as a string: an index ("2"), the option's text, or a list of
+    indices for several right options ("[0, 2]"). An index is read first: most tasks' targets are indices, and an
+    option that happens to read "2" must not capture them."""
+    if isinstance(target, str) and target.strip().startswith("["):
+        try:
+            target = json.loads(target)
+        except ValueError:
+            pass
+    options = [c.strip() for c in continuations]
+    out = []
+    for t in target if isinstance(target, list) else [target]:
+        try:
+            out.append(options[int(t)])
+        except (TypeError, ValueError, IndexError):
+            if str(t).strip() not in options:
+                return _text(target)
+            out.append(str(t).strip())
+    return " | ".join(out)
 
 
 def _text(v: Any) -> str:
@@ -402,6 +441,7 @@ class SampleComparison:
     tasks_only_before: list[str]
     tasks_only_after: list[str]
     report: dict[str, ForgettingMetrics]
+    notes: list[str] = field(default_factory=list)  # what the comparison itself found (prompts that differ)
 
     @property
     def flips(self) -> list[dict[str, Any]]:
@@ -422,7 +462,7 @@ class SampleComparison:
                 "after": side(self.after, self.only_after, self.tasks_only_after),
                 "n": len(self.matched), "match_by": self.match_by,
                 "metrics": {k: v.to_dict() for k, v in self.report.items()}, "flips": self.flips,
-                "notes": self.before.notes + self.after.notes}
+                "notes": list(dict.fromkeys(self.before.notes + self.after.notes + self.notes))}
 
 
 def compare_samples(before: str | Path | SampleSet, after: str | Path | SampleSet, *, metric: str | None = None,
@@ -443,15 +483,24 @@ def compare_samples(before: str | Path | SampleSet, after: str | Path | SampleSe
         raise ValueError(f"match must be 'auto', 'hash' or 'id', got {match!r}")
     a = before if isinstance(before, SampleSet) else read_samples(before, metric, filter)
     b = after if isinstance(after, SampleSet) else read_samples(after, metric, filter)
+    if a.format != b.format:
+        raise SamplesFormatError(f"before ({a.path}) holds {a.format} outputs but after ({b.path}) holds {b.format} outputs: "
+                                 "the two harnesses prompt and score differently; compare two runs of the same one")
     ta, tb = set(a.tasks), set(b.tasks)
     common = sorted(ta & tb)
     if not common:
+        hint = ("; lm-eval names a task only in its file name, samples_<task>_<time>.jsonl: keep those names"
+                if a.format == "lm-eval" else "")
         raise SamplesFormatError(f"the two runs share no task: before ({a.path}) has {', '.join(sorted(ta))}; "
-                                 f"after ({b.path}) has {', '.join(sorted(tb))}")
+                                 f"after ({b.path}) has {', '.join(sorted(tb))}{hint}")
+    notes: list[str] = []
     for t in common:
         if a.metric[t] != b.metric[t]:
             raise SamplesFormatError(f"task {t}: before counts {a.metric[t]!r} but after counts {b.metric[t]!r}; "
                                      "pick one for both with --metric")
+        if a.filter.get(t, "none") != b.filter.get(t, "none"):
+            raise SamplesFormatError(f"task {t}: before counts the answers after filter {a.filter.get(t, 'none')!r} but after "
+                                     f"after {b.filter.get(t, 'none')!r}; pick one for both with --filter")
     sa, sb = _by_task(a.samples), _by_task(b.samples)
     match_by, matched, only_a, only_b = {}, [], [], []
     for t in common:
@@ -463,11 +512,24 @@ def compare_samples(before: str | Path | SampleSet, after: str | Path | SampleSe
     if not matched:
         raise SamplesFormatError(f"no document of {', '.join(common)} is on both sides ({a.path}, {b.path}); "
                                  "were the two runs made on different datasets?")
+    for x, y in matched:
+        if x.num_choices != y.num_choices:
+            raise SamplesFormatError(f"task {x.task}: the same document has {x.num_choices or 'no'} options before ({x.where}) "
+                                     f"but {y.num_choices or 'no'} after ({y.where}): the task's configuration differs between "
+                                     "the runs (a generative task on one side?); compare runs of the same task version")
+    # Same document, other prompt (few-shot examples, chat template, task version): flips then mix the model's change
+    # with the prompt's. Said, not refused: comparing a chat-templated checkpoint with its base can be the point.
+    asked = Counter(x.task for x, y in matched if x.prompt_hash and y.prompt_hash and x.prompt_hash != y.prompt_hash)
+    for t, n in sorted(asked.items()):
+        total = sum(1 for x, _ in matched if x.task == t)
+        notes.append(f"{t}: {n} of {total} matched documents were asked with a different prompt (lm-eval's prompt_hash "
+                     "differs: few-shot examples, chat template or task version); their flips mix the model's change "
+                     "with the prompt's")
     pre = np.array([x.outcome for x, _ in matched], dtype=np.int8)
     post = np.array([y.outcome for _, y in matched], dtype=np.int8)
-    k = np.array([max(x.num_choices, y.num_choices) for x, y in matched], dtype=np.int64)
+    k = np.array([x.num_choices for x, _ in matched], dtype=np.int64)
     report = compute_report(pre, post, k, [x.task for x, _ in matched])
-    return SampleComparison(a, b, match_by, matched, only_a, only_b, sorted(ta - tb), sorted(tb - ta), report)
+    return SampleComparison(a, b, match_by, matched, only_a, only_b, sorted(ta - tb), sorted(tb - ta), report, notes)
 
 
 def _by_task(samples: list[Sample]) -> dict[str, list[Sample]]:
@@ -494,7 +556,7 @@ def _id_order(doc_id: str) -> tuple[int, Any]:
 
 def _match_task(task: str, a: list[Sample], b: list[Sample], match: str):
     hashed = all(s.doc_hash for s in a) and all(s.doc_hash for s in b)
-    with_id = all(s.doc_id not in ("", "None") for s in a) and all(s.doc_id not in ("", "None") for s in b)
+    with_id = all(s.doc_id for s in a) and all(s.doc_id for s in b)
     if match == "hash" and not hashed:
         raise SamplesFormatError(f"task {task}: --match hash, but some documents carry no content hash ({_first_missing(a + b, 'doc_hash')})")
     if match == "id" and not with_id:
@@ -521,7 +583,7 @@ def _match_task(task: str, a: list[Sample], b: list[Sample], match: str):
 
 
 def _first_missing(samples: list[Sample], attr: str) -> str:
-    s = next(s for s in samples if not getattr(s, attr) or getattr(s, attr) == "None")
+    s = next(s for s in samples if not getattr(s, attr))
     return f"first at {s.where}"
 
 

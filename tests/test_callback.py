@@ -463,6 +463,31 @@ def test_the_trainers_own_log_rows_are_kept_for_the_report(sft_run, grpo_runs, t
     assert (tmp_path / "report" / "training.png").is_file() and 'src="training.png"' in page.read_text(encoding="utf-8")
 
 
+def test_on_log_copies_and_never_raises(tmp_path, caplog):
+    cb = watcher()
+    cb._record_root, cb._is_main = tmp_path / "forgetwatch", True
+    cb._record_root.mkdir()
+    state = SimpleNamespace(global_step=3, epoch=0.5)
+    logs = {"loss": float("nan"), "grad_norm": float("inf"), "learning_rate": 1e-3, "note": "text", "flag": True,
+            "forgetwatch/forgetting": 0.1}
+    before = dict(logs)
+    cb.on_log(None, state, None, logs=logs)
+    assert logs.keys() == before.keys() and logs["learning_rate"] == 1e-3 and math.isnan(logs["loss"])  # untouched
+    (row,) = RunRecord(cb._record_root).read_trainer_log()
+    assert row == {"step": 3, "epoch": 0.5, "loss": None, "grad_norm": None, "learning_rate": 1e-3}
+    assert "NaN" not in (cb._record_root / "trainer_log.jsonl").read_text()  # strict JSON
+    # a rank other than the main one writes nothing
+    cb._is_main = False
+    cb.on_log(None, state, None, logs={"loss": 1.0})
+    assert len(RunRecord(cb._record_root).read_trainer_log()) == 1
+    # a record that cannot be written: a logged error, never an exception into the training loop
+    cb._is_main, cb._record_root = True, tmp_path / "a-file"
+    cb._record_root.write_text("")
+    with caplog.at_level(logging.ERROR, logger="forgetwatch"):
+        cb.on_log(None, state, None, logs={"loss": 1.0})
+    assert "could not keep the trainer's log row at step 3" in caplog.text
+
+
 def test_grpo_trajectory_is_bit_identical(grpo_runs):
     assert_same_weights(grpo_runs.watched.model, grpo_runs.plain.model)
     assert own_logs(grpo_runs.watched) == own_logs(grpo_runs.plain)

@@ -323,5 +323,31 @@ def test_long_questions_are_cut_with_the_full_text_a_click_away(tmp_path):
             r["question"] = long
     flips.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = make_report(run).read_text(encoding="utf-8")
-    cut = html.escape(long[:CUT].rstrip())
-    assert f"<details><summary>{cut}…</summary>{html.escape(long)}</details>" in text
+    full = html.escape(long, quote=True)
+    assert f'<details title="{full}"><summary>{html.escape(long[:CUT])}…</summary>…{html.escape(long[CUT:])}</details>' in text
+
+
+def test_the_trainer_log_covering_most_steps_is_used(tmp_path):
+    """A record kept from a resume on (steps 21-30) loses to a checkpoint's full trainer_state.json (1-30)."""
+    run = tmp_path / "run"
+    build_record(run)
+    record = RunRecord(run / "forgetwatch")
+    for step in range(21, 31):
+        record.append_trainer_log({"step": step, "loss": 1.0})
+    (run / "checkpoint-30").mkdir()
+    (run / "checkpoint-30" / "trainer_state.json").write_text(
+        json.dumps({"log_history": [{"step": s, "loss": 2.0} for s in range(1, 31)]}))
+    assert str(run / "checkpoint-30" / "trainer_state.json") in make_report(run).read_text(encoding="utf-8")
+    # a garbled line (the log is written without fsync) is skipped, not fatal
+    with open(record.root / "trainer_log.jsonl", "a") as f:
+        f.write("\x00\x00garbage\n")
+    assert len(record.read_trainer_log()) == 10
+
+
+def test_a_record_of_only_a_trainer_log_is_set_aside(tmp_path):
+    """A sidecar-mode run that no watcher scored leaves only trainer_log.jsonl: the next fresh run must not append to it."""
+    record = RunRecord(tmp_path / "forgetwatch")
+    record.root.mkdir()
+    record.append_trainer_log({"step": 1, "loss": 1.0})
+    moved = record.set_aside()
+    assert moved is not None and (moved / "trainer_log.jsonl").is_file() and not record.root.exists()

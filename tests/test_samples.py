@@ -19,7 +19,7 @@ import pytest
 from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
 
 from forgetwatch.cli import main
-from forgetwatch.samples import SamplesFormatError, compare_samples, read_samples
+from forgetwatch.samples import SamplesFormatError, _gold_choice, compare_samples, read_samples
 
 MC_TASK = """task: fw_mc
 dataset_path: json
@@ -33,6 +33,7 @@ doc_to_target: label
 metric_list:
   - metric: acc
   - metric: acc_norm
+  - metric: acc_mutual_info
 """
 QA_TASK = """task: fw_qa
 dataset_path: json
@@ -135,6 +136,9 @@ def test_compare_matches_every_document_and_counts_its_own_options(runs):
     docs = [json.loads(line) for line in (runs["tasks"] / "mc.jsonl").read_text().splitlines()]
     ks = {s.doc_id: s.num_choices for s in cmp.before.samples if s.task == "fw_mc"}
     assert ks == {str(i): len(d["choices"]) for i, d in enumerate(docs)}
+    # (acc_mutual_info makes lm-eval ask every option twice, the second time without context: still k options)
+    (row, *_) = _rows(runs["base"], "fw_mc", "none")
+    assert len(row["arguments"]) == 2 * len(docs[0]["choices"]) and "acc_mutual_info" in row
     assert {s.num_choices for s in cmp.before.samples if s.task == "fw_qa"} == {0}
     # the chance term uses those k: 4-option documents expect fewer lucky flips than 2-option ones
     assert cmp.report["fw_mc"].adjusted and not cmp.report["fw_qa"].adjusted
@@ -327,3 +331,45 @@ def test_lighteval_bad_input(tmp_path):
         read_samples(tmp_path)
     with pytest.raises(SamplesFormatError, match="--filter is an lm-eval option"):
         read_samples(f, filter="strict")
+
+
+def test_what_the_two_sides_must_share(runs, tmp_path, capsys):
+    # lines of several filters without a `filter` field (older lm-eval) would count each document twice: refused
+    old = _copy(runs["after"], tmp_path / "old")
+    _edit_samples(old, "fw_qa", lambda rows: [{k: v for k, v in r.items() if k != "filter"} for r in rows])
+    with pytest.raises(SamplesFormatError, match=r"line \d+: doc_id 0 of task fw_qa again \(first on line 1\)"):
+        read_samples(old)
+    # the same document asked with another prompt: said, per task
+    other = _copy(runs["after"], tmp_path / "prompt")
+    _edit_samples(other, "fw_mc", lambda rows: [{**r, "prompt_hash": "x" + r["prompt_hash"]} if r["doc_id"] < 3 else r
+                                                for r in rows])
+    cmp = compare_samples(runs["base"], other)
+    assert cmp.notes == ["fw_mc: 3 of 30 matched documents were asked with a different prompt (lm-eval's prompt_hash differs: "
+                         "few-shot examples, chat template or task version); their flips mix the model's change with the prompt's"]
+    assert main(["compare", str(runs["base"]), str(other)]) == 0
+    assert "fw_mc: 3 of 30 matched documents were asked with a different prompt" in capsys.readouterr().out
+    # answers after different filters, or documents with a different number of options, are not compared
+    with pytest.raises(SamplesFormatError, match="fw_qa: before counts the answers after filter 'strict' but after after 'loose'"):
+        compare_samples(read_samples(runs["base"]), read_samples(runs["after"], filter="loose"))
+    fewer = _copy(runs["after"], tmp_path / "fewer")
+    _edit_samples(fewer, "fw_mc", lambda rows: [{**r, "arguments": dict(list(r["arguments"].items())[:1])} if r["doc_id"] == 5 else r
+                                                for r in rows])
+    with pytest.raises(SamplesFormatError, match="fw_mc: the same document has 4 options before .* but no after"):
+        compare_samples(runs["base"], fewer)
+    # a --filter that one task lacks is said
+    notes = read_samples(runs["base"], filter="loose").notes
+    assert "fw_qa: answers after filter 'loose' (also logged: strict; choose with --filter)" in notes
+
+
+def test_lm_eval_and_lighteval_are_not_compared_with_each_other(runs, tmp_path):
+    lighteval = _lighteval_run(tmp_path, "after", "2026-11-24T01-50-16.387675")
+    with pytest.raises(SamplesFormatError, match="holds lm-eval outputs but after .* holds lighteval outputs"):
+        compare_samples(runs["base"], lighteval)
+
+
+def test_gold_text_from_lm_eval_targets():
+    options = [" 1", " 2", " 3"]
+    assert _gold_choice("2", options) == "3"  # an index, though an option reads "2"
+    assert _gold_choice("[0, 2]", options) == "1 | 3"  # several right options
+    assert _gold_choice("5", [" a", " 5"]) == "5"  # no option 5: the text
+    assert _gold_choice("zebra", [" horse", " zebra"]) == "zebra"  # the option's text
