@@ -341,51 +341,56 @@ def _plot_states(figure_cls, steps: np.ndarray, state: np.ndarray):
     return fig
 
 
-def _plot_matrix(figure_cls, steps: np.ndarray, state: np.ndarray, probes: ProbeSet, final: dict[str, Any]):
-    """Every probe (row) at every evaluation (column), grouped by category; within a category, the probes forgotten
-    earliest first, then those forgotten later, retained, learned and never known."""
-    from matplotlib.colors import BoundaryNorm, ListedColormap
+def _matrix_layout(state: np.ndarray, categories: list[str], final: dict[str, Any], rows_per_label: float):
+    """The probe × evaluation picture's row order and category labels.
 
-    cats = [p.category for p in probes]
-    names = sorted(set(cats))
-    first_lost = np.where((state == 1).any(axis=0), (state == 1).argmax(axis=0), len(steps))
+    Rows are grouped by category (sorted); within one, the probes forgotten now come first, earliest forgotten first,
+    then retained, learned and never known. Returns (order, band starts, (tick, label) pairs); a band's label is left
+    out when it would sit closer than `rows_per_label` rows to the last one drawn (57 MMLU subjects, say)."""
+    n_evals = state.shape[0]
+    names = {c: j for j, c in enumerate(sorted(set(categories)))}
+    first_lost = np.where((state == 1).any(axis=0), (state == 1).argmax(axis=0), n_evals)
     final_state = state[-1]
-    order = sorted(range(len(probes)), key=lambda i: (names.index(cats[i]), final_state[i] != 1, first_lost[i], final_state[i], i))
-    grid = state[:, order].T
-    n = len(probes)
-    fig = figure_cls(figsize=(max(6.5, min(2.5 + 0.35 * len(steps), 12)), min(max(4.2, n / 45), 14)), layout="constrained")
-    fontsize = 8 if len(set(cats)) <= 30 else 6
-    ax = fig.add_subplot()
-    height_in = min(max(4.2, n / 45), 14)
-    # More probes than pixel rows: average the colours of the rows that share a pixel (in RGBA, after colouring) so
-    # that a lone forgotten probe still tints its pixel instead of vanishing under a neighbour.
-    many = n > height_in * _DPI * 0.8
-    ax.imshow(grid, aspect="auto", interpolation="antialiased" if many else "nearest", interpolation_stage="rgba",
-              cmap=ListedColormap(_STATE_COLORS), norm=BoundaryNorm(np.arange(-0.5, len(_STATES)), len(_STATES)))
-    ticks = range(len(steps)) if len(steps) <= 16 else np.linspace(0, len(steps) - 1, 10).astype(int)
-    ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
-    ax.set_xlabel("evaluation at optimizer step")
-    # category bands: a line between them and a label in the middle of each
-    sorted_cats = [cats[i] for i in order]
+    order = sorted(range(len(categories)),
+                   key=lambda i: (names[categories[i]], final_state[i] != 1, first_lost[i], final_state[i], i))
+    sorted_cats = [categories[i] for i in order]
+    n = len(order)
     starts = [0] + [j for j in range(1, n) if sorted_cats[j] != sorted_cats[j - 1]]
-    ends = starts[1:] + [n]
-    for j in starts[1:]:
-        ax.axhline(j - 0.5, color="black", linewidth=0.8)
-    # a label in the middle of each band, unless it would overlap the last one drawn (57 MMLU subjects, say)
-    rows_per_label = n * (fontsize * 1.25 / 72) / (height_in * 0.85)
-    ticks, labels, last = [], [], -math.inf
-    for a, b in zip(starts, ends, strict=True):
+    labels, last = [], -math.inf
+    for a, b in zip(starts, starts[1:] + [n], strict=True):
         mid = (a + b - 1) / 2
         if mid - last < rows_per_label:
             continue
         c = sorted_cats[a]
         mark = " (nothing to forget)" if final.get(c, {}).get("nothing_to_forget") else ""
-        ticks.append(mid)
-        labels.append(_plain(f"{c} ({b - a}){mark}"))
+        labels.append((mid, _plain(f"{c} ({b - a}){mark}")))
         last = mid
-    ax.set_yticks(ticks, labels, fontsize=fontsize)
+    return order, starts, labels
+
+
+def _plot_matrix(figure_cls, steps: np.ndarray, state: np.ndarray, probes: ProbeSet, final: dict[str, Any]):
+    """Every probe (row) at every evaluation (column), grouped by category (see `_matrix_layout`)."""
+    from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.patches import Patch
 
+    cats = [p.category for p in probes]
+    n = len(probes)
+    height_in = min(max(4.2, n / 45), 14)
+    fontsize = 8 if len(set(cats)) <= 30 else 6
+    order, starts, labels = _matrix_layout(state, cats, final, rows_per_label=n * (fontsize * 1.25 / 72) / (height_in * 0.85))
+    fig = figure_cls(figsize=(max(6.5, min(2.5 + 0.35 * len(steps), 12)), height_in), layout="constrained")
+    ax = fig.add_subplot()
+    # More probes than pixel rows: average the colours of the rows that share a pixel (in RGBA, after colouring) so
+    # that a lone forgotten probe still tints its pixel instead of vanishing under a neighbour.
+    many = n > height_in * _DPI * 0.8
+    ax.imshow(state[:, order].T, aspect="auto", interpolation="antialiased" if many else "nearest", interpolation_stage="rgba",
+              cmap=ListedColormap(_STATE_COLORS), norm=BoundaryNorm(np.arange(-0.5, len(_STATES)), len(_STATES)))
+    ticks = range(len(steps)) if len(steps) <= 16 else np.linspace(0, len(steps) - 1, 10).astype(int)
+    ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
+    ax.set_xlabel("evaluation at optimizer step")
+    for j in starts[1:]:  # a line between category bands
+        ax.axhline(j - 0.5, color="black", linewidth=0.8)
+    ax.set_yticks([t for t, _ in labels], [label for _, label in labels], fontsize=fontsize)
     fig.legend([Patch(color=c) for c in _STATE_COLORS], list(_STATES), loc="outside lower center", ncols=4,
                fontsize="small", frameon=False)
     ax.set_title("Each probe at each evaluation, against the base model")

@@ -19,7 +19,7 @@ from forgetwatch.cli import main
 from forgetwatch.metrics import compute_report
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.record import RunRecord
-from forgetwatch.report import CUT, _final_flips, _states, make_report
+from forgetwatch.report import CUT, _final_flips, _matrix_layout, _states, make_report
 from forgetwatch.results import ProbeResults
 
 STEPS = (0, 10, 20, 30)
@@ -351,3 +351,40 @@ def test_a_record_of_only_a_trainer_log_is_set_aside(tmp_path):
     record.append_trainer_log({"step": 1, "loss": 1.0})
     moved = record.set_aside()
     assert moved is not None and (moved / "trainer_log.jsonl").is_file() and not record.root.exists()
+
+
+def test_matrix_rows_grouped_by_category_forgotten_first_and_labels_thinned():
+    # 3 evaluations x 6 probes in two categories; states: 0 retained, 1 forgotten, 2 learned, 3 never known
+    state = np.array([[0, 0, 3, 0, 0, 3],
+                      [1, 0, 3, 0, 1, 2],
+                      [1, 1, 3, 0, 1, 2]], dtype=np.int8)
+    cats = ["b", "b", "b", "a", "a", "a"]
+    final = {"a": {"nothing_to_forget": False}, "b": {"nothing_to_forget": True}}
+    order, starts, labels = _matrix_layout(state, cats, final, rows_per_label=0)
+    # a: forgotten (4), retained (3), learned (5); b: forgotten at eval 1 (0) before forgotten at eval 2 (1), never known (2)
+    assert order == [4, 3, 5, 0, 1, 2] and starts == [0, 3]
+    assert labels == [(1.0, "a (3)"), (4.0, "b (3) (nothing to forget)")]
+    # 57 categories of 20 probes in a picture with room for ~30 labels: labels are thinned, never closer than asked
+    state = np.zeros((2, 57 * 20), np.int8)
+    cats = [f"subject_{i // 20:02d}" for i in range(57 * 20)]
+    _, starts, labels = _matrix_layout(state, cats, {}, rows_per_label=38)
+    assert len(starts) == 57 and 20 <= len(labels) < 57
+    assert all(b[0] - a[0] >= 38 for a, b in zip(labels, labels[1:], strict=False))
+
+
+def test_report_of_many_probes_draws(tmp_path):
+    """2,000 probes in 57 categories: the picture is drawn (antialiased rows), every band labelled (they fit at 14 in)."""
+    from forgetwatch.report import _plot_matrix
+
+    rng = np.random.default_rng(0)
+    probes = ProbeSet([Probe(f"p/{i}", "mcq", f"q{i}", ("a", "b", "c", "d"), 0, category=f"subject_{i % 57:02d}")
+                       for i in range(2000)])
+    state = rng.integers(0, 4, size=(5, 2000)).astype(np.int8)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = _plot_matrix(Figure, np.arange(5) * 10, state, probes, {})
+    FigureCanvasAgg(fig)
+    fig.savefig(tmp_path / "m.png", dpi=110)
+    assert (tmp_path / "m.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert len(fig.axes[0].get_yticklabels()) == 57
