@@ -338,6 +338,9 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
                   "--json lists them")
     print()
     print(format_report(cmp.report, label="task"))
+    if cmp.by_group:
+        print("\nby lm-eval group (a task outside any group stands for itself):\n")
+        print(format_report(cmp.by_group, label="group").split("\n\n")[0])
     flips = cmp.flips
     if flips and args.flips:
         print(f"\nflipped samples ({len(flips)}; first {min(args.flips, len(flips))}):")

@@ -86,6 +86,7 @@ class SampleSet:
     model: str | None = None
     version: str | None = None
     notes: list[str] = field(default_factory=list)
+    groups: dict[str, str] = field(default_factory=dict)  # task -> the lm-eval group it belongs to (mmlu_stem, ...)
 
     @property
     def tasks(self) -> list[str]:
@@ -171,7 +172,7 @@ def _latest_per_task(path: Path, files: list[Path], pattern: re.Pattern, notes: 
 def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str | None) -> SampleSet:
     notes: list[str] = []
     chosen = _latest_per_task(path, files, _LM_EVAL_FILE, notes)
-    configs, model, version = _lm_eval_results(chosen.values())
+    configs, model, version, subtasks = _lm_eval_results(chosen.values())
     samples: list[Sample] = []
     metrics: dict[str, str] = {}
     filters: dict[str, str] = {}
@@ -206,7 +207,9 @@ def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str
         raise SamplesFormatError(f"--filter {filter!r}: no task in {path} logged answers after that filter "
                                  f"(logged: {', '.join(sorted(logged_filters))})")
     _check_metric_used(path, metric, metrics)
-    return SampleSet(str(path), "lm-eval", samples, metrics, filters, model, version, notes)
+    # each task's own group (mmlu_anatomy -> mmlu_stem), for the by-group table
+    groups = {t: g for g, members in subtasks.items() for t in members if t in metrics}
+    return SampleSet(str(path), "lm-eval", samples, metrics, filters, model, version, notes, groups)
 
 
 def _refuse_repeated_ids(task: str, f: Path, rows: list[tuple[int, dict]]) -> None:
@@ -233,9 +236,11 @@ def _jsonl(f: Path) -> Iterable[tuple[int, dict]]:
         yield i, row
 
 
-def _lm_eval_results(files: Iterable[Path]) -> tuple[dict[str, dict], str | None, str | None]:
-    """Task configs (for `output_type`), model and lm-eval version from the results_*.json beside the samples."""
+def _lm_eval_results(files: Iterable[Path]) -> tuple[dict[str, dict], str | None, str | None, dict[str, list[str]]]:
+    """Task configs (for `output_type`), model, lm-eval version and groups (`group_subtasks`) from the results_*.json
+    beside the samples."""
     configs: dict[str, dict] = {}
+    subtasks: dict[str, list[str]] = {}
     model = version = None
     for stamp_dir in sorted({f.parent for f in files}):
         for res in sorted(stamp_dir.glob("results_*.json")):
@@ -244,9 +249,10 @@ def _lm_eval_results(files: Iterable[Path]) -> tuple[dict[str, dict], str | None
             except (OSError, json.JSONDecodeError):
                 continue  # the samples carry everything needed; the results file only adds names
             configs.update(data.get("configs") or {})
+            subtasks.update({g: list(m) for g, m in (data.get("group_subtasks") or {}).items() if m})
             model = data.get("model_name") or (data.get("config") or {}).get("model_args") or model
             version = data.get("lm_eval_version") or version
-    return configs, (str(model) if model else None), version
+    return configs, (str(model) if model else None), version, subtasks
 
 
 def _task_from_results(f: Path, configs: dict[str, dict]) -> str | None:
@@ -442,6 +448,7 @@ class SampleComparison:
     tasks_only_after: list[str]
     report: dict[str, ForgettingMetrics]
     notes: list[str] = field(default_factory=list)  # what the comparison itself found (prompts that differ)
+    by_group: dict[str, ForgettingMetrics] = field(default_factory=dict)  # lm-eval groups (a task outside one: itself)
 
     @property
     def flips(self) -> list[dict[str, Any]]:
@@ -461,7 +468,8 @@ class SampleComparison:
         return {"before": side(self.before, self.only_before, self.tasks_only_before),
                 "after": side(self.after, self.only_after, self.tasks_only_after),
                 "n": len(self.matched), "match_by": self.match_by,
-                "metrics": {k: v.to_dict() for k, v in self.report.items()}, "flips": self.flips,
+                "metrics": {k: v.to_dict() for k, v in self.report.items()},
+                "groups": {k: v.to_dict() for k, v in self.by_group.items()}, "flips": self.flips,
                 "notes": list(dict.fromkeys(self.before.notes + self.after.notes + self.notes))}
 
 
@@ -528,8 +536,14 @@ def compare_samples(before: str | Path | SampleSet, after: str | Path | SampleSe
     pre = np.array([x.outcome for x, _ in matched], dtype=np.int8)
     post = np.array([y.outcome for _, y in matched], dtype=np.int8)
     k = np.array([x.num_choices for x, _ in matched], dtype=np.int64)
-    report = compute_report(pre, post, k, [x.task for x, _ in matched])
-    return SampleComparison(a, b, match_by, matched, only_a, only_b, sorted(ta - tb), sorted(tb - ta), report, notes)
+    tasks = [x.task for x, _ in matched]
+    report = compute_report(pre, post, k, tasks)
+    groups = {**b.groups, **a.groups}
+    by_group = {}
+    if any(t in groups for t in common):
+        by_group = compute_report(pre, post, k, [groups.get(t, t) for t in tasks])
+    return SampleComparison(a, b, match_by, matched, only_a, only_b, sorted(ta - tb), sorted(tb - ta), report, notes,
+                            by_group)
 
 
 def _by_task(samples: list[Sample]) -> dict[str, list[Sample]]:

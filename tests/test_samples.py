@@ -61,10 +61,17 @@ filter_list:
 """
 
 
-def _lm_eval(model_dir: Path, tasks_dir: Path, out: Path) -> None:
+GROUP = """group: fw_group
+task:
+  - fw_mc
+  - fw_qa
+"""
+
+
+def _lm_eval(model_dir: Path, tasks_dir: Path, out: Path, tasks: str = "fw_mc,fw_qa") -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model_dir}", "--include_path",
-           str(tasks_dir), "--tasks", "fw_mc,fw_qa", "--output_path", str(out), "--log_samples", "--device", "cpu",
+           str(tasks_dir), "--tasks", tasks, "--output_path", str(out), "--log_samples", "--device", "cpu",
            "--batch_size", "8"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -95,13 +102,14 @@ def runs(tmp_path_factory):
             f.write(json.dumps({"question": q, "answer": tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]}) + "\n")
     (data / "fw_mc.yaml").write_text(MC_TASK.format(data=data))
     (data / "fw_qa.yaml").write_text(QA_TASK.format(data=data))
+    (data / "fw_group.yaml").write_text(GROUP)
     torch.manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(p.std() * torch.randn_like(p))
     model.save_pretrained(root / "after")
     tok.save_pretrained(root / "after")
-    _lm_eval(root / "base", data, root / "out-base")
+    _lm_eval(root / "base", data, root / "out-base", tasks="fw_group")  # the base through a group, as for mmlu
     _lm_eval(root / "after", data, root / "out-after")
     return {"base": root / "out-base", "after": root / "out-after", "tasks": data}
 
@@ -129,6 +137,10 @@ def test_compare_matches_every_document_and_counts_its_own_options(runs):
         assert (m.n, m.forgotten, m.learned) == (n, forgotten, learned)
     assert cmp.report["overall"].n == 38 and not cmp.only_before and not cmp.only_after
     assert cmp.match_by == {"fw_mc": "content hash", "fw_qa": "content hash"}
+    # lm-eval's groups (from results_*.json): a table by group beside the one by task
+    assert cmp.before.groups == {"fw_mc": "fw_group", "fw_qa": "fw_group"} and cmp.after.groups == {}
+    assert list(cmp.by_group) == ["overall", "fw_group"]
+    assert cmp.by_group["fw_group"].to_dict() == cmp.report["overall"].to_dict()
     # the base model is right on every generative document (they are its own answers); the perturbed copy forgets some
     assert cmp.report["fw_qa"].accuracy_pre == 1.0 and cmp.report["fw_qa"].forgotten > 0
     assert cmp.report["fw_mc"].forgotten + cmp.report["fw_mc"].learned > 0
@@ -154,6 +166,7 @@ def test_cli_table_and_json(runs, capsys):
     assert "matched 38 samples of 2 task(s) by content hash" in out
     assert "fw_qa: answers after filter 'strict' (also logged: loose; choose with --filter)" in out
     assert "lm-eval 0.4.13" in out and "flipped samples" in out
+    assert "by lm-eval group" in out and any(line.startswith("fw_group ") for line in out.splitlines())
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("fw_mc", "fw_qa", "overall"))}
     expected = _expected(runs)
     assert int(rows["fw_mc"][4]) == expected["fw_mc"][1] and int(rows["fw_qa"][4]) == expected["fw_qa"][1]
