@@ -198,6 +198,13 @@ def test_sft_script_runs(tiny_model_dir, tmp_path):
     _check_record(proc, tmp_path / "out")
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and f"wandb sync {runs[0]}" in proc.stdout
+    # the demo's last command: the report shows the loss beside the curves and every probe at every step
+    from forgetwatch.cli import main
+
+    assert main(["report", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "forgetwatch" / "report" / "report.html").read_text(encoding="utf-8")
+    for png in ("training.png", "probe_states.png", "probe_matrix.png"):
+        assert f'src="{png}"' in page and (tmp_path / "out" / "forgetwatch" / "report" / png).is_file()
 
 
 @requires_olmo_eval

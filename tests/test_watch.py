@@ -68,6 +68,9 @@ def test_sidecar_record_equals_the_in_loop_record_probe_by_probe(runs):
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(side.read_metrics()) == strip(inline.read_metrics())
     assert side.read_flips() == inline.read_flips() and side.read_at_risk() == inline.read_at_risk()
+    # the trainer's own log rows are kept by the training process (the watcher never touches them): the same run's
+    losses = lambda rec: [(r["step"], r["loss"]) for r in rec.read_trainer_log() if "loss" in r]  # noqa: E731
+    assert losses(side) == losses(inline) and [s for s, _ in losses(side)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_the_training_process_scores_nothing_and_saves_at_every_evaluation(runs):
