@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from .probes import ProbeFormatError, ProbeSet
@@ -345,7 +346,8 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
     if flips and args.flips:
         print(f"\nflipped samples ({len(flips)}; first {min(args.flips, len(flips))}):")
         for f in flips[: args.flips]:
-            print(f"  {f['direction']}  {f['task']} doc {f['doc_id']}  {_cut(f['question'])!r}  before: {_cut(f['before'], 30)!r}  "
+            doc = f"doc {f['doc_id']}" if f["doc_id"] else Path(f["where"]).name  # older lighteval: no ids, the row
+            print(f"  {f['direction']}  {f['task']} {doc}  {_cut(f['question'])!r}  before: {_cut(f['before'], 30)!r}  "
                   f"after: {_cut(f['after'], 30)!r}  gold: {_cut(f['gold'], 30)!r}")
     return 0
 

@@ -6,7 +6,8 @@ Reads what users already have on disk:
         document (and per filter), with `doc_id`, `doc_hash`, `arguments` (one per option for multiple choice),
         `filtered_resps` and one field per metric (`acc`, `exact_match`, ...).
     lighteval `--save-details`: <output_dir>/details/<model>/<time>/details_<task>_<time>.parquet, one row per
-        document, with `doc` (query, choices, gold_index, id), `model_response` and `metric`.
+        document, with `doc` (query, choices, gold_index, id), `model_response` and `metric` (0.10 and later), or
+        flat `example`, `choices`, `gold_index`, `predictions`, `metrics` columns and no id (before 0.10).
 
 Samples are matched within a task by the document's content hash when both sides have one for every document
 (lm-eval's `doc_hash`; for lighteval a hash of the document's query, choices and gold), else by document id.
@@ -364,7 +365,8 @@ def _text(v: Any) -> str:
 
 
 def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> SampleSet:
-    """lighteval (0.10+) details: one parquet per task, a row per document with `doc`, `metric`, `model_response`.
+    """lighteval details: one parquet per task, a row per document with `doc`, `metric`, `model_response` (0.10 and
+    later) or flat `example`, `choices`, `gold_index`, `predictions`, `metrics` columns (before).
 
     lighteval writes no per-document hash, so the content hash is computed here from the document's query, choices
     and gold; `doc.id` is the document's index in its split (stable while the dataset is)."""
@@ -378,16 +380,24 @@ def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> Sample
     chosen = _latest_per_task(path, files, _LIGHTEVAL_FILE, notes)
     samples: list[Sample] = []
     metrics: dict[str, str] = {}
+    old_said = False
     for _, f in sorted(chosen.items()):
         try:
             table = pq.read_table(f)
         except Exception as e:  # pyarrow raises several types for a file that is not parquet
             raise SamplesFormatError(f"{f}: not a readable parquet file ({e}); forgetwatch reads {FORMATS}") from None
-        missing = {"doc", "metric"} - set(table.column_names)
-        if missing:
-            raise SamplesFormatError(f"{f}: not lighteval details of version 0.10 or later (no column {', '.join(sorted(missing))}; "
-                                     f"it has {', '.join(table.column_names)}); forgetwatch reads {FORMATS}")
-        rows = [(i, r) for i, r in enumerate(table.to_pylist(), 1)]
+        columns = set(table.column_names)
+        if {"doc", "metric"} <= columns:
+            rows = [(i, r) for i, r in enumerate(table.to_pylist(), 1)]
+        elif {"example", "metrics"} <= columns:  # lighteval before 0.10: flat columns, no document id
+            rows = [(i, _old_lighteval_row(r)) for i, r in enumerate(table.to_pylist(), 1)]
+            if not old_said:
+                notes.append(f"{path}: lighteval details from before 0.10 (no document ids): matched by a hash of each "
+                             "document's query, choices and gold")
+                old_said = True
+        else:
+            raise SamplesFormatError(f"{f}: not lighteval details (no columns doc + metric, nor example + metrics; it has "
+                                     f"{', '.join(table.column_names)}); forgetwatch reads {FORMATS}")
         by_task: dict[str, list[tuple[int, dict]]] = defaultdict(list)
         named = m["task"] if (m := _LIGHTEVAL_FILE.match(f.name)) else f.stem
         for i, r in rows:
@@ -407,12 +417,27 @@ def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> Sample
     return SampleSet(str(path), "lighteval", samples, metrics, {}, model, None, notes)
 
 
+def _old_lighteval_row(r: dict) -> dict:
+    """A row of lighteval's details before 0.10 (`example`, `choices`, `gold_index`, `predictions`, `metrics`, `gold`) in
+    the shape of today's (`doc`, `metric`, `model_response`)."""
+    choices = list(r.get("choices") or [])
+    preds = list(r.get("predictions") or [])
+    if choices:  # multiple choice: one (log-likelihood, is-greedy) pair per option
+        doc = {"query": r.get("example"), "choices": choices, "gold_index": r.get("gold_index"), "sampling_methods": ["LOGPROBS"]}
+        response = {"logprobs": [p[0] if isinstance(p, (list, tuple)) else p for p in preds]}
+    else:  # generative: the golds are the answers, the predictions the texts
+        doc = {"query": r.get("example"), "choices": list(r.get("gold") or []), "gold_index": 0, "sampling_methods": ["GENERATIVE"]}
+        response = {"text": preds}
+    return {"doc": doc, "metric": r.get("metrics") or {}, "model_response": response}
+
+
 def _lighteval_sample(task: str, where: str, row: dict, outcome: int) -> Sample:
     doc = row.get("doc") or {}
     resp = row.get("model_response") or {}
     choices = [str(c) for c in (doc.get("choices") or [])]
     gold = doc.get("gold_index")
     golds = gold if isinstance(gold, list) else [gold]
+    gold = golds[0] if len(golds) == 1 else golds  # [2] and 2 are the same gold (older versions wrote lists)
     generative = "GENERATIVE" in (doc.get("sampling_methods") or []) or not resp.get("logprobs")
     k = len(choices) if not generative and len(choices) >= 2 else 0
     if k:
@@ -455,7 +480,8 @@ class SampleComparison:
         out = []
         for a, b in self.matched:
             if a.outcome != b.outcome:
-                out.append({"task": a.task, "doc_id": a.doc_id, "doc_id_after": b.doc_id, "direction": "1→0" if a.outcome else "0→1",
+                out.append({"task": a.task, "doc_id": a.doc_id, "doc_id_after": b.doc_id, "where": a.where,
+                            "direction": "1→0" if a.outcome else "0→1",
                             "question": a.question, "gold": a.gold, "before": a.prediction, "after": b.prediction})
         return out
 

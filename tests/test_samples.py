@@ -336,8 +336,8 @@ def test_lighteval_bad_input(tmp_path):
     import pyarrow.parquet as pq
 
     f = tmp_path / "details_x|0_2026-01-01T00-00-00.parquet"
-    pq.write_table(pa.table({"example": ["q"], "metrics": [{"acc": 1}]}), f)
-    with pytest.raises(SamplesFormatError, match=r"not lighteval details of version 0.10 or later \(no column doc, metric"):
+    pq.write_table(pa.table({"example": ["q"], "metric": [{"acc": 1}]}), f)
+    with pytest.raises(SamplesFormatError, match=r"not lighteval details \(no columns doc \+ metric, nor example \+ metrics; it has example"):
         read_samples(f)
     (tmp_path / "samples_x_2026-01-01T00-00-00.jsonl").write_text("{}\n")
     with pytest.raises(SamplesFormatError, match="holds both lm-eval samples .* and lighteval details"):
@@ -386,3 +386,39 @@ def test_gold_text_from_lm_eval_targets():
     assert _gold_choice("[0, 2]", options) == "1 | 3"  # several right options
     assert _gold_choice("5", [" a", " 5"]) == "5"  # no option 5: the text
     assert _gold_choice("zebra", [" horse", " zebra"]) == "zebra"  # the option's text
+
+
+def test_lighteval_details_from_before_0_10_match_by_content(tmp_path, capsys):
+    """lighteval 0.5-0.9 wrote flat columns (its `DetailsLogger.Detail`: example, choices, gold_index as a list,
+    predictions as (log-likelihood, is-greedy) pairs or texts, gold, metrics) and no document id. Built here from the
+    real 0.13 files in that documented schema, in another row order per side: the report is the same."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def old_run(side: str, stamp: str, reverse: bool) -> Path:
+        d = tmp_path / f"old-{side}" / "details" / "m" / stamp
+        d.mkdir(parents=True)
+        for task in ("probe_mc", "probe_gen"):
+            rows = []
+            for r in _lighteval_rows(side, task):
+                doc, resp = r["doc"], r["model_response"]
+                row = {"example": doc["query"], "instruction": "", "full_prompt": doc["query"], "metrics": r["metric"]}
+                if "LOGPROBS" in doc["sampling_methods"]:  # multiple choice: choices, gold_index as a list, (ll, greedy) pairs
+                    row.update(choices=doc["choices"], gold_index=[doc["gold_index"]], predictions=[[lp, 0.0] for lp in resp["logprobs"]])
+                else:  # generative: the golds and the texts
+                    row.update(gold=doc["choices"], predictions=resp["text"])
+                rows.append(row)
+            pq.write_table(pa.Table.from_pylist(rows[::-1] if reverse else rows), d / f"details_{task}|0_{stamp}.parquet")
+        return tmp_path / f"old-{side}"
+
+    old = compare_samples(old_run("base", "2024-05-01T00-00-00", False), old_run("after", "2024-05-02T00-00-00", True))
+    new = compare_samples(_lighteval_run(tmp_path, "base", "2026-11-24T01-50-06.042509"),
+                          _lighteval_run(tmp_path, "after", "2026-11-24T01-50-16.387675"))
+    for task in ("overall", "probe_mc|0", "probe_gen|0"):
+        assert old.report[task].to_dict() == new.report[task].to_dict(), task
+    assert old.match_by == {"probe_mc|0": "content hash", "probe_gen|0": "content hash"}
+    assert {s.doc_hash for s in old.before.samples} == {s.doc_hash for s in new.before.samples}  # the same documents
+    assert {(f["question"], f["before"], f["after"]) for f in old.flips} == {(f["question"], f["before"], f["after"]) for f in new.flips}
+    assert any("before 0.10 (no document ids)" in n for n in old.before.notes)
+    assert main(["compare", str(tmp_path / "old-base"), str(tmp_path / "old-after")]) == 0
+    assert "probe_mc|0 details_probe_mc|0_2024-05-01T00-00-00.parquet row" in capsys.readouterr().out
