@@ -154,9 +154,13 @@ def _replay_stream(rows, tokenizer, callback, ratio: float):
     return mix_replay(Dataset.from_list(train_rows), pool, ratio=ratio, monitor=callback, seed=SEED), names
 
 
-def _tracing_trainer(out: Path, names: dict):
-    """A Trainer that traces the rows of every batch it trains on, on each rank (what was fed, not what was read)."""
-    from transformers import Trainer
+def _tracing_trainer(out: Path, names: dict, sft: bool = False):
+    """A Trainer (or TRL's SFTTrainer) that traces the rows of every batch it trains on, on each rank (what was fed,
+    not what was read)."""
+    if sft:
+        from trl import SFTTrainer as Trainer
+    else:
+        from transformers import Trainer
 
     class TracingTrainer(Trainer):
         def training_step(self, model, inputs, *args, **kwargs):
@@ -169,7 +173,7 @@ def _tracing_trainer(out: Path, names: dict):
 
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
-          replay: float | None = None) -> None:
+          replay: float | None = None, sft: bool = False) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -188,6 +192,10 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         _allow_fsdp_on_cpu()
     sharding = {"fsdp": "full_shard auto_wrap",
                 "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}} if fsdp else {}
+    if sft:  # TRL's SFTTrainer: the same settings, on data it takes as already tokenized
+        from trl import SFTConfig as TrainingArguments
+
+        sharding = {**sharding, "max_length": 64}
     args = TrainingArguments(
         output_dir=str(out),
         use_cpu=True,
@@ -216,7 +224,12 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     dataset, trainer_class = make_train_dataset(tokenizer), Trainer
     if replay is not None:
         dataset, names = _replay_stream(dataset, tokenizer, callback, replay)
-        trainer_class = _tracing_trainer(out, names)
+        trainer_class = _tracing_trainer(out, names, sft)
+    elif sft:
+        from datasets import Dataset
+        from trl import SFTTrainer as trainer_class
+
+        dataset = Dataset.from_list(dataset)
     trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback])
     trainer.train()
     if replay is not None:
@@ -323,12 +336,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-cache", type=Path, help="ForgetWatchCallback(base_cache=...)")
     parser.add_argument("--replay", type=float, help="mix a replay pool into the training data at this ratio (closed loop)")
     parser.add_argument("--on-budget", choices=["alert", "save", "stop"], help="with a budget that trips at the first 1->0 flip")
+    parser.add_argument("--sft", action="store_true", help="TRL's SFTTrainer instead of transformers' Trainer")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft)
 
 
 if __name__ == "__main__":

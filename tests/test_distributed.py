@@ -316,3 +316,19 @@ def test_replay_stream_gives_each_rank_its_share(tmp_path):
     assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6, 8]
     recorded = json.loads((tmp_path / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]["schedule"]
     assert recorded == mix["schedule"]
+
+
+def test_replay_stream_under_ddp_with_sfttrainer(tmp_path):
+    """The same under TRL's SFTTrainer (its own dataset preparation and collator between the stream and the model):
+    each rank trains on exactly a quarter of replay, and every rank's mixer switched to the main process's weights at
+    its evaluations (the broadcast reached the other rank)."""
+    run = torchrun(tmp_path, "--replay=0.25", "--max-steps=8", "--sft")
+    check_ok(run)
+    for rank in range(2):
+        fed = [r for r in trace(tmp_path, rank) if r["event"] == "batch"]
+        assert [b["step"] for b in fed] == list(range(1, 9))
+        rows = [row for b in fed for row in b["rows"]]
+        assert len(rows) == 16 and sum(row.startswith("pool-") for row in rows) == 4
+    mixes = [[r for r in trace(tmp_path, rank) if r["event"] == "mix"] for rank in range(2)]
+    assert mixes[0] and mixes[0][0]["schedule"] and [step for _, step, _ in mixes[0][0]["schedule"]] == [2, 4, 6, 8]
+    assert [[s[1:] for s in m[0]["schedule"]] for m in mixes] == [[s[1:] for s in mixes[0][0]["schedule"]]] * 2
