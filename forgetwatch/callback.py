@@ -27,7 +27,7 @@ from .loggers import make_loggers
 from .models import model_identity
 from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
-from .record import RunRecord
+from .record import MODEL_FILES, RunRecord
 from .results import ProbeResults
 from .scoring import ScoringConfig, describe_precision, full_precision
 from .suites import load_probes
@@ -289,7 +289,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._scored_step = state.global_step
         if self.scoring == "sidecar":
             if self._is_main:
-                self._start_sidecar(args, state, cache, record, scoring_key["precision"])
+                self._start_sidecar(args, state, cache, record, scoring_key["precision"], model, tokenizer)
             if self._mixers:
                 self._start_mixers(args, state)
             return
@@ -358,7 +358,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self.monitor.finish()
 
     # -- sidecar mode: the training process scores nothing -----------------------------------------------------
-    def _start_sidecar(self, args, state, cache: BaseCache, record: RunRecord, precision: str) -> None:
+    def _start_sidecar(self, args, state, cache: BaseCache, record: RunRecord, precision: str, model, tokenizer) -> None:
         """What `forgetwatch watch` needs to score the checkpoints as this process would: the probes, the base cache
         and a manifest (scoring options, precision, budget, the trainer's W&B run to sit beside)."""
         record.root.mkdir(parents=True, exist_ok=True)
@@ -369,10 +369,19 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
         self._sidecar_path = record.root / "sidecar.json"
         first = _read_json(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
-        if args.fsdp or args.deepspeed:
-            logger.warning("forgetwatch: scoring='sidecar' loads the checkpoints in another process: make them hold full "
-                           "weights (FSDP: fsdp_config state_dict_type FULL_STATE_DICT; ZeRO-3: "
-                           "stage3_gather_16bit_weights_on_model_save true), or `forgetwatch watch` cannot load them")
+        if args.fsdp:
+            # A sharded FSDP checkpoint (the default state_dict_type) holds neither config nor tokenizer: the watcher
+            # merges its weights into the model described here.
+            files = record.root / MODEL_FILES
+            model.config.save_pretrained(files)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(files)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(files)
+        if args.deepspeed:
+            logger.warning("forgetwatch: scoring='sidecar' loads the checkpoints in another process: under ZeRO-3 set "
+                           "stage3_gather_16bit_weights_on_model_save true so that they hold full weights, or "
+                           "`forgetwatch watch` cannot load them")
         self._sidecar = {
             "format": 1, "probes": "probes.jsonl", "base_cache": "base.parquet", "precision": precision,
             "callback": args_, "scoring_config": dataclasses.asdict(self.config), "max_steps": state.max_steps,

@@ -88,13 +88,23 @@ def load_model(name_or_path: str, dtype: str = "float32", revision: str | None =
     return model, tokenizer
 
 
-def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
-    """A Trainer checkpoint as a model and tokenizer: a full model, or a PEFT adapter on its base model.
+FSDP_SHARDS = "pytorch_model_fsdp_0"  # the Trainer's directory of an FSDP SHARDED_STATE_DICT checkpoint's weights
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
-    The tokenizer comes from the checkpoint (the Trainer saves it there), else from the adapter's base model.
+
+def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str | None = None,
+                    model_files: str | os.PathLike | None = None) -> tuple[Any, Any]:
+    """A Trainer checkpoint as a model and tokenizer: a full model, a PEFT adapter on its base model, or an FSDP
+    checkpoint of sharded weights, merged here in one process (accelerate's `merge_fsdp_weights`).
+
+    The tokenizer comes from the checkpoint (the Trainer saves it there), else from the adapter's base model. A
+    sharded FSDP checkpoint holds neither config nor tokenizer: they come from `model_files` (a directory the
+    training process wrote them to).
     """
     path = Path(path)
     adapter = path / "adapter_config.json"
+    if (path / FSDP_SHARDS).is_dir() and not any((path / w).is_file() for w in _WEIGHTS) and not adapter.is_file():
+        return _load_fsdp_shards(path, dtype, device, model_files)
     if not adapter.is_file():
         return load_model(str(path), dtype=dtype, device=device)
     from peft import PeftModel
@@ -109,6 +119,25 @@ def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     return model, tokenizer
+
+
+def _load_fsdp_shards(path: Path, dtype: str, device: str | None, model_files: str | os.PathLike | None) -> tuple[Any, Any]:
+    import shutil
+    import tempfile
+
+    from accelerate.utils import merge_fsdp_weights
+
+    source = Path(model_files) if model_files else path
+    if not (source / "config.json").is_file():
+        raise ValueError(f"{path} holds FSDP-sharded weights ({FSDP_SHARDS}/) but no config.json, and none was given "
+                         "beside it: the training process writes one for `forgetwatch watch` (scoring='sidecar')")
+    with tempfile.TemporaryDirectory(prefix=f"forgetwatch-{path.name}-") as tmp:
+        # one process, no process group: torch.distributed.checkpoint reads every rank's shard from disk
+        merge_fsdp_weights(str(path / FSDP_SHARDS), tmp, safe_serialization=True)
+        for f in source.iterdir():
+            if f.is_file() and f.suffix in (".json", ".jinja", ".model", ".txt") and not (Path(tmp) / f.name).exists():
+                shutil.copy(f, tmp)
+        return load_model(tmp, dtype=dtype, device=device)  # the weights are in memory before the directory goes
 
 
 def free_memory() -> None:

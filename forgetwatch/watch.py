@@ -29,7 +29,7 @@ from .drift import RiskRule
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
 from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
-from .record import RunRecord
+from .record import MODEL_FILES, RunRecord
 from .scoring import ScoringConfig
 
 __all__ = ["Watcher", "SidecarError"]
@@ -158,7 +158,8 @@ class Watcher:
         t0 = time.perf_counter()
         model = None
         try:
-            model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device)
+            model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device,
+                                               model_files=self.output_dir / PREFIX / MODEL_FILES)
             with precision_context(model, self.precision):
                 results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
         except Exception as e:  # not loadable (yet), deleted meanwhile, out of memory: skip it, keep watching

@@ -173,7 +173,7 @@ def _tracing_trainer(out: Path, names: dict, sft: bool = False):
 
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
-          replay: float | None = None, sft: bool = False) -> None:
+          replay: float | None = None, sft: bool = False, sidecar: bool = False) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -190,8 +190,13 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     # FSDP2 on CPU (FSDP1 refuses CPU): every decoder layer and the root sharded across the ranks.
     if fsdp:
         _allow_fsdp_on_cpu()
-    sharding = {"fsdp": "full_shard auto_wrap",
-                "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}} if fsdp else {}
+    fsdp_config = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+    if sidecar:
+        # Sharded checkpoints, which `forgetwatch watch` merges. A full one (FULL_STATE_DICT, the default) fails to save
+        # on CPU here: save_pretrained of the FSDP2 model raises "Attempted to access the data pointer on an invalid
+        # python storage" (transformers 5.23, torch 2.13).
+        fsdp_config["state_dict_type"] = "SHARDED_STATE_DICT"
+    sharding = {"fsdp": "full_shard auto_wrap", "fsdp_config": fsdp_config} if fsdp else {}
     if sft:  # TRL's SFTTrainer: the same settings, on data it takes as already tokenized
         from trl import SFTConfig as TrainingArguments
 
@@ -218,6 +223,8 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     pack = options.pop("pack_choices", None)  # not a callback argument: chosen from the model (off under flash attention)
     if on_budget:  # exceeded at the first evaluation with a forgotten probe (F's lower bound above 0)
         options.update(budget={"forgetting": 0.0}, on_budget=on_budget)
+    if sidecar:
+        options.update(scoring="sidecar")
     callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS, base_cache=str(base_cache) if base_cache else None,
                                    **options)
     callback.config = dataclasses.replace(callback.config, pack_choices=pack)
@@ -337,12 +344,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replay", type=float, help="mix a replay pool into the training data at this ratio (closed loop)")
     parser.add_argument("--on-budget", choices=["alert", "save", "stop"], help="with a budget that trips at the first 1->0 flip")
     parser.add_argument("--sft", action="store_true", help="TRL's SFTTrainer instead of transformers' Trainer")
+    parser.add_argument("--sidecar", action="store_true", help="scoring='sidecar': checkpoints for `forgetwatch watch`")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ harness lifts that gate for CPU (tests/ddp_train.py `_allow_fsdp_on_cpu`), the s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -124,3 +125,28 @@ def test_fsdp_budget_stop_on_every_rank(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "forgetwatch" / "events.jsonl").read_text().splitlines()]
     trip = events[0]["step"]
     assert trip < 8 and [(d["rank"], d["global_step"]) for d in done] == [(0, trip), (1, trip)]
+
+
+def test_fsdp_sidecar_checkpoints_are_merged_and_scored_by_the_watcher(tmp_path):
+    """scoring='sidecar' under FSDP2 with sharded checkpoints (pytorch_model_fsdp_0/: no config, no tokenizer, no
+    full weights in them): the training ranks score only the base; `forgetwatch watch`, in one process, merges each
+    checkpoint's shards into the model the training process described, and its last evaluation equals scoring the
+    final weights here."""
+    run = torchrun(tmp_path, "--fsdp", "--sidecar")
+    check_ok(run)
+    for rank in range(2):
+        assert len(_scoring_calls(tmp_path, rank)) == 1, f"rank {rank}: the base only"
+    last_ckpt = tmp_path / f"checkpoint-{MAX_STEPS}"
+    assert (last_ckpt / "pytorch_model_fsdp_0").is_dir() and not (last_ckpt / "config.json").exists()
+    watch = subprocess.run([sys.executable, "-m", "forgetwatch.cli", "watch", str(tmp_path), "--once", "--device", "cpu"],
+                           cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert watch.returncode == 0, watch.stderr[-4000:]
+    root = tmp_path / "forgetwatch"
+    assert [json.loads(line)["step"] for line in (root / "metrics.jsonl").read_text().splitlines()] == STEPS
+    tokenizer = build_tokenizer()
+    trained = build_model(tokenizer)
+    trained.load_state_dict(torch.load(tmp_path / "final-state.pt"))
+    last = np.load(root / "evals" / f"step-{MAX_STEPS:08d}.npz")
+    assert_same(last["outcome"], last["pred_index"], last["margin"],
+                score_probes(trained, tokenizer, make_probes(), ScoringConfig(**SCORING["default"])), "the watcher's last step")
