@@ -273,7 +273,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self._is_main and not resuming and record.set_aside() and cache is not None and cache_path == own_cache:
             cache.save(own_cache)  # the base this run uses, from the record it just set aside
         if self._is_main and resuming:
-            record.truncate_after(state.global_step, names=("trainer_log.jsonl",))  # the resumed run logs those steps again
+            try:  # the resumed run logs those steps again
+                record.truncate_after(state.global_step, names=("trainer_log.jsonl",))
+            except OSError:  # the report's loss panel is not worth a run (nor other ranks waiting on this one)
+                logger.exception("forgetwatch: could not cut trainer_log.jsonl back to step %d", state.global_step)
         if cache is None:
             t0 = time.perf_counter()
             base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
@@ -369,16 +372,14 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
         self._sidecar_path = record.root / "sidecar.json"
         first = _read_json(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
-        if args.fsdp:
-            # A sharded FSDP checkpoint (the default state_dict_type) holds neither config nor tokenizer: the watcher
-            # merges its weights into the model described here.
-            files = record.root / MODEL_FILES
-            model.config.save_pretrained(files)
-            if getattr(model, "generation_config", None) is not None:
-                model.generation_config.save_pretrained(files)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(files)
-        if args.deepspeed:
+        # The model's config and tokenizer, for checkpoints that hold neither: FSDP's sharded ones (also when FSDP comes
+        # from `accelerate launch`, where args.fsdp is unset and SHARDED_STATE_DICT is accelerate's default). Small.
+        _save_model_files(model, tokenizer, record.root / MODEL_FILES)
+        if (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true") and hasattr(model, "peft_config"):
+            logger.warning("forgetwatch: a LoRA run under FSDP saves adapter-only checkpoints; with sharded ones "
+                           "(SHARDED_STATE_DICT) `forgetwatch watch` cannot score them: set fsdp_config state_dict_type "
+                           "FULL_STATE_DICT")
+        if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
             logger.warning("forgetwatch: scoring='sidecar' loads the checkpoints in another process: under ZeRO-3 set "
                            "stage3_gather_16bit_weights_on_model_save true so that they hold full weights, or "
                            "`forgetwatch watch` cannot load them")
@@ -553,6 +554,32 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _save_model_files(model, tokenizer, target: Path) -> None:
+    """Config, generation config and tokenizer into `target`, replaced whole (a watcher reading the old ones meanwhile
+    sees the old ones, never a mix; no stale file of an earlier run is left)."""
+    import shutil
+    import tempfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        config = getattr(model, "config", None)
+        if config is None:
+            return
+        config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -341,7 +341,7 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
     print(format_report(cmp.report, label="task"))
     if cmp.by_group:
         print("\nby lm-eval group (a task outside any group stands for itself):\n")
-        print(format_report(cmp.by_group, label="group").split("\n\n")[0])
+        print(format_report(cmp.by_group, label="group", footer=False))
     flips = cmp.flips
     if flips and args.flips:
         print(f"\nflipped samples ({len(flips)}; first {min(args.flips, len(flips))}):")
@@ -430,9 +430,11 @@ def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: 
     return " ".join([*parts, f"-o {output}"])
 
 
-def format_report(report: dict, label: str = "category") -> str:
-    """A fixed-width table, one row per category (or task) and one for all probes."""
-    head = f"{label:<22}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
+def format_report(report: dict, label: str = "category", footer: bool = True) -> str:
+    """A fixed-width table, one row per category (or task) and one for all probes; `footer`: the net change, McNemar
+    and what the columns mean (the nothing-to-forget mark is explained either way)."""
+    w = max([22] + [len(k) + 4 for k in report])  # mmlu subtasks and lighteval's suite|task|k are long
+    head = f"{label:<{w}}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
     lines = [head, "-" * len(head)]
     names = [k for k in report if k != "overall"] + ["overall"]
     for name in names:
@@ -441,15 +443,16 @@ def format_report(report: dict, label: str = "category") -> str:
         adj = (lambda v: f"{v:.3f}") if m.adjusted else (lambda v: "n/a")
         if name == "overall":
             lines.append("-" * len(head))
-        label = f"{name} *" if m.nothing_to_forget and name != "overall" else name
+        row = f"{name} *" if m.nothing_to_forget and name != "overall" else name
         lines.append(
-            f"{label:<22}{m.n:>6}{m.accuracy_pre:>10.3f}{m.accuracy_post:>9.3f}{m.forgotten:>6}{m.learned:>6}"
+            f"{row:<{w}}{m.n:>6}{m.accuracy_pre:>10.3f}{m.accuracy_post:>9.3f}{m.forgotten:>6}{m.learned:>6}"
             f"{m.forgetting:>8.3f}{adj(m.forgetting_adjusted):>8}{ci:>16}{m.backward_transfer:>8.3f}"
             f"{adj(m.backward_transfer_adjusted):>8}{m.invalid_rate_post:>9.3f}"
         )
     overall = report["overall"]
-    lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
-    lines.append("F adj / BT adj subtract flips expected from guessing among each item's own k options; short-answer and generative items have no chance term (n/a).")
+    if footer:
+        lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
+        lines.append("F adj / BT adj subtract flips expected from guessing among each item's own k options; short-answer and generative items have no chance term (n/a).")
     nothing = [k for k in names if k != "overall" and report[k].nothing_to_forget]
     if nothing:
         lines.append(f"* nothing to forget ({', '.join(nothing)}): the base model knew nothing there beyond chance "

@@ -95,7 +95,7 @@ _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.
 def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str | None = None,
                     model_files: str | os.PathLike | None = None) -> tuple[Any, Any]:
     """A Trainer checkpoint as a model and tokenizer: a full model, a PEFT adapter on its base model, or an FSDP
-    checkpoint of sharded weights, merged here in one process (accelerate's `merge_fsdp_weights`).
+    checkpoint of sharded weights (SHARDED_STATE_DICT), read whole here in one process.
 
     The tokenizer comes from the checkpoint (the Trainer saves it there), else from the adapter's base model. A
     sharded FSDP checkpoint holds neither config nor tokenizer: they come from `model_files` (a directory the
@@ -103,9 +103,16 @@ def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str
     """
     path = Path(path)
     adapter = path / "adapter_config.json"
-    if (path / FSDP_SHARDS).is_dir() and not any((path / w).is_file() for w in _WEIGHTS) and not adapter.is_file():
+    has_weights = any((path / w).is_file() for w in _WEIGHTS)
+    if (path / FSDP_SHARDS).is_dir() and not has_weights and not adapter.is_file():
         return _load_fsdp_shards(path, dtype, device, model_files)
     if not adapter.is_file():
+        if not has_weights and (path / "trainer_state.json").is_file():
+            found = ", ".join(sorted(p.name for p in path.iterdir())[:8])
+            raise ValueError(f"{path} holds no model weights the watcher can read (model.safetensors, pytorch_model.bin, "
+                             f"adapter_model.*, or FSDP's {FSDP_SHARDS}/); it has {found}. FSDP LOCAL_STATE_DICT or a "
+                             "DeepSpeed ZeRO-3 checkpoint without stage3_gather_16bit_weights_on_model_save: save full or "
+                             "sharded (SHARDED_STATE_DICT) weights")
         return load_model(str(path), dtype=dtype, device=device)
     from peft import PeftModel
 
@@ -122,22 +129,35 @@ def load_checkpoint(path: str | os.PathLike, dtype: str = "float32", device: str
 
 
 def _load_fsdp_shards(path: Path, dtype: str, device: str | None, model_files: str | os.PathLike | None) -> tuple[Any, Any]:
-    import shutil
-    import tempfile
+    """The model of the config in `model_files`, its weights read from the checkpoint's shards.
 
-    from accelerate.utils import merge_fsdp_weights
+    torch.distributed.checkpoint reads every rank's shard into tensors of the full shapes in this one process
+    (`no_dist`: no process group, whatever the environment says), and refuses a checkpoint that lacks a weight the
+    model has: a LoRA run's adapter-only shards, say, fail here instead of scoring a randomly initialised model."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = Path(model_files) if model_files else path
     if not (source / "config.json").is_file():
-        raise ValueError(f"{path} holds FSDP-sharded weights ({FSDP_SHARDS}/) but no config.json, and none was given "
-                         "beside it: the training process writes one for `forgetwatch watch` (scoring='sidecar')")
-    with tempfile.TemporaryDirectory(prefix=f"forgetwatch-{path.name}-") as tmp:
-        # one process, no process group: torch.distributed.checkpoint reads every rank's shard from disk
-        merge_fsdp_weights(str(path / FSDP_SHARDS), tmp, safe_serialization=True)
-        for f in source.iterdir():
-            if f.is_file() and f.suffix in (".json", ".jinja", ".model", ".txt") and not (Path(tmp) / f.name).exists():
-                shutil.copy(f, tmp)
-        return load_model(tmp, dtype=dtype, device=device)  # the weights are in memory before the directory goes
+        raise ValueError(f"{path} holds FSDP-sharded weights ({FSDP_SHARDS}/) but no config.json, and {source} has none "
+                         "either: the training process writes one there in scoring='sidecar' mode")
+    config = AutoConfig.from_pretrained(source)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = model.state_dict()
+    try:
+        dcp.load({"model": state}, checkpoint_id=str(path / FSDP_SHARDS), no_dist=True)  # the Trainer saves {"model": ...}
+    except Exception as e:
+        raise ValueError(f"{path / FSDP_SHARDS} does not hold the weights of {config.model_type} ({type(e).__name__}: "
+                         f"{str(e)[:300]}); a LoRA run under FSDP saves adapter-only shards, which the watcher cannot score: "
+                         "set fsdp_config state_dict_type FULL_STATE_DICT for such runs") from None
+    model.load_state_dict(state)
+    model.to(getattr(torch, dtype)).eval()
+    if device:
+        model.to(device)
+    elif torch.cuda.is_available():
+        model.to("cuda")
+    return model, AutoTokenizer.from_pretrained(source)
 
 
 def free_memory() -> None:

@@ -212,7 +212,8 @@ class RunRecord:
                 continue
             path = self.root / name
             if path.is_file():
-                kept = [r for r in _read_jsonl(path) if r.get("step", 0) <= step]
+                # the trainer log is written without fsync: a garbled line is dropped, not fatal
+                kept = [r for r in _read_jsonl(path, skip_bad=name == "trainer_log.jsonl") if r.get("step", 0) <= step]
                 with atomic_write(path) as f:
                     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 

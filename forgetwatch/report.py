@@ -92,7 +92,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     categories = [c for c in rows[-1]["metrics"] if c != OVERALL]
     # in the page's order: the headline, what training did beside it, every probe, then the breakdowns
     figures = {"overall": _plot_overall(figure_cls, rows, len(probes))}
-    train_log, train_source = _trainer_log(record)
+    train_log, train_source = _trainer_log(record, [r["step"] for r in rows])
     if any(k in r for r in train_log for k in _TRAIN_KEYS):
         figures["training"] = _plot_training(figure_cls, rows, train_log)
     states = _states(record, probes)
@@ -144,25 +144,33 @@ _TRAIN_KEYS = ("loss", "eval_loss", "reward")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
-def _trainer_log(record: RunRecord) -> tuple[list[dict[str, Any]], str]:
-    """The trainer's log rows with their step, and where they came from: the rows the callback kept
-    (`trainer_log.jsonl`) or the `log_history` of a `trainer_state.json` (the output dir's or a checkpoint's),
-    whichever covers the most steps (a record kept from a resume on, or a stale trainer_state.json of an earlier run
-    in the same output dir, covers fewer); the callback's rows on a tie."""
-    candidates = [(record.read_trainer_log(), str(record.root / "trainer_log.jsonl"))]
-    run_dir = record.root.parent
+def _trainer_log(record: RunRecord, eval_steps: list[int]) -> tuple[list[dict[str, Any]], str]:
+    """The trainer's log rows with their step, and where they came from.
+
+    The rows the callback kept (`trainer_log.jsonl`) when they start with the run (by its first evaluation after the
+    base); else the `log_history` of a `trainer_state.json` (the output dir's or a checkpoint's) that covers the most
+    steps without going past the record's last evaluation (a longer one is an earlier run's, in a reused output dir);
+    else whatever the callback kept (a record kept from a resume on)."""
+    kept = record.read_trainer_log()
+    source = str(record.root / "trainer_log.jsonl")
+    first = min((s for s in eval_steps if s > 0), default=0)
+    if kept and min(r.get("step", 0) for r in kept) <= max(first, 1):
+        return kept, source
+    run_dir, last = record.root.parent, max(eval_steps, default=0)
     paths = [run_dir / "trainer_state.json"]
     if run_dir.is_dir():
         ckpts = sorted((int(m.group(1)), p) for p in run_dir.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
         paths += [p / "trainer_state.json" for _, p in reversed(ckpts)]
+    best: tuple[list[dict[str, Any]], str] = (kept, source if kept else "")
     for path in paths:
         try:
             history = json.loads(path.read_text(encoding="utf-8")).get("log_history") or []
         except (OSError, ValueError, AttributeError):
             continue
-        candidates.append(([r for r in history if isinstance(r, dict) and "step" in r], str(path)))
-    rows, source = max(candidates, key=lambda c: len({r.get("step") for r in c[0]}))  # max keeps the first on a tie
-    return (rows, source) if rows else ([], "")
+        rows = [r for r in history if isinstance(r, dict) and isinstance(r.get("step"), int)]
+        if rows and max(r["step"] for r in rows) <= last and len({r["step"] for r in rows}) > len({r.get("step") for r in best[0]}):
+            best = (rows, str(path))
+    return best
 
 
 def _states(record: RunRecord, probes: ProbeSet) -> tuple[np.ndarray, np.ndarray] | None:

@@ -83,7 +83,7 @@ class SampleSet:
     format: str  # "lm-eval" or "lighteval"
     samples: list[Sample]
     metric: dict[str, str]  # task -> the 0/1 metric used
-    filter: dict[str, str] = field(default_factory=dict)  # task -> lm-eval filter used (when a task has several)
+    filter: dict[str, str] = field(default_factory=dict)  # task -> the lm-eval filter whose answers count
     model: str | None = None
     version: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -192,8 +192,8 @@ def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str
             use, filter_seen = filter, True
         else:
             use = names[0]
+        filters[task] = use  # recorded always: both sides must count the same filter's answers
         if len(names) > 1:
-            filters[task] = use
             others = ", ".join(n for n in names if n != use)
             missing = f"--filter {filter!r} is not among them, so the first; " if filter is not None and use != filter else ""
             notes.append(f"{task}: answers after filter {use!r} ({missing}also logged: {others}; choose with --filter)")
@@ -298,11 +298,15 @@ def _lm_eval_args(row: dict) -> list[list]:
 def _lm_eval_sample(task: str, where: str, row: dict, metric: str, cfg: dict) -> Sample:
     args = _lm_eval_args(row)
     output_type = cfg.get("output_type")
-    if len(args) >= 4 and len(args) % 2 == 0 and all(a and a[0] == "" for a in args[len(args) // 2:]):
+    half = len(args) // 2
+    if len(args) >= 4 and len(args) % 2 == 0 and all(a and a[0] == "" for a in args[half:]) and all(a and a[0] for a in args[:half]):
         # acc_mutual_info adds each option again with an empty context (its unconditional log-likelihood)
         args = args[: len(args) // 2]
     continuations = [a[1] for a in args if len(a) > 1 and isinstance(a[1], str)]
     mcq = output_type == "multiple_choice" or (output_type is None and len(continuations) == len(args) >= 2)
+    if mcq and len(continuations) >= 2 and len(set(continuations)) == 1:
+        # the options are the contexts (winogrande: one continuation after each filled-in sentence)
+        continuations = [str(a[0]).rsplit("\n", 1)[-1] for a in args]
     k = len(args) if mcq and len(args) >= 2 else 0
     doc = row.get("doc") if isinstance(row.get("doc"), dict) else {}
     target = row.get("target")
@@ -532,7 +536,7 @@ def compare_samples(before: str | Path | SampleSet, after: str | Path | SampleSe
         if a.metric[t] != b.metric[t]:
             raise SamplesFormatError(f"task {t}: before counts {a.metric[t]!r} but after counts {b.metric[t]!r}; "
                                      "pick one for both with --metric")
-        if a.filter.get(t, "none") != b.filter.get(t, "none"):
+        if a.filter.get(t) != b.filter.get(t):
             raise SamplesFormatError(f"task {t}: before counts the answers after filter {a.filter.get(t, 'none')!r} but after "
                                      f"after {b.filter.get(t, 'none')!r}; pick one for both with --filter")
     sa, sb = _by_task(a.samples), _by_task(b.samples)

@@ -8,6 +8,7 @@ resuming from a checkpoint recomputes what came after it; replay examples match 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -827,12 +828,19 @@ def test_trackio_dashboard_shows_forgetwatch_offline(trackio_run, tmp_path):
             profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
             # The flags keep Chromium off the network (this machine has none) and let the page's data load before
             # the DOM is dumped (virtual time runs until the page is idle or the budget is spent).
-            cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-crash-reporter",
                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
                    f"--user-data-dir={profile}", "--window-size=1400,1000", "--virtual-time-budget=15000", *what, url]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            assert proc.returncode == 0, proc.stderr[-2000:]
-            return proc.stdout
+            # its own session: the crash handler and zygote children go with it, even on a timeout
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            try:
+                stdout, stderr = proc.communicate(timeout=120)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+            assert proc.returncode == 0, stderr[-2000:]
+            return stdout
 
         dom = chromium(f"{base}/?project=fw-test&smoothing=0", "--dump-dom")
         assert 'data-metric="forgetwatch/forgetting"' in dom and 'data-metric="forgetwatch/backward_transfer"' in dom
@@ -845,8 +853,14 @@ def test_trackio_dashboard_shows_forgetwatch_offline(trackio_run, tmp_path):
         chromium(f"{base}/?project=fw-test&smoothing=0", f"--screenshot={shot}")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, 15)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, 9)
+            server.wait()
 
 
 # -- short-answer options and "nothing to forget" ------------------------------------------------------------

@@ -138,6 +138,7 @@ def test_fsdp_sidecar_checkpoints_are_merged_and_scored_by_the_watcher(tmp_path)
         assert len(_scoring_calls(tmp_path, rank)) == 1, f"rank {rank}: the base only"
     last_ckpt = tmp_path / f"checkpoint-{MAX_STEPS}"
     assert (last_ckpt / "pytorch_model_fsdp_0").is_dir() and not (last_ckpt / "config.json").exists()
+    assert {"config.json", "tokenizer.json"} <= {p.name for p in (tmp_path / "forgetwatch" / "model").iterdir()}
     watch = subprocess.run([sys.executable, "-m", "forgetwatch.cli", "watch", str(tmp_path), "--once", "--device", "cpu"],
                            cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
                            env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
@@ -150,3 +151,17 @@ def test_fsdp_sidecar_checkpoints_are_merged_and_scored_by_the_watcher(tmp_path)
     last = np.load(root / "evals" / f"step-{MAX_STEPS:08d}.npz")
     assert_same(last["outcome"], last["pred_index"], last["margin"],
                 score_probes(trained, tokenizer, make_probes(), ScoringConfig(**SCORING["default"])), "the watcher's last step")
+
+
+def test_a_checkpoint_without_readable_weights_is_named(tmp_path):
+    from forgetwatch.models import load_checkpoint
+
+    ckpt = tmp_path / "checkpoint-2"
+    (ckpt / "pytorch_model_fsdp_0").mkdir(parents=True)  # shards, but no config anywhere
+    (ckpt / "trainer_state.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds FSDP-sharded weights .* no config.json"):
+        load_checkpoint(ckpt)
+    (ckpt / "pytorch_model_fsdp_0").rmdir()
+    (ckpt / "optimizer.pt").write_text("")
+    with pytest.raises(ValueError, match="holds no model weights the watcher can read .* it has optimizer.pt, trainer_state.json"):
+        load_checkpoint(ckpt)

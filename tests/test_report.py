@@ -338,10 +338,17 @@ def test_the_trainer_log_covering_most_steps_is_used(tmp_path):
     (run / "checkpoint-30" / "trainer_state.json").write_text(
         json.dumps({"log_history": [{"step": s, "loss": 2.0} for s in range(1, 31)]}))
     assert str(run / "checkpoint-30" / "trainer_state.json") in make_report(run).read_text(encoding="utf-8")
+    # the callback's rows from the start win; a longer trainer_state.json is an earlier run's in a reused output dir
+    for step in range(1, 21):
+        record.append_trainer_log({"step": step, "loss": 1.0})
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": s, "loss": 3.0} for s in range(1, 51)]}))
+    assert str(record.root / "trainer_log.jsonl") in make_report(run).read_text(encoding="utf-8")
     # a garbled line (the log is written without fsync) is skipped, not fatal
     with open(record.root / "trainer_log.jsonl", "a") as f:
         f.write("\x00\x00garbage\n")
-    assert len(record.read_trainer_log()) == 10
+    assert len(record.read_trainer_log()) == 30
+    record.truncate_after(25, names=("trainer_log.jsonl",))  # what a resume from step 25 does: no error, garbage gone
+    assert sorted(r["step"] for r in record.read_trainer_log()) == list(range(1, 26))
 
 
 def test_a_record_of_only_a_trainer_log_is_set_aside(tmp_path):

@@ -19,7 +19,13 @@ import pytest
 from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
 
 from forgetwatch.cli import main
-from forgetwatch.samples import SamplesFormatError, _gold_choice, compare_samples, read_samples
+from forgetwatch.samples import (
+    SamplesFormatError,
+    _gold_choice,
+    _lm_eval_sample,
+    compare_samples,
+    read_samples,
+)
 
 MC_TASK = """task: fw_mc
 dataset_path: json
@@ -174,7 +180,7 @@ def test_cli_table_and_json(runs, capsys):
     assert main(["compare", str(runs["base"]), str(runs["after"]), "--json", "--metric", "acc_norm", "--filter", "loose"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["n"] == 38 and data["before"]["metric"] == {"fw_mc": "acc_norm", "fw_qa": "exact_match"}
-    assert data["before"]["filter"] == {"fw_qa": "loose"}
+    assert data["before"]["filter"] == {"fw_mc": "none", "fw_qa": "loose"}
     expected = _expected(runs, metric="acc_norm", qa_filter="loose")
     assert data["metrics"]["fw_mc"]["forgotten"] == expected["fw_mc"][1]
     assert data["metrics"]["fw_qa"]["forgotten"] == expected["fw_qa"][1]
@@ -422,3 +428,18 @@ def test_lighteval_details_from_before_0_10_match_by_content(tmp_path, capsys):
     assert any("before 0.10 (no document ids)" in n for n in old.before.notes)
     assert main(["compare", str(tmp_path / "old-base"), str(tmp_path / "old-after")]) == 0
     assert "probe_mc|0 details_probe_mc|0_2024-05-01T00-00-00.parquet row" in capsys.readouterr().out
+
+
+def test_options_in_the_context_and_empty_contexts():
+    """winogrande asks one continuation after each filled-in sentence: the options shown are the sentences' ends. A
+    task whose every context is empty is not mistaken for acc_mutual_info's doubled requests."""
+    row = {"doc_id": 0, "doc": {"sentence": "The trophy does not fit in the suitcase because _ is too big."}, "target": "0",
+           "arguments": {"gen_args_0": {"arg_0": "The trophy does not fit because the trophy", "arg_1": " is too big."},
+                         "gen_args_1": {"arg_0": "The trophy does not fit because the suitcase", "arg_1": " is too big."}},
+           "filtered_resps": [["-3.0", "False"], ["-5.0", "False"]], "filter": "none", "acc": 1.0}
+    s = _lm_eval_sample("winogrande", "f line 1", row, "acc", {"output_type": "multiple_choice"})
+    assert s.num_choices == 2 and s.prediction == s.gold == "The trophy does not fit because the trophy"
+    empty = {"doc_id": 0, "doc": {}, "target": "1", "filter": "none", "acc": 0.0,
+             "arguments": {f"gen_args_{i}": {"arg_0": "", "arg_1": f" w{i}"} for i in range(4)},
+             "filtered_resps": [[str(-i), "False"] for i in range(4)]}
+    assert _lm_eval_sample("t", "f line 1", empty, "acc", {"output_type": "multiple_choice"}).num_choices == 4
