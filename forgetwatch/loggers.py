@@ -132,6 +132,12 @@ class MLflowLogger(MetricLogger):
         if self.mlflow.active_run() is not None:
             self.mlflow.log_metrics(metrics, step=step)
 
+    def _log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        # MLflow keeps tables as run artifacts: one per evaluation, named by its step
+        if self.mlflow.active_run() is not None:
+            self.mlflow.log_table(data={c: [r[i] for r in rows] for i, c in enumerate(columns)},
+                                  artifact_file=f"{key}/step-{step:08d}.json")
+
 
 class TrackioLogger(MetricLogger):
     name = "trackio"

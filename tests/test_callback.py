@@ -749,6 +749,14 @@ def test_mlflow_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
             assert history == pytest.approx({s: row["metrics"][group][field] for s, row in metrics.items()}, abs=1e-6)
     assert sorted(metrics) == [0, 2, 4, 5]  # the last step (5) is logged before the trainer's MLflowCallback ends the run
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4, 5]  # the trainer's own
+    # each evaluation's flips as a table artifact, row for row the record's
+    flips = load_record(tmp_path / "out").read_flips()
+    tables = {int(a.path.rsplit("step-", 1)[1].split(".")[0]): a.path for a in client.list_artifacts(run.info.run_id, "forgetwatch/flips")}
+    assert tables and sorted(tables) == sorted({f["step"] for f in flips})
+    for step, path in tables.items():
+        table = json.loads(Path(client.download_artifacts(run.info.run_id, path, str(tmp_path / "dl"))).read_text())
+        rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+        assert rows == [f for f in flips if f["step"] == step]
 
 
 @pytest.fixture(scope="module")
