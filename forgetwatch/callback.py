@@ -374,7 +374,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         first = _read_json(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
         # The model's config and tokenizer, for checkpoints that hold neither: FSDP's sharded ones (also when FSDP comes
         # from `accelerate launch`, where args.fsdp is unset and SHARDED_STATE_DICT is accelerate's default). Small.
-        _save_model_files(model, tokenizer, record.root / MODEL_FILES)
+        try:
+            _save_model_files(model, tokenizer, record.root / MODEL_FILES)
+        except Exception as e:  # only sharded FSDP checkpoints need them: not worth ending the run for
+            logger.warning("forgetwatch: could not write the model's config and tokenizer for `forgetwatch watch` (%s: %s); "
+                           "it can still load checkpoints that hold them", type(e).__name__, e)
         if (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true") and hasattr(model, "peft_config"):
             logger.warning("forgetwatch: a LoRA run under FSDP saves adapter-only checkpoints; with sharded ones "
                            "(SHARDED_STATE_DICT) `forgetwatch watch` cannot score them: set fsdp_config state_dict_type "

@@ -144,14 +144,19 @@ def _load_fsdp_shards(path: Path, dtype: str, device: str | None, model_files: s
                          "either: the training process writes one there in scoring='sidecar' mode")
     config = AutoConfig.from_pretrained(source)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    state = model.state_dict()
+    # One name per tensor: tied weights (lm_head = embed_tokens) are read once, whichever names the checkpoint kept.
+    # The tensors share storage with the model's parameters, so reading into them loads the model.
+    state, seen = {}, set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            state[name] = t
     try:
         dcp.load({"model": state}, checkpoint_id=str(path / FSDP_SHARDS), no_dist=True)  # the Trainer saves {"model": ...}
     except Exception as e:
         raise ValueError(f"{path / FSDP_SHARDS} does not hold the weights of {config.model_type} ({type(e).__name__}: "
                          f"{str(e)[:300]}); a LoRA run under FSDP saves adapter-only shards, which the watcher cannot score: "
                          "set fsdp_config state_dict_type FULL_STATE_DICT for such runs") from None
-    model.load_state_dict(state)
     model.to(getattr(torch, dtype)).eval()
     if device:
         model.to(device)

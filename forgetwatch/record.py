@@ -11,8 +11,8 @@
     trainer_log.jsonl     the trainer's own log rows (loss, learning rate, GRPO reward, ...) as the callback saw them in
                           `on_log`, with their step: the report draws them beside the forgetting curves
     replay.jsonl          forgotten probes as ready-to-train examples (when replay is on)
-    model/                a sidecar-mode FSDP run's config and tokenizer: its sharded checkpoints hold neither, and
-                          `forgetwatch watch` merges their weights into this model
+    model/                a sidecar-mode run's config and tokenizer: FSDP's sharded checkpoints hold neither, and
+                          `forgetwatch watch` reads their weights into this model
     replay_mix.json       with `mix_replay`: the ratio, strategy, and from which stream position each evaluation's
                           category weights were drawn (what the closed loop decided; a resume reads it back)
 
@@ -41,7 +41,7 @@ __all__ = ["RunRecord", "load_record"]
 logger = logging.getLogger(__name__)
 
 _EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
-MODEL_FILES = "model"  # the record's directory of a sidecar-mode FSDP run's config and tokenizer
+MODEL_FILES = "model"  # the record's directory of a sidecar-mode run's config and tokenizer
 # what a resume from step N cuts back to N: the scoring's per-step files (the trainer log is the training process's own:
 # the watcher, which scores beside training, never touches it)
 _STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")

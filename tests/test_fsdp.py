@@ -165,3 +165,31 @@ def test_a_checkpoint_without_readable_weights_is_named(tmp_path):
     (ckpt / "optimizer.pt").write_text("")
     with pytest.raises(ValueError, match="holds no model weights the watcher can read .* it has optimizer.pt, trainer_state.json"):
         load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("kept", ["both names", "one name"])
+def test_sharded_checkpoints_of_tied_weights_load(tmp_path, kept):
+    """A model whose lm_head is its embedding (SmolLM2): the shards may hold the tensor under both names or one; the
+    watcher's model gets the trained weights either way (written here with torch.distributed.checkpoint, one process)."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from forgetwatch.models import FSDP_SHARDS, load_checkpoint
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    trained = LlamaForCausalLM(config)
+    state = trained.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    if kept == "one name":
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    ckpt = tmp_path / "checkpoint-2"
+    dcp.save({"model": state}, checkpoint_id=str(ckpt / FSDP_SHARDS), no_dist=True)
+    files = tmp_path / "model"
+    config.save_pretrained(files)
+    tokenizer.save_pretrained(files)
+    model, _ = load_checkpoint(ckpt, device="cpu", model_files=files)
+    for name, t in trained.state_dict().items():
+        assert torch.equal(model.state_dict()[name], t), name
