@@ -795,14 +795,6 @@ def test_trackio_gets_the_scalars_and_the_flips_table(trackio_run):
         assert table["_value"] == [f for f in flips if f["step"] == step]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -814,7 +806,9 @@ def test_trackio_dashboard_shows_forgetwatch_offline(trackio_run, tmp_path):
     import time
     import urllib.request
 
-    port = _free_port()
+    from multiproc import free_port  # tests/ is on sys.path
+
+    port = free_port()
     env = {**os.environ, "TRACKIO_DIR": str(trackio_run.store)}
     server = subprocess.Popen(
         [sys.executable, "-c", "import sys, trackio; trackio.show(project='fw-test', open_browser=False, "
