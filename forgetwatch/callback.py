@@ -254,6 +254,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if getattr(self, "_restored", False):
             self._share_state_with_the_users_object()
         self._started = True
+        if model is None:  # transformers passes the model to every hook; a release that stopped would end here
+            import transformers
+
+            raise RuntimeError(f"ForgetWatchCallback got no `model` in on_train_begin (transformers {transformers.__version__}): "
+                               "the trainer no longer passes it to callbacks. Please report this with your versions.")
         tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
         self._is_main = state.is_world_process_zero
         self._progress = not args.disable_tqdm
@@ -301,7 +306,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 self._start_mixers(args, state)
             return
 
-        loggers = make_loggers(args.report_to, args.output_dir)
+        loggers = make_loggers(args.report_to, args.output_dir, getattr(args, "logging_dir", None))
         if any(lg.name == "wandb" for lg in loggers):
             self._log_config()
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
@@ -609,7 +614,10 @@ def _wandb_run_info() -> dict[str, Any] | None:
 
 def _tokenizer(processing_class: Any) -> Any:
     if processing_class is None:
-        raise ValueError("ForgetWatchCallback needs the tokenizer: pass `processing_class=tokenizer` to the Trainer")
+        import transformers
+
+        raise ValueError("ForgetWatchCallback needs the tokenizer: pass `processing_class=tokenizer` to the Trainer "
+                         f"(transformers {transformers.__version__} passed none to the callback)")
     from transformers import ProcessorMixin
 
     # a multimodal processor wraps the tokenizer

@@ -141,18 +141,31 @@ class MLflowLogger(MetricLogger):
 
 class TrackioLogger(MetricLogger):
     name = "trackio"
+    # trackio 0.20.2 (the newest that installs beside transformers 4, whose huggingface_hub < 1 it needs) fails to
+    # serialise a trackio.Table ("Dict key must be str") in its writer thread and drops every row of that batch with
+    # it; the scalars are kept by not sending tables there. Tested with tables: trackio 0.43.
+    TABLES_FROM = (0, 21)
+    _said_no_tables = False
 
     def __init__(self) -> None:
         super().__init__()
         import trackio
 
         self.trackio = trackio
+        self.tables = _release(_installed("trackio")) >= self.TABLES_FROM
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         # Like the trainer's TrackioCallback: no `step=` (it would move trackio's own counter under the trainer's rows)
         self.trackio.log({**metrics, STEP_KEY: step})
 
     def _log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        if not self.tables:
+            if not TrackioLogger._said_no_tables:
+                TrackioLogger._said_no_tables = True
+                logger.warning("forgetwatch: trackio %s cannot store tables; the flips table goes to the local record "
+                               "only (tables need trackio >= %s, which needs transformers 5)", _installed("trackio"),
+                               ".".join(map(str, self.TABLES_FROM)))
+            return
         # The dashboard's "Media & Tables" page shows it; only this evaluation's rows, as for W&B.
         self.trackio.log({key: self.trackio.Table(columns=columns, data=rows), STEP_KEY: step})
 
@@ -160,8 +173,24 @@ class TrackioLogger(MetricLogger):
         self.trackio.alert(title=title, text=text, level=self.trackio.AlertLevel.WARN)
 
 
-def _tensorboard_dir(output_dir: str) -> str:
-    """The TensorBoardCallback's directory: $TENSORBOARD_LOGGING_DIR, else its newest `<output_dir>/runs/*`."""
+def _installed(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(0, 20, 2) from "0.20.2" (pre-release and local parts dropped)."""
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _tensorboard_dir(output_dir: str, logging_dir: str | None = None) -> str:
+    """The TensorBoardCallback's directory: `TrainingArguments.logging_dir` (transformers 4), $TENSORBOARD_LOGGING_DIR
+    (transformers 5, which removed the argument), else its newest `<output_dir>/runs/*`."""
+    if logging_dir:
+        return os.path.expanduser(logging_dir)
     env = os.environ.get("TENSORBOARD_LOGGING_DIR")
     if env:
         return os.path.expanduser(env)
@@ -170,8 +199,9 @@ def _tensorboard_dir(output_dir: str) -> str:
     return str(subdirs[-1]) if subdirs else str(runs / "forgetwatch")
 
 
-def make_loggers(report_to: list[str] | str | None, output_dir: str) -> list[MetricLogger]:
-    """A logger for each of the trainer's `report_to` backends that forgetwatch can write to."""
+def make_loggers(report_to: list[str] | str | None, output_dir: str, logging_dir: str | None = None) -> list[MetricLogger]:
+    """A logger for each of the trainer's `report_to` backends that forgetwatch can write to (`logging_dir`: the
+    trainer's TensorBoard directory where its arguments still name one, transformers 4)."""
     if isinstance(report_to, str):
         report_to = [report_to]
     names = [n for n in (report_to or []) if n not in ("none", None)]
@@ -186,7 +216,7 @@ def make_loggers(report_to: list[str] | str | None, output_dir: str) -> list[Met
                     continue
                 loggers.append(WandbLogger(wandb.run))
             elif name == "tensorboard":
-                loggers.append(TensorBoardLogger(_tensorboard_dir(output_dir)))
+                loggers.append(TensorBoardLogger(_tensorboard_dir(output_dir, logging_dir)))
             elif name == "mlflow":
                 loggers.append(MLflowLogger())
             elif name == "trackio":

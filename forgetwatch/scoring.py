@@ -20,7 +20,6 @@ the python / numpy / torch RNG states.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import random
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from . import answers
+from .forward import PrefixCache, call, check_logits_kept, logits_to_keep_kwargs
 from .probes import Probe
 from .prompts import (
     PROMPT_VERSION,
@@ -338,15 +338,6 @@ def _uses_alibi(config: Any) -> bool:
     return getattr(config, "model_type", "") in ("bloom", "mpt") or bool(getattr(config, "alibi", False))
 
 
-def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
-    import inspect
-
-    try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _run_batches(items: list, batch_size: int, run: Callable[..., None], bar, sync_ranks: bool = False) -> None:
     """Call `run(batch)` on consecutive slices of `items`; on out-of-memory halve the slice and retry.
 
@@ -457,14 +448,11 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
     whole_ids = _encode(tokenizer, flat, chat)
     pack = config.pack_choices if config.pack_choices is not None else _accepts_custom_masks(model)
     device = _device(model)
-    prefix = _shared_prefix(model, tokenizer, shared, ctx_ids, chat) if shared else []
-    prefix_cache = None
-    if prefix:
-        # 100 exemplar tokens before a 20-token question: one forward here, then each row carries its own part only
-        prefix_cache = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
-        if prefix_cache is None:  # a model that returns no cache (use_cache forced off): every row carries the prefix
-            prefix = []
-    P = len(prefix)
+    prefix = _shared_prefix(tokenizer, shared, ctx_ids, chat) if shared else []
+    # 100 exemplar tokens before a 20-token question: one forward here, then each row carries its own part only.
+    # None when the model cannot take a cache back (said once in a warning): then every row carries the prefix.
+    prefix_cache = PrefixCache.build(model, prefix, device) if prefix else None
+    P = prefix_cache.length if prefix_cache else 0
 
     rows: list[_Row] = []
     tokens: list[list[list[int]]] = []
@@ -489,7 +477,6 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
     logprobs = [[np.zeros(len(t), np.float64) for t in opts] for opts in tokens]
     argmax = [[np.zeros(len(t) + extra, np.int64) for t in opts] for opts in tokens]
     pad_id = _pad_id(tokenizer)
-    keep_logits = _supports_logits_to_keep(model)
 
     def run(batch: list[_Row], keep: bool = True) -> None:
         T = max(r.length for r in batch)
@@ -526,20 +513,18 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
             kwargs["attention_mask"] = _block_mask(segment, model, P).to(device)
         else:
             kwargs["attention_mask"] = torch.cat([torch.ones(B, P, dtype=torch.long), (segment >= 0).long()], dim=1).to(device)
-        if P:
-            cache = copy.deepcopy(prefix_cache)
-            cache.batch_repeat_interleave(B)
-            kwargs.update(past_key_values=cache, use_cache=True)
+        if prefix_cache:
+            kwargs.update(prefix_cache.for_batch(B))
         rows_t, pos_t = torch.tensor(reads_row, device=device), torch.tensor(reads_pos, device=device)
-        head = model.get_output_embeddings() if keep_logits else None
+        kwargs.update(logits_to_keep_kwargs(model, K))
+        head = model.get_output_embeddings() if "logits_to_keep" in kwargs else None
         gather, handle = None, None
-        if keep_logits:
-            kwargs["logits_to_keep"] = K
+        if head is not None:
             if isinstance(head, torch.nn.Module):
                 gather = _gather_read_positions(rows_t, pos_t, K)
                 handle = head.register_forward_pre_hook(gather)
         try:
-            logits = model(**kwargs).logits
+            logits = call(model, kwargs).logits
         finally:
             if handle is not None:
                 handle.remove()
@@ -547,7 +532,11 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
             logits = logits[0]  # (R, V): the output head ran on the read positions only
         else:
             if gather is not None and gather.gathered:  # a model that reshapes its head's output: run it plainly
-                logits = model(**kwargs).logits
+                if prefix_cache:
+                    kwargs.update(prefix_cache.for_batch(B))  # the first forward grew the last copy
+                logits = call(model, kwargs).logits
+            else:
+                check_logits_kept(model, logits, kwargs)
             logits = logits[:, -K:][rows_t, pos_t]
         if not keep:
             return
@@ -665,15 +654,8 @@ def _score_greedy_match(model, tokenizer, probes: list[Probe], config: ScoringCo
     return results
 
 
-def _shared_prefix(model, tokenizer, shared: str, ctx_ids: list[list[int]], chat: bool) -> list[int]:
+def _shared_prefix(tokenizer, shared: str, ctx_ids: list[list[int]], chat: bool) -> list[int]:
     """The tokens of `shared` that every context starts with, or [] when not worth it or not possible."""
-    import inspect
-
-    try:
-        if "past_key_values" not in inspect.signature(model.forward).parameters:
-            return []
-    except (TypeError, ValueError):
-        return []
     # The last token may merge with the text that follows ("Question:" + " Who" vs "Question: "), so it is left to
     # the rows; and each row keeps at least one token of its own, whose logits predict its first answer token.
     ids = _encode(tokenizer, [shared], chat)[0][:-1]
@@ -768,9 +750,10 @@ def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
         input_ids, mask = _left_pad(batch, pad_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "position_ids": position_ids.to(device), "use_cache": False}
-        if _supports_logits_to_keep(model):
-            kwargs["logits_to_keep"] = 1
-        logits = model(**kwargs).logits[:, -1]
+        kwargs.update(logits_to_keep_kwargs(model, 1))
+        logits = call(model, kwargs).logits
+        check_logits_kept(model, logits, kwargs)
+        logits = logits[:, -1]
         if not keep:
             return
         logprobs = torch.log_softmax(logits.float(), dim=-1)[:, letter_ids.to(logits.device)].double().cpu().numpy()

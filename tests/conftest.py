@@ -37,7 +37,9 @@ def build_tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_CORPUS * 20, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token="<|im_start|>"
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token="<|im_start|>",
+        # as Llama's tokenizers: no token_type_ids (transformers 4's default adds them, and generate() refuses them)
+        model_input_names=["input_ids", "attention_mask"],
     )
     fast.chat_template = CHATML
     return fast

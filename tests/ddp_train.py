@@ -266,15 +266,22 @@ def _allow_fsdp_on_cpu() -> None:
     Only the type of the run changes; the sharding, the gathers in each forward and the training are accelerate's and
     torch's own code, as on GPUs.
     """
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import DistributedType
+    import inspect
 
-    init = AcceleratorState.__init__
+    from internals import relies_on
+
+    with relies_on("accelerate", "AcceleratorState / DistributedType.FSDP (the CPU gate on FSDP that the test lifts)"):
+        from accelerate.state import AcceleratorState
+        from accelerate.utils import DistributedType
+
+        init = AcceleratorState.__init__
+        assert "fsdp_plugin" in inspect.signature(init).parameters, "AcceleratorState.__init__ takes no fsdp_plugin"
+        fsdp, cpu = DistributedType.FSDP, DistributedType.MULTI_CPU
 
     def __init__(self, *args, fsdp_plugin=None, **kwargs):
         init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
-            self.distributed_type = DistributedType.FSDP
+        if fsdp_plugin is not None and self.distributed_type == cpu:
+            self.distributed_type = fsdp
             self.fsdp_plugin = fsdp_plugin
 
     AcceleratorState.__init__ = __init__

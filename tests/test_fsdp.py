@@ -20,6 +20,7 @@ import pytest
 import torch
 from conftest import build_model, build_tokenizer
 from ddp_train import EVAL_STEPS, MAX_STEPS, SCORING, make_probes
+from internals import library_changed
 from multiproc import REPO, TIMEOUT, assert_same, assert_split, check_ok, torchrun, trace
 
 from forgetwatch.cache import BaseCache
@@ -49,7 +50,9 @@ def test_fsdp_shards_the_model_the_callback_scores(fsdp_run):
         calls = _scoring_calls(out, rank)
         assert len(calls) == len(STEPS), f"rank {rank}: the base and every evaluation"
         for c in calls:
-            assert c["model_class"].startswith("FSDP"), c["model_class"]  # fully_shard's class, not DDP's wrapper
+            # fully_shard's class, not DDP's wrapper: else accelerate trained with DDP, its CPU gate moved
+            assert c["model_class"].startswith("FSDP"), library_changed(
+                "accelerate", "the CPU gate on FSDP (tests/ddp_train.py _allow_fsdp_on_cpu)", f"the model was {c['model_class']}")
             # every decoder layer is sharded; accelerate keeps the tail (final norm, lm_head) gathered after a forward
             # (reshard_after_forward=False), so it shows whole
             assert not [n for n in c["not_sharded"] if n.startswith("model.layers.")], c["not_sharded"]

@@ -587,7 +587,9 @@ def test_greedy_match_computes_the_exemplars_once(tokenizer, monkeypatch):
     handle = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
     res = score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4))
     shared = len(enc(tokenizer, prompts.short_answer_prefix(tokenizer, False, None))) - 1
-    assert seen[0] == (1, shared) and len(seen) == 1 + 4  # the exemplars once, then 16 probes in batches of 4
+    # the exemplars once (all but the last token, then the last through the cache, which shows the model reads it
+    # back: forgetwatch.forward), then 16 probes in batches of 4
+    assert seen[:2] == [(1, shared - 1), (1, 1)] and len(seen) == 2 + 4
     longest = max(len(enc(tokenizer, prompts.short_answer_prompt(p, tokenizer, False, None))) for p in probes)
     assert all(s[1] < longest - shared + 40 for s in seen[1:])  # rows hold the question and answers, not the exemplars
     handle.remove()
@@ -654,10 +656,16 @@ def test_greedy_match_on_a_model_that_returns_no_cache(tokenizer, monkeypatch):
     plain = score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False))
     forward = model.forward
 
-    def no_cache(input_ids=None, past_key_values=None, **kwargs):  # a signature that offers a cache, like the model's
-        out = forward(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
-        out.past_key_values = None
+    def no_cache(*args, **kwargs):  # the model's own forward, with the cache dropped from its output
+        out = forward(*args, **kwargs)
+        for name in ("cache", "past_key_values"):  # the output field's name from transformers 5.24, and before
+            if name in out:
+                out[name] = None
         return out
 
     monkeypatch.setattr(model, "forward", no_cache)
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
     assert_same_results(score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False)), plain, atol=1e-4)
+    shared = len(enc(tokenizer, prompts.short_answer_prefix(tokenizer, False, None))) - 1
+    assert seen[0] == (1, shared - 1) and all(s[1] > shared for s in seen[1:])  # asked once, then rows carry the exemplars

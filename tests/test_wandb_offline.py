@@ -8,6 +8,7 @@ import pytest
 
 wandb = pytest.importorskip("wandb")
 
+from internals import LibraryChanged  # noqa: E402
 from wandb_offline import (  # noqa: E402  (tests/ is on sys.path: pytest's rootdir-less "prepend" import mode)
     find_run_file,
     find_run_files,
@@ -128,6 +129,10 @@ def test_reader_rejects_bad_files(offline_wandb, tmp_path):
         read_records(cut, require_exit=False)
     cut.write_bytes(b"not a wandb file")
     with pytest.raises(ValueError, match="not a wandb run file"):
+        read_records(cut)
+    # A run file of a format version this reader does not know: a change of wandb's, named with its version.
+    cut.write_bytes(data[:6] + bytes([data[6] + 1]) + data[7:])
+    with pytest.raises(LibraryChanged, match=rf"wandb {wandb.__version__}: the offline run file format"):
         read_records(cut)
 
     (offline_wandb / "other").mkdir()

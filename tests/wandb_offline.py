@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
-from wandb.proto import wandb_internal_pb2 as pb
+from internals import library_changed, relies_on
+
+with relies_on("wandb", "the protobuf module of offline run files (wandb.proto.wandb_internal_pb2)"):
+    from wandb.proto import wandb_internal_pb2 as pb
 
 _FILE_HEADER = struct.Struct("<4sHB")  # ident, magic, version
 _IDENT, _MAGIC, _VERSION = b":W&B", 0xBEE1, 0
@@ -63,10 +66,15 @@ def find_run_file(wandb_dir: str | Path) -> Path:
 def read_records(path: str | Path, *, require_exit: bool = True) -> list[pb.Record]:
     """Parse every record of a run file. Raises ValueError on a bad header, checksum or truncated record,
     and (unless `require_exit=False`, e.g. for a run still in progress) if the run's exit record is missing.
+    A run file of another format version, or a record that does not parse, is reported as a change of wandb's format
+    (`internals.LibraryChanged`, naming the installed wandb).
     """
     data = Path(path).read_bytes()
-    if len(data) < _FILE_HEADER.size or _FILE_HEADER.unpack_from(data) != (_IDENT, _MAGIC, _VERSION):
+    if len(data) < _FILE_HEADER.size or _FILE_HEADER.unpack_from(data)[0] != _IDENT:
         raise ValueError(f"{path}: not a wandb run file (header {data[: _FILE_HEADER.size]!r})")
+    if _FILE_HEADER.unpack_from(data) != (_IDENT, _MAGIC, _VERSION):
+        raise library_changed("wandb", "the offline run file format", f"{path} has header {data[: _FILE_HEADER.size]!r}, "
+                              f"this reader knows {_FILE_HEADER.pack(_IDENT, _MAGIC, _VERSION)!r}")
     records: list[pb.Record] = []
     chunks: list[bytes] = []
     pos = _FILE_HEADER.size
@@ -91,7 +99,8 @@ def read_records(path: str | Path, *, require_exit: bool = True) -> list[pb.Reco
         pos = start + length
         if kind in (_FULL, _LAST):
             record = pb.Record()
-            record.ParseFromString(b"".join(chunks))
+            with relies_on("wandb", "the offline run file's records (wandb_internal_pb2.Record)"):
+                record.ParseFromString(b"".join(chunks))
             records.append(record)
             chunks = []
     if chunks:
