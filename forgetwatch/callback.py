@@ -264,7 +264,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._progress = not args.disable_tqdm
         record = RunRecord(Path(args.output_dir) / PREFIX)
         self._record_root = record.root  # on every rank and in every mode (the Monitor opens it on the main process only)
-        autocast = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
+        autocast = _training_autocast(model, args)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
         key = make_cache_key(model_identity(model), self.probes, scoring_key)
         own_cache = record.root / "base.parquet"
@@ -610,6 +610,22 @@ def _wandb_run_info() -> dict[str, Any] | None:
                 "mode": "offline" if run.settings._offline else "online", "dir": str(Path(run.dir).parents[2])}  # <dir>/wandb/<run>/files
     except Exception:  # wandb absent or a run without these fields: the watcher starts its own run elsewhere
         return None
+
+
+def _training_autocast(model: Any, args: Any) -> str | None:
+    """The autocast dtype the trainer really runs forwards in: what accelerate's forward wrapper does, found by running it
+    (`forward.wrapped_autocast`), else what the arguments say."""
+    from .forward import wrapped_autocast
+    from .scoring import _device
+
+    said = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
+    done = wrapped_autocast(model, _device(model))
+    if done is not None and done != said:
+        logger.warning("forgetwatch: the trainer runs forwards under %s autocast although its arguments say %s (transformers "
+                       "4 takes the precision from $ACCELERATE_MIXED_PRECISION=%s, which an earlier TrainingArguments "
+                       "with bf16/fp16 in this process set): probes are scored, and the base cache keyed, in what it runs",
+                       done, f"{said} autocast" if said else "none", os.environ.get("ACCELERATE_MIXED_PRECISION"))
+    return done or said
 
 
 def _tokenizer(processing_class: Any) -> Any:

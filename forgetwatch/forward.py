@@ -14,15 +14,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["PrefixCache", "cache_of", "call", "logits_to_keep_kwargs", "check_logits_kept", "warn_once"]
+__all__ = ["PrefixCache", "cache_of", "call", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast", "untouched",
+           "no_grad_context"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,3 +182,62 @@ def check_logits_kept(model: torch.nn.Module, logits: torch.Tensor, kwargs: dict
             f"forgetwatch: the model ignored `logits_to_keep` ({_where(model)}): logits are computed at every position "
             "(same results, slower).",
         )
+
+
+# -- keeping the model untouched ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def untouched(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode inside; afterwards every module's train/eval flag, requires_grad and the RNG states as before."""
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, requires_grad in grads:
+            p.requires_grad_(requires_grad)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def no_grad_context():
+    """`torch.inference_mode()`, or `torch.no_grad()` when a process group exists."""
+    # inference_mode is the fastest, but its tensors must never meet FSDP / ZeRO-3 parameter hooks,
+    # which gather and re-shard weights during the forward: use no_grad when a process group exists.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.no_grad()
+    return torch.inference_mode()
+
+
+
+def wrapped_autocast(model: torch.nn.Module, device: torch.device) -> str | None:
+    """The dtype accelerate's wrapper autocasts the model's forward to ("bfloat16", "float16"), or None.
+
+    Under mixed precision accelerate replaces `model.forward` with an autocast wrapper (keeping `_original_forward`).
+    Which precision that is cannot be read from the Trainer's arguments alone: transformers 4 also takes it from
+    $ACCELERATE_MIXED_PRECISION, which any `TrainingArguments(bf16=True)` made earlier in the process sets. So one token
+    goes through the wrapped forward and the dtype the first linear layer computes in is read.
+    """
+    if "_original_forward" not in model.__dict__:
+        return None
+    linear = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if linear is None:
+        return None
+    seen: list[torch.dtype] = []
+    handle = linear.register_forward_hook(lambda m, a, out: seen.append(out.dtype) if not seen else None)
+    try:
+        with untouched(model), no_grad_context():  # no dropout drawn, no RNG consumed: training goes on as it would
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    finally:
+        handle.remove()
+    weights = next(model.parameters()).dtype
+    return str(seen[0]).removeprefix("torch.") if seen and seen[0] != weights else None

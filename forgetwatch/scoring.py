@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import random
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 
 from . import answers
-from .forward import PrefixCache, call, check_logits_kept, logits_to_keep_kwargs
+from .forward import PrefixCache, call, check_logits_kept, logits_to_keep_kwargs, no_grad_context, untouched
 from .probes import Probe
 from .prompts import (
     PROMPT_VERSION,
@@ -249,7 +248,7 @@ def score_probes(
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(probes), desc=desc, disable=not progress, unit="probe")
-    with _untouched(model), _no_grad_context():
+    with untouched(model), no_grad_context():
         for mode, idx in by_mode.items():
             subset = [probes[i] for i in idx]
             if mode in ("loglik", "loglik_norm"):
@@ -263,39 +262,6 @@ def score_probes(
             _scatter(results, idx, part)
     bar.close()
     return results
-
-
-# -- keeping the model untouched ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _untouched(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode while scoring; afterwards every module's flag, requires_grad and the RNG states as before."""
-    modes = [(m, m.training) for m in model.modules()]
-    grads = [(p, p.requires_grad) for p in model.parameters()]
-    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-        for p, requires_grad in grads:
-            p.requires_grad_(requires_grad)
-        random.setstate(rng[0])
-        np.random.set_state(rng[1])
-        torch.set_rng_state(rng[2])
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-
-
-def _no_grad_context():
-    # inference_mode is the fastest, but its tensors must never meet FSDP / ZeRO-3 parameter hooks,
-    # which gather and re-shard weights during the forward: use no_grad when a process group exists.
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.no_grad()
-    return torch.inference_mode()
 
 
 def _device(model: torch.nn.Module) -> torch.device:

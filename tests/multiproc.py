@@ -37,11 +37,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment for a child run, without the launcher's rank variables and without the ACCELERATE_*
+    ones that transformers 4 leaves behind (any `TrainingArguments(bf16=True)` made by an earlier test sets
+    ACCELERATE_MIXED_PRECISION=bf16 in os.environ, and a child Trainer would train in bf16 although told fp32)."""
+    ranks = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
+    return {k: v for k, v in os.environ.items() if k not in ranks and not k.startswith("ACCELERATE_")}
+
+
 def torchrun(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     """Run tests/ddp_train.py under torchrun; on timeout kill the whole launch (its own session) and fail."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")}
+    env = clean_env()
     env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",

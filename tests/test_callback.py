@@ -580,6 +580,46 @@ def _cache(tokenizer, probes: ProbeSet, config: ScoringConfig, path: Path, outco
     return BaseCache(key, results).save(path)
 
 
+def test_hooks_without_the_model_or_tokenizer_name_the_transformers_version(tokenizer, tmp_path):
+    """transformers passes `model` and `processing_class` to every hook; a release that stopped must say so, not crash
+    later on None."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args, state, control = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"), TrainerState(), TrainerControl()
+    with pytest.raises(RuntimeError, match=rf"no `model` in on_train_begin \(transformers {transformers.__version__}\)"):
+        watcher().on_train_begin(args, state, control, model=None, processing_class=tokenizer)
+    with pytest.raises(ValueError, match=rf"pass `processing_class=tokenizer`.*transformers {transformers.__version__}"):
+        watcher().on_train_begin(args, state, control, model=build_model(tokenizer), processing_class=None)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_precision_recorded_is_the_one_the_trainer_runs(tokenizer, tmp_path, monkeypatch, caplog, bf16):
+    """transformers 4 takes the precision from $ACCELERATE_MIXED_PRECISION too, which any bf16 TrainingArguments made
+    earlier in the process leaves at "bf16": a run whose arguments say fp32 then trains and scores under bf16 autocast.
+    The base cache must be keyed with the precision really run (found by running accelerate's forward wrapper)."""
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.forward import wrapped_autocast
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    seen = {}
+
+    class Spy(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen["autocast"] = wrapped_autocast(model, next(model.parameters()).device)
+
+    trainer = sft_trainer(tokenizer, tmp_path, [Spy(), watcher()], max_steps=1, bf16=bf16)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        trainer.train()
+    precision = BaseCache.load(tmp_path / "forgetwatch" / "base.parquet").key["scoring"]["precision"]
+    runs_bf16 = seen["autocast"] == "bfloat16"
+    assert precision == ("float32+autocast-bfloat16" if runs_bf16 else "float32")
+    assert ("runs forwards under bfloat16 autocast although" in caplog.text) == (runs_bf16 and not bf16)
+    if bf16:
+        assert runs_bf16
+    if transformers.__version__.startswith("4."):
+        assert runs_bf16  # the environment wins over `bf16=False` there
+
+
 def test_bad_probe_file_or_foreign_cache_fail_at_construction(tokenizer, tmp_path):
     path = tmp_path / "probes.jsonl"
     lines = [json.dumps(p.to_dict()) for p in list(make_probes())[:2]]

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -17,7 +16,7 @@ import pytest
 import torch
 from conftest import build_model, build_tokenizer
 from ddp_train import EVAL_STEPS, SCORING, make_probes
-from multiproc import REPO, SCRIPT, TIMEOUT, assert_same, assert_split, check_ok, torchrun, trace
+from multiproc import REPO, SCRIPT, TIMEOUT, assert_same, assert_split, check_ok, clean_env, torchrun, trace
 
 from forgetwatch.cache import BaseCache, make_cache_key
 from forgetwatch.distributed import plan_shard, score_distributed, world
@@ -251,7 +250,7 @@ def test_single_process_run_records_the_same_base(ddp_run, tmp_path):
     """The same script without torchrun: one process, same record layout, same base numbers."""
     run, out, steps = ddp_run
     check_ok(run)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = clean_env()
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     single = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), f"--max-steps={steps[-1]}"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=TIMEOUT)
