@@ -14,12 +14,16 @@ OLDEST  := requirements/oldest.txt
 COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.py tests/test_distributed.py \
                 tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py
 
-.PHONY: setup test test-slow test-oldest test-latest lock lint demo clean
+.PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean
 
 # $(call venv,DIR,CONSTRAINTS): a fresh venv at DIR with torch, the project and its dev extras, and the data packages.
+# It replaces DIR only if this Makefile made it (the marker .forgetwatch-venv, or .done from older Makefiles).
 define venv
+	@if [ -e $(1) ] && [ ! -e $(1)/.forgetwatch-venv ] && [ ! -e $(1)/.done ]; then \
+	  echo "make: $(1) exists and was not made by this Makefile; move it away or pick another VENV=..."; exit 1; fi
 	rm -rf $(1)
 	$(PY) -m venv $(1)
+	touch $(1)/.forgetwatch-venv
 	$(1)/bin/pip install -q $(2) --upgrade pip
 	$(1)/bin/pip install -q $(TORCH)
 	$(1)/bin/pip install -q $(2) -e '.[dev]'
@@ -45,15 +49,17 @@ test-oldest: .venv-oldest/.done
 	.venv-oldest/bin/python -m forgetwatch.versions
 	.venv-oldest/bin/python -m pytest -q -m "not slow" $(COMPAT_TESTS)
 
-# The newest releases the registry serves today (built anew each time, nothing pinned), on the same tests.
-test-latest:
+# The newest releases the registry serves today (built anew each time, nothing pinned but torch, which TORCH
+# chooses), on the same tests.
+latest-venv:
 	$(call venv,.venv-latest,)
+
+test-latest: latest-venv
 	.venv-latest/bin/python -m forgetwatch.versions --against $(LOCK)
 	.venv-latest/bin/python -m pytest -q -m "not slow" $(COMPAT_TESTS)
 
 # Move the lock to today's newest releases, only if the whole suite passes on them.
-lock:
-	$(call venv,.venv-latest,)
+lock: latest-venv
 	.venv-latest/bin/python -m pytest -q -m "not slow"
 	.venv-latest/bin/python -m forgetwatch.versions --freeze > $(LOCK).new && mv $(LOCK).new $(LOCK)
 

@@ -621,10 +621,11 @@ def _training_autocast(model: Any, args: Any) -> str | None:
     said = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
     done = wrapped_autocast(model, _device(model))
     if done is not None and done != said:
-        logger.warning("forgetwatch: the trainer runs forwards under %s autocast although its arguments say %s (transformers "
-                       "4 takes the precision from $ACCELERATE_MIXED_PRECISION=%s, which an earlier TrainingArguments "
-                       "with bf16/fp16 in this process set): probes are scored, and the base cache keyed, in what it runs",
-                       done, f"{said} autocast" if said else "none", os.environ.get("ACCELERATE_MIXED_PRECISION"))
+        logger.warning("forgetwatch: the trainer runs forwards under %s autocast although its arguments say %s "
+                       "($ACCELERATE_MIXED_PRECISION=%s: set by `accelerate launch --mixed_precision`, or on transformers "
+                       "4 by any earlier TrainingArguments with bf16/fp16 in this process); probes are scored, and the "
+                       "base cache keyed, in the precision it runs", done, f"{said} autocast" if said else "none",
+                       os.environ.get("ACCELERATE_MIXED_PRECISION"))
     return done or said
 
 

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._warnings import warn_once as _warn_once
+
 __all__ = ["PrefixCache", "cache_of", "call", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast", "untouched",
            "no_grad_context"]
 
@@ -35,14 +37,9 @@ logger = logging.getLogger(__name__)
 # with a deprecation warning).
 CACHE_NAMES = ("cache", "past_key_values")
 
-_warned: set[str] = set()
-
-
 def warn_once(key: str, message: str) -> None:
     """Log `message` as a warning the first time `key` is seen in this process."""
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message)
+    _warn_once(logger, key, message)
 
 
 def _where(model: torch.nn.Module) -> str:
@@ -102,17 +99,20 @@ class PrefixCache:
         """Compute the prefix's cache, finding on the way the keyword the forward reads a cache from.
 
         All but the last token run first; the last one then goes through the forward with that cache, under each name
-        the forward may take, until the cache grows by it: the check costs nothing beyond the prefix's own forward.
-        None (with a warning said once) when the model returns no cache or reads none back: then every row carries the
-        prefix itself.
+        the forward may take, until the cache grows by it (the first name that works costs nothing beyond the prefix's
+        own forward; a forward that refuses a name is simply not given it). None (with a warning said once) when the
+        model returns no reusable cache or reads none back: then every row carries the prefix itself.
         """
         P = len(prefix)
+        if P < 2:
+            return None
         ids = torch.tensor([prefix], device=device)
         cache = cache_of(model(input_ids=ids[:, :-1], use_cache=True))
         if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+            what = "no KV cache" if cache is None else f"a KV cache it cannot copy per row ({type(cache).__name__})"
             warn_once(
                 f"no-cache:{type(model).__name__}",
-                f"forgetwatch: the model returned no KV cache ({_where(model)}): the few-shot exemplars are "
+                f"forgetwatch: the model returned {what} ({_where(model)}): the few-shot exemplars are "
                 "recomputed in every row (same results, slower).",
             )
             return None
@@ -120,15 +120,22 @@ class PrefixCache:
         names = [n for n in CACHE_NAMES if n in named] or (list(CACHE_NAMES) if takes_kwargs else [])
         for i, name in enumerate(names):
             trial = copy.deepcopy(cache) if i < len(names) - 1 else cache
-            model(input_ids=ids[:, -1:], position_ids=torch.tensor([[P - 1]], device=device),
-                  attention_mask=torch.ones(1, P, dtype=torch.long, device=device), use_cache=True, **{name: trial})
+            try:
+                model(input_ids=ids[:, -1:], position_ids=torch.tensor([[P - 1]], device=device),
+                      attention_mask=torch.ones(1, P, dtype=torch.long, device=device), use_cache=True, **{name: trial})
+            except (TypeError, ValueError) as e:
+                # a **kwargs wrapper (PEFT) around a forward that names only the other one refuses this name
+                if name not in str(e):
+                    raise
+                continue
             if _length(trial) == P:
                 return cls(trial, name, P)
+        tried = " or ".join(f"`{n}`" for n in names) if names else "any keyword (its forward names none and takes no **kwargs)"
         warn_once(
             f"cache-ignored:{type(model).__name__}",
-            f"forgetwatch: the model's forward read back no KV cache passed as {' or '.join(f'`{n}`' for n in CACHE_NAMES)} "
-            f"({_where(model)}): the few-shot exemplars are recomputed in every row (same results, slower). "
-            "Please report this with your transformers version.",
+            f"forgetwatch: the model's forward read back no KV cache passed as {tried} ({_where(model)}): the few-shot "
+            "exemplars are recomputed in every row (same results, slower). Please report this with the output of "
+            "`python -m forgetwatch.versions`.",
         )
         return None
 
@@ -160,12 +167,15 @@ def logits_to_keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
 
 
 def call(model: torch.nn.Module, kwargs: dict[str, Any]) -> Any:
-    """`model(**kwargs)`; a `logits_to_keep` the forward refuses (raised before it computes anything) is dropped, said
-    once, and the call made again without it."""
+    """`model(**kwargs)`; a `logits_to_keep` the forward refuses is dropped, said once, and the call made again without
+    it, provided the refusal came before the forward grew any cache it was given (else the error stands)."""
+    lengths = {k: _length(v) for k, v in kwargs.items() if k in CACHE_NAMES}
     try:
         return model(**kwargs)
     except (TypeError, ValueError) as e:
         if "logits_to_keep" not in kwargs or "logits_to_keep" not in str(e):
+            raise
+        if any(_length(kwargs[k]) != n for k, n in lengths.items()):
             raise
         _refuses_logits_to_keep.add(type(model))
         kwargs.pop("logits_to_keep")
@@ -224,20 +234,31 @@ def wrapped_autocast(model: torch.nn.Module, device: torch.device) -> str | None
 
     Under mixed precision accelerate replaces `model.forward` with an autocast wrapper (keeping `_original_forward`).
     Which precision that is cannot be read from the Trainer's arguments alone: transformers 4 also takes it from
-    $ACCELERATE_MIXED_PRECISION, which any `TrainingArguments(bf16=True)` made earlier in the process sets. So one token
-    goes through the wrapped forward and the dtype the first linear layer computes in is read.
+    $ACCELERATE_MIXED_PRECISION, which any `TrainingArguments(bf16=True)` made earlier in the process sets, and
+    `accelerate launch --mixed_precision` sets it too. So one token goes through the wrapped forward, and the autocast
+    state is read inside it, at the first linear layer. None also when that forward fails (said once).
     """
     if "_original_forward" not in model.__dict__:
         return None
     linear = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
     if linear is None:
         return None
-    seen: list[torch.dtype] = []
-    handle = linear.register_forward_hook(lambda m, a, out: seen.append(out.dtype) if not seen else None)
+    seen: list[str | None] = []
+
+    def read(module, args):
+        if not seen:
+            on = torch.is_autocast_enabled(device.type)
+            seen.append(str(torch.get_autocast_dtype(device.type)).removeprefix("torch.") if on else None)
+
+    handle = linear.register_forward_pre_hook(read)
     try:
         with untouched(model), no_grad_context():  # no dropout drawn, no RNG consumed: training goes on as it would
             model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    except Exception as e:
+        warn_once(f"autocast-probe:{type(model).__name__}",
+                  f"forgetwatch: could not run one token through the trainer's forward to read its autocast "
+                  f"({type(e).__name__}: {e}); the precision is taken from the training arguments")
+        return None
     finally:
         handle.remove()
-    weights = next(model.parameters()).dtype
-    return str(seen[0]).removeprefix("torch.") if seen and seen[0] != weights else None
+    return seen[0] if seen else None

@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ._warnings import warn_once
+from .versions import installed_versions, release
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["make_loggers", "MetricLogger"]
@@ -145,14 +148,14 @@ class TrackioLogger(MetricLogger):
     # serialise a trackio.Table ("Dict key must be str") in its writer thread and drops every row of that batch with
     # it; the scalars are kept by not sending tables there. Tested with tables: trackio 0.43.
     TABLES_FROM = (0, 21)
-    _said_no_tables = False
 
     def __init__(self) -> None:
         super().__init__()
         import trackio
 
         self.trackio = trackio
-        self.tables = _release(_installed("trackio")) >= self.TABLES_FROM
+        self.trackio_version = installed_versions(("trackio",))["trackio"] or "0"
+        self.tables = release(self.trackio_version) >= self.TABLES_FROM
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         # Like the trainer's TrackioCallback: no `step=` (it would move trackio's own counter under the trainer's rows)
@@ -160,30 +163,15 @@ class TrackioLogger(MetricLogger):
 
     def _log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         if not self.tables:
-            if not TrackioLogger._said_no_tables:
-                TrackioLogger._said_no_tables = True
-                logger.warning("forgetwatch: trackio %s cannot store tables; the flips table goes to the local record "
-                               "only (tables need trackio >= %s, which needs transformers 5)", _installed("trackio"),
-                               ".".join(map(str, self.TABLES_FROM)))
+            warn_once(logger, "trackio-tables", f"forgetwatch: trackio {self.trackio_version} cannot store tables; the flips "
+                      "table goes to the local record only (tables need trackio >= "
+                      f"{'.'.join(map(str, self.TABLES_FROM))}, which needs transformers 5)")
             return
         # The dashboard's "Media & Tables" page shows it; only this evaluation's rows, as for W&B.
         self.trackio.log({key: self.trackio.Table(columns=columns, data=rows), STEP_KEY: step})
 
     def _alert(self, title: str, text: str) -> None:
         self.trackio.alert(title=title, text=text, level=self.trackio.AlertLevel.WARN)
-
-
-def _installed(package: str) -> str:
-    from importlib.metadata import version
-
-    return version(package)
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """(0, 20, 2) from "0.20.2" (pre-release and local parts dropped)."""
-    import re
-
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def _tensorboard_dir(output_dir: str, logging_dir: str | None = None) -> str:

@@ -19,7 +19,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
 
-__all__ = ["LEANED_ON", "installed_versions", "read_lock", "read_lock_text", "freeze"]
+__all__ = ["LEANED_ON", "installed_versions", "release", "read_lock", "read_lock_text", "freeze"]
 
 # The libraries whose releases can break forgetwatch: the core, the trainers and the loggers it hooks into, and the
 # evaluation harness whose outputs it reads.
@@ -45,6 +45,11 @@ def installed_versions(packages: tuple[str, ...] = LEANED_ON) -> dict[str, str |
         except PackageNotFoundError:
             found[name] = None
     return found
+
+
+def release(version: str) -> tuple[int, ...]:
+    """`(0, 20, 2)` from "0.20.2" (at most three numbers; pre-release and local parts dropped), for comparisons."""
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def read_lock(path: str | Path) -> dict[str, str]:

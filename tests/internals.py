@@ -12,15 +12,14 @@ Example:
 from __future__ import annotations
 
 from contextlib import contextmanager
-from importlib.metadata import PackageNotFoundError, version
+
+from forgetwatch.versions import installed_versions
 
 
 def installed(package: str) -> str:
     """`"wandb 0.31.0"`: the package and its installed version."""
-    try:
-        return f"{package} {version(package)}"
-    except PackageNotFoundError:
-        return f"{package} (not installed)"
+    found = installed_versions((package,))[package]
+    return f"{package} {found}" if found else f"{package} (not installed)"
 
 
 class LibraryChanged(AssertionError):

@@ -13,16 +13,16 @@ import torch
 import transformers
 from conftest import build_model
 
-from forgetwatch import forward
+from forgetwatch import _warnings, forward
 from forgetwatch.forward import PrefixCache, cache_of, logits_to_keep_kwargs
 
 
 @pytest.fixture(autouse=True)
 def fresh_warnings():
-    forward._warned.clear()
+    _warnings._warned.clear()
     forward._refuses_logits_to_keep.clear()
     yield
-    forward._warned.clear()
+    _warnings._warned.clear()
     forward._refuses_logits_to_keep.clear()
 
 
@@ -141,9 +141,64 @@ def test_a_forward_that_refuses_logits_to_keep_through_kwargs_is_called_again_wi
         assert logits_to_keep_kwargs(model, 3) == {}  # not offered again to this class
     assert len(caplog.records) == 1 and "takes no `logits_to_keep`" in caplog.text
 
+    def grows_then_refuses(input_ids=None, **kwargs):  # refuses only after its cache was extended: no second try
+        kwargs["cache"].update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), 0)
+        raise ValueError("Got unexpected arguments: logits_to_keep")
+
+    from transformers import DynamicCache
+
+    model.forward = grows_then_refuses
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        forward.call(model, {"input_ids": ids, "cache": DynamicCache(), "logits_to_keep": 3})
+
     def broken(input_ids=None, **kwargs):
         raise ValueError("a shape error of the model's own")
 
     model.forward = broken
     with pytest.raises(ValueError, match="of the model's own"):  # any other error is the caller's to see
         forward.call(model, {"input_ids": ids, "logits_to_keep": 3})
+
+
+@torch.inference_mode()
+def test_a_kwargs_wrapper_around_a_forward_that_names_one_cache_argument(tokenizer, caplog):
+    """PEFT's forward takes **kwargs; a model under it that names only `past_key_values` refuses `cache`."""
+    import inspect
+
+    model = build_model(tokenizer).eval()
+    inner = model.forward
+    real = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
+
+    def strict(input_ids=None, attention_mask=None, position_ids=None, use_cache=None, past_key_values=None):
+        return inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache,
+                     **{real: past_key_values})
+
+    model.forward = lambda *args, **kwargs: strict(*args, **kwargs)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        built = PrefixCache.build(model, prefix_ids(), torch.device("cpu"))
+    assert built is not None and built.name == "past_key_values" and not caplog.records
+    assert PrefixCache.build(model, prefix_ids(1), torch.device("cpu")) is None  # nothing to share
+
+
+def accelerate_style(model, dtype):
+    """What accelerate's `prepare_model` does under mixed precision: the forward wrapped in autocast on the instance."""
+    model._original_forward = model.forward
+    model.forward = torch.autocast("cpu", dtype=dtype)(model.forward)
+    return model
+
+
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_wrapped_autocast_reads_the_autocast_inside_the_forward(tokenizer, weights, caplog):
+    cpu = torch.device("cpu")
+    assert forward.wrapped_autocast(build_model(tokenizer).to(weights), cpu) is None  # not wrapped: nothing to read
+    model = accelerate_style(build_model(tokenizer, dropout=0.1).to(weights).train(), torch.bfloat16)
+    rng = torch.get_rng_state()
+    assert forward.wrapped_autocast(model, cpu) == "bfloat16"  # also when the weights are bf16 themselves
+    assert model.training and torch.equal(rng, torch.get_rng_state())  # train mode and the RNG as they were
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("needs pixel_values")
+
+    model.forward = broken
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert forward.wrapped_autocast(model, cpu) is None
+    assert "taken from the training arguments" in caplog.text

@@ -26,6 +26,7 @@ from multiproc import REPO, TIMEOUT, assert_same, assert_split, check_ok, torchr
 
 from forgetwatch.cache import BaseCache
 from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.versions import release
 
 STEPS = list(range(0, MAX_STEPS + 1, EVAL_STEPS))  # 0 (the base), 2, 4
 
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # version 2). transformers 4 builds FSDP1 from it, which refuses CPU; there FSDP2 comes from accelerate's own config
 # (fsdp_version: 2, accelerate >= 1.6), which these CPU tests cannot reach.
 needs_fsdp2 = pytest.mark.skipif(
-    not transformers.__version__.startswith("5."),
+    release(transformers.__version__) < (5,),
     reason=f"FSDP2 from TrainingArguments needs transformers 5; installed: {installed('transformers')}, {installed('accelerate')}")
 
 
