@@ -7,6 +7,10 @@ asked for once and passed back under each name the forward may take, and a name 
 given really grew. A capability that does not work is said once in a warning (never switched off in silence), and
 scoring falls back to the slower path that needs nothing from the model.
 
+Also here, because every forward forgetwatch runs goes through them: `untouched` (eval mode inside; train/eval flags,
+requires_grad and RNG states restored after, so training goes on as it would) and `no_grad_context`, and
+`wrapped_autocast`, which reads the precision the trainer's forward really runs in.
+
 Example:
     >>> prefix = PrefixCache.build(model, exemplar_ids, device)   # doctest: +SKIP
     >>> kwargs = {"input_ids": rows, **(prefix.for_batch(len(rows)) if prefix else {})}   # doctest: +SKIP
@@ -28,14 +32,15 @@ import torch
 
 from ._warnings import warn_once as _warn_once
 
-__all__ = ["PrefixCache", "cache_of", "call", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast", "untouched",
-           "no_grad_context"]
+__all__ = ["PrefixCache", "cache_of", "call", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast",
+           "untouched", "no_grad_context"]
 
 logger = logging.getLogger(__name__)
 
 # Newest first: the name a 5.24+ forward takes, then the one every release before it took (and 5.24 still accepts,
 # with a deprecation warning).
 CACHE_NAMES = ("cache", "past_key_values")
+
 
 def warn_once(key: str, message: str) -> None:
     """Log `message` as a warning the first time `key` is seen in this process."""
