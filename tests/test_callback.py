@@ -850,6 +850,9 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
+@pytest.mark.skipif(  # beside transformers 4 (huggingface_hub < 1): no tables to show, and show() takes no server_port
+    release(installed_versions(("trackio",))["trackio"] or "0") < (0, 21),
+    reason=f"the dashboard test needs trackio >= 0.21; installed: trackio {installed_versions(('trackio',))['trackio']}")
 def test_trackio_dashboard_shows_forgetwatch_offline(trackio_run, tmp_path):
     """trackio's local dashboard, opened in headless Chromium, shows forgetwatch's panels and its flips table."""
     import subprocess
