@@ -1,8 +1,9 @@
 """Forgetting budgets: upper limits on what an evaluation measured, and what to do when one is exceeded.
 
 A budget maps metric names, as `metrics.jsonl` names them, to upper limits: `forgetting`, `forgetting_adjusted`
-(rates in [0, 1]), `margin_drop` (minus the mean margin change, nats) and `kl` (nats), each overall or for one
-category as `<category>/<metric>`. With `bound="lower"` (the default) a limit counts as exceeded only when the lower
+(rates in [0, 1]), `margin_drop` (minus the mean margin change, nats) and `kl` (nats), and for behaviour probes
+`runaway`, `over_refusal`, `instruct_forgetting` (rates) and `length_drift` (|median log length ratio|), each overall
+or for one category as `<category>/<metric>`. With `bound="lower"` (the default) a limit counts as exceeded only when the lower
 end of the 95% interval is above it, so that noise pages nobody: the Wilson lower bound of F; for the adjusted figure
 that bound minus the chance term, clipped at 0; for `margin_drop` minus the interval's upper end. `kl` has no
 interval and is compared as measured. `bound="point"` compares the measured values.
@@ -25,7 +26,10 @@ from typing import Any
 __all__ = ["Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "check_options", "parse_budget"]
 
 # metric -> whether it is a rate (limit in [0, 1]) or a figure in nats (limit >= 0)
-BUDGET_METRICS = {"forgetting": "rate", "forgetting_adjusted": "rate", "margin_drop": "nats", "kl": "nats"}
+BUDGET_METRICS = {"forgetting": "rate", "forgetting_adjusted": "rate", "margin_drop": "nats", "kl": "nats",
+                  # behaviour probes (forgetwatch.behavior): new runaways, new refusals of harmless requests,
+                  # instructions no longer followed, and |median log length ratio|
+                  "runaway": "rate", "over_refusal": "rate", "instruct_forgetting": "rate", "length_drift": "nats"}
 ON_BUDGET = ("alert", "save", "stop")
 BOUNDS = ("lower", "point")
 
@@ -158,6 +162,9 @@ def _figure(row: Mapping[str, Any], metric: str, bound: str) -> tuple[float, flo
         measured = -float(row.get("margin_change", nan))
         low = -float(row.get("margin_change_ci_high", nan))
         return measured, measured if bound == "point" else low
+    if metric in ("runaway", "over_refusal", "instruct_forgetting", "length_drift"):  # the lower end: Wilson for rates; for length_drift the median interval's end nearest 0
+        measured = float(row.get(metric, nan))
+        return measured, measured if bound == "point" else float(row.get(f"{metric}_ci_low", nan))
     measured = float(row.get(metric, nan))  # kl: no interval
     return measured, measured
 

@@ -39,6 +39,9 @@ def make_cache_key(model: dict[str, Any], probes: Any, scoring: dict[str, Any]) 
         probes: the `ProbeSet` scored.
         scoring: `ScoringConfig.key(tokenizer, precision)`.
     """
+    if not any(p.is_behavior for p in probes):
+        # generation settings of behaviour probes change nothing else: caches of knowledge probes keep their key
+        scoring = {k: v for k, v in scoring.items() if k != "behavior_max_new_tokens"}
     return {
         "format": CACHE_FORMAT,
         "model": model,

@@ -67,10 +67,11 @@ class ForgetWatchArguments:
     forgetwatch_max_new_tokens: int | None = field(default=None, metadata={"help": "Generation budget for generative probes (default 32, 256 with cot)."})
     forgetwatch_short_mode: str | None = field(default=None, metadata={"help": "Short-answer scoring: greedy_match (one teacher-forced forward: does greedy decoding produce an accepted answer?) or generate (decode, extract, match). Default greedy_match, generate with cot."})
     forgetwatch_short_match: str = field(default="exact", metadata={"help": "With short_mode=generate: exact (normalised exact match) or contains (an accepted answer as whole words). Numeric probes compare numbers (math-verify)."})
+    forgetwatch_behavior_max_new_tokens: int = field(default=256, metadata={"help": "Generation budget of behaviour probes (instruct, comply): an answer that reaches it without ending its turn is a runaway."})
     forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
     forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
     forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
-    forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
+    forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; for behaviour probes runaway, over_refusal, instruct_forgetting, length_drift; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
     forgetwatch_on_budget: str = field(default="alert", metadata={"help": "When a budget is exceeded: alert (W&B/trackio alert, warning, record event), save (also save a checkpoint there) or stop (also stop training)."})
     forgetwatch_budget_bound: str = field(default="lower", metadata={"help": "lower: a limit is exceeded when the lower end of the 95% interval is above it (noise pages nobody); point: the measured value."})
     forgetwatch_at_risk_margin: float = field(default=2.0, metadata={"help": "A probe right at base and still right counts as at risk when its margin (nats) is below this (chosen on a calibration run: benchmarks/RESULTS.md)..."})
@@ -122,7 +123,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         seed: with suite names, the subsampling seed.
         base_cache: a cache made by `forgetwatch cache` (or by an earlier run); default
             `<output_dir>/forgetwatch/base.parquet`.
-        mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, batch_size: scoring options (see
+        mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, behavior_max_new_tokens, batch_size: scoring options (see
             `ScoringConfig`); `short_mode="greedy_match"` (default) scores short answers with one forward,
             `"generate"` decodes them and matches with `short_match` ("exact" or "contains").
         replay: write forgotten probes to `<output_dir>/forgetwatch/replay.jsonl` as training examples.
@@ -149,6 +150,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         max_new_tokens: int | None = None,
         short_mode: str | None = None,
         short_match: str = "exact",
+        behavior_max_new_tokens: int = 256,
         batch_size: int = 16,
         replay: bool = False,
         log_table: bool = True,
@@ -166,7 +168,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.probes = load_probes(probes, per_suite=per_suite, seed=seed)
         self.eval_steps = eval_steps
         self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens,
-                                    short_mode=short_mode, short_match=short_match, batch_size=batch_size)
+                                    short_mode=short_mode, short_match=short_match, batch_size=batch_size,
+                                    behavior_max_new_tokens=behavior_max_new_tokens)
         self.base_cache = base_cache
         self.replay = replay
         self.log_table = log_table
@@ -184,6 +187,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
             "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
             "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
+            "behavior_max_new_tokens": behavior_max_new_tokens,
             "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
             "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop, "scoring": scoring,
         }

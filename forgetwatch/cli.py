@@ -134,6 +134,9 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--chat-template", choices=tuple(_CHAT), default=d("auto"), help=f"wrap prompts in the chat template{note}")
     p.add_argument("--cot", action=argparse.BooleanOptionalAction, default=d(False), help=f"chain-of-thought generation with a final 'Answer:' line{note}")
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation budget (default 32, 256 with --cot){note}")
+    p.add_argument("--behavior-max-new-tokens", type=int, default=None,
+                   help=f"generation budget of behaviour probes (instruct, comply); an answer that reaches it without ending "
+                        f"is a runaway (default 256){note}")
     # the same names as ScoringConfig's SHORT_MODES / SHORT_MATCHES (tests/test_cli.py pins them): scoring imports torch
     p.add_argument("--short-mode", choices=("greedy_match", "generate"), default=None,
                    help="short answers: greedy_match (one forward: would greedy decoding give an accepted answer?) or "
@@ -167,30 +170,30 @@ def cmd_probes_show(args: argparse.Namespace) -> int:
 
 
 def cmd_probes_suites(args: argparse.Namespace) -> int:
-    from .suites import SUITES
+    from .suites import list_suites
 
-    for name in sorted(SUITES):
+    for name in list_suites():
         print(name)
     return 0
 
 
 def _print_summary(probes: ProbeSet) -> None:
     by_cat = Counter(p.category for p in probes)
-    kinds = Counter(p.kind if p.kind == "short" else f"mcq k={p.num_choices}" for p in probes)
+    kinds = Counter(p.kind if p.kind != "mcq" else f"mcq k={p.num_choices}" for p in probes)
     print("kinds: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
     print("categories: " + ", ".join(f"{c} {n}" for c, n in sorted(by_cat.items())))
 
 
 def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = None):
-    from .scoring import ScoringConfig
+    from .scoring import BEHAVIOR_MAX_NEW_TOKENS, ScoringConfig
 
     fields = {"mcq_mode": args.mcq_mode, "cot": args.cot, "short_mode": args.short_mode, "short_match": args.short_match,
-              "max_new_tokens": args.max_new_tokens}
+              "max_new_tokens": args.max_new_tokens, "behavior_max_new_tokens": args.behavior_max_new_tokens}
     fields["chat_template"] = _CHAT[args.chat_template] if args.chat_template is not None else None
     dtype, autocast = args.dtype, args.autocast
     if base_key is not None:
         scoring = base_key.get("scoring", {})
-        for name in ("mcq_mode", "cot", "short_mode", "short_match", "max_new_tokens"):
+        for name in ("mcq_mode", "cot", "short_mode", "short_match", "max_new_tokens", "behavior_max_new_tokens"):
             if fields[name] is None:
                 fields[name] = scoring.get(name)
         if args.chat_template is None:
@@ -208,6 +211,7 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
         short_mode=fields["short_mode"],
         short_match=fields["short_match"] or "exact",
         batch_size=args.batch_size,
+        behavior_max_new_tokens=fields["behavior_max_new_tokens"] or BEHAVIOR_MAX_NEW_TOKENS,
     )
     return config, dtype or "float32", None if autocast in (None, "none") else autocast
 
@@ -423,6 +427,8 @@ def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: 
         parts.append(f"--short-match {s['short_match']}")
     if s.get("max_new_tokens") and s["max_new_tokens"] != (256 if s.get("cot") else 32):
         parts.append(f"--max-new-tokens {s['max_new_tokens']}")
+    if s.get("behavior_max_new_tokens") not in (None, 256):
+        parts.append(f"--behavior-max-new-tokens {s['behavior_max_new_tokens']}")
     dtype, _, autocast = str(s.get("precision", "float32")).partition("+autocast-")
     parts.append(f"--dtype {dtype}")
     if autocast:

@@ -16,7 +16,7 @@ import torch
 
 from .probes import Probe
 from .results import ProbeResults
-from .scoring import ScoringConfig, score_probes
+from .scoring import ScoringConfig, score_probes, scoring_mode
 
 __all__ = ["world", "plan_shard", "score_distributed", "broadcast_from_main"]
 
@@ -48,9 +48,9 @@ def plan_shard(probes: Sequence[Probe], config: ScoringConfig, rank: int, world_
     Example:
         >>> # 5 mcq probes on 2 ranks -> rank 0 scores 0, 2, 4; rank 1 scores 1, 3 and a repeat of 1
     """
-    groups: dict[bool, list[Probe]] = {}
+    groups: dict[str, list[Probe]] = {}
     for p in probes:
-        groups.setdefault(p.kind == "mcq", []).append(p)
+        groups.setdefault(scoring_mode(p, config), []).append(p)
     real: list[Probe] = []
     pads: list[Probe] = []
     for group in groups.values():

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .behavior import behavior_scalars, compute_behavior
 from .budgets import Breach, Budget, BudgetState
 from .cache import BaseCache
 from .drift import RiskRule, at_risk_mask, compute_drift
@@ -65,6 +66,7 @@ class Monitor:
         self.budget_state = BudgetState()
         self._k = np.array([p.num_choices for p in probes])
         self._categories = [p.category for p in probes]
+        self._kinds = [p.kind for p in probes]
 
     def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None) -> None:
         """Start (or continue) the record under `<output_dir>/forgetwatch/` against the base in `cache`.
@@ -103,6 +105,10 @@ class Monitor:
         report = compute_report(self.base.outcome, results.outcome, self._k, self._categories)
         drift = compute_drift(self.base, results, self._categories, self.risk_rule)
         rows = {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
+        if (self.base.stopped >= 0).any():  # generated answers: how they behave (stopping, length, refusals)
+            behavior = compute_behavior(self.base, results, self._categories, self._kinds)
+            for name, row in rows.items():
+                row.update(behavior[name].to_dict())
         if self.noise is not None:
             # flips with and without the probes whose base correctness depends on the precision
             keep = ~self.noise.mask
@@ -243,7 +249,7 @@ def scalars_of(report, drift, rows) -> dict[str, float]:
     each metric another, with every category side by side in it (not ~60 panels in one section)."""
     out = {}
     for name, m in report.items():
-        figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {})}
+        figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {}), **behavior_scalars(rows.get(name, {}))}
         if name == "overall":
             out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
         else:

@@ -22,6 +22,9 @@ Formats (the `Question:/Answer:` style of lm-evaluation-harness and OLMES):
                 exemplars show the form wanted, for base and instruct models alike. With `cot`, the instruction
                 asks for reasoning and a final "Answer:" line instead, without exemplars.
 
+    behavior    behaviour probes (`instruct`, `comply`): the prompt as it is, the user turn of the chat template; with
+                no template, the prompt then "\n\nResponse:".
+
 With a chat template, the question (and the options, the instruction) is the user turn and the model's turn
 starts right after the template's generation prompt; the short-answer exemplars become earlier user and
 assistant turns.
@@ -97,6 +100,13 @@ def _short_answer_text(question: str, tokenizer, chat: bool, system_prompt: str 
         return render_chat(tokenizer, f"Question: {question}", system_prompt, (first, *shots[1:]))
     blocks = [f"{q}\nAnswer: {a}" for q, a in shots] + [f"Question: {question}\nAnswer:"]
     return _DIRECT_SHORT + "\n\n" + "\n\n".join(blocks)
+
+
+def behavior_prompt(probe: Probe, tokenizer, chat: bool, system_prompt: str | None) -> str:
+    """A behaviour probe's prompt: the user's request as it is (its instructions are part of it)."""
+    if chat:
+        return render_chat(tokenizer, probe.question, system_prompt)
+    return probe.question + "\n\nResponse:"
 
 
 def generation_prompt(probe: Probe, tokenizer, chat: bool, cot: bool, system_prompt: str | None) -> str:

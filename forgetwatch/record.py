@@ -75,7 +75,8 @@ class RunRecord:
         with atomic_write(self.evals_dir / f"step-{step:08d}.npz", "wb") as f:
             np.savez(f, outcome=results.outcome.astype(np.int8), pred_index=results.pred_index.astype(np.int32),
                      margin=results.margin.astype(np.float32), gold_logprob=results.gold_logprob.astype(np.float32),
-                     option_scores=flat, option_offsets=offsets)
+                     option_scores=flat, option_offsets=offsets, n_tokens=results.n_tokens.astype(np.int32),
+                     stopped=results.stopped.astype(np.int8), detail=np.asarray(results.detail, dtype=str))
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         _append_line(self.root / "metrics.jsonl", row)
@@ -146,7 +147,8 @@ class RunRecord:
             return {k: z[k] for k in z.files}
 
     def read_results(self, step: int, ids: list[str]) -> ProbeResults:
-        """One evaluation as `ProbeResults` (predictions and generations are not kept per step)."""
+        """One evaluation as `ProbeResults` (predictions and generations are not kept per step; answer lengths, stops and
+        behaviour checks are)."""
         z = self.read_eval(step)
         r = ProbeResults.empty(ids)
         r.outcome, r.pred_index, r.margin = z["outcome"], z["pred_index"], z["margin"]
@@ -154,6 +156,8 @@ class RunRecord:
             r.gold_logprob = z["gold_logprob"]
         if "option_scores" in z:
             r.option_scores = unpack_ragged(z["option_scores"], z["option_offsets"])
+        if "n_tokens" in z:  # records written before behaviour probes have none
+            r.n_tokens, r.stopped, r.detail = z["n_tokens"], z["stopped"], [str(d) for d in z["detail"]]
         return r
 
     def read_metrics(self) -> list[dict[str, Any]]:

@@ -45,6 +45,8 @@ class ReplayTracker:
 
     def __init__(self, probes: Sequence[Probe], base: np.ndarray):
         self.probes = probes
+        # behaviour probes have no gold answer to replay (their own answers at base are issue 21's replay)
+        self._replayable = np.array([not p.is_behavior for p in probes], bool)
         self.base_correct = np.asarray(base) == CORRECT
         self._was_correct = self.base_correct.copy()
         self._first_step = np.full(len(probes), -1, np.int64)  # -1: never forgotten
@@ -67,11 +69,11 @@ class ReplayTracker:
 
     def examples(self) -> list[dict[str, Any]]:
         """One example per probe forgotten so far, in probe order (see `replay_examples` for the fields)."""
-        return [self._example(i) for i in np.flatnonzero(self._first_step >= 0).tolist()]
+        return [self._example(i) for i in np.flatnonzero((self._first_step >= 0) & self._replayable).tolist()]
 
     def lines(self) -> Iterator[str]:
         """The examples as JSONL lines, in probe order; only the lines of probes that flipped are made again."""
-        for i in np.flatnonzero(self._first_step >= 0).tolist():
+        for i in np.flatnonzero((self._first_step >= 0) & self._replayable).tolist():
             if self._stale[i] or i not in self._lines:
                 self._lines[i] = json.dumps(self._example(i), ensure_ascii=False) + "\n"
                 self._stale[i] = False
@@ -236,7 +238,12 @@ def _pool_rows(pool: Any, monitored: Any) -> list[tuple[str, dict[str, Any]]]:
             # "the rest of the same suites": the monitored probes are held out by id
             pool = pool.filter(lambda p: p.id not in monitored)
     if isinstance(pool, ProbeSet) or (isinstance(pool, (list, tuple)) and pool and isinstance(pool[0], Probe)):
-        return [(f"probe {p.id!r}", _training_example(p)) for p in pool]
+        # behaviour probes have no gold answer to train on: they stay monitored only
+        rows = [(f"probe {p.id!r}", _training_example(p)) for p in pool if not p.is_behavior]
+        if not rows:
+            raise ValueError("the replay pool holds behaviour probes only (instruct, comply), which have no gold answer to "
+                             "replay; give knowledge suites or a file of training examples")
+        return rows
     rows = pool.to_list() if hasattr(pool, "to_list") else list(pool)
     if not rows:
         raise ValueError("the replay pool is empty")

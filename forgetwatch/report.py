@@ -577,6 +577,41 @@ def _metrics_row(name: str, m: dict[str, Any]) -> str:
             + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
 
 
+_BEHAVIOR_COLS = ("step", "instructions followed", "1→0 of followed", "runaway", "new runaways", "length ratio (median)",
+                  "refused harmless", "new refusals")
+
+
+def _behavior_section(rows: list[dict[str, Any]]) -> str:
+    """Behaviour probes (and every generated answer) over the run: one row per evaluation, overall."""
+    if not any("runaway_rate" in r["metrics"][OVERALL] for r in rows):
+        return ""
+
+    def rate(v: Any) -> str:
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+    def ratio(m: dict[str, Any]) -> str:
+        v, lo, hi = m.get("length_log_ratio"), m.get("length_log_ratio_ci_low"), m.get("length_log_ratio_ci_high")
+        if v is None or math.isnan(v):
+            return "n/a"
+        return f"×{math.exp(v):.2f} [{math.exp(lo):.2f}, {math.exp(hi):.2f}]"
+
+    body = []
+    for r in rows:
+        m = r["metrics"][OVERALL]
+        cells = [r["step"], rate(m.get("instruct_compliance")), rate(m.get("instruct_forgetting")), rate(m.get("runaway_rate")),
+                 rate(m.get("runaway")), ratio(m), rate(m.get("over_refusal_rate")), rate(m.get("over_refusal"))]
+        body.append("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
+    return ('<h2 id="behavior">Behaviour, evaluation by evaluation</h2>\n<table class="metrics"><thead><tr>'
+            + "".join(f"<th>{_e(c)}</th>" for c in _BEHAVIOR_COLS) + "</tr></thead><tbody>" + "\n".join(body)
+            + '</tbody></table>\n<p class="note">Over every generated answer, each against the same probe\'s answer at base '
+            "(step 0). Instructions followed: IFEval's prompt-level strict compliance of the instruction probes; 1→0: of "
+            "those followed at base, the share not followed now. Runaway: answers that reach the token limit without ending "
+            "their turn; new runaways: of those that ended at base, the share that run away now. Length ratio: the median "
+            "over probes of tokens now / tokens at base, with its 95% interval. Refused harmless: harmless requests whose "
+            "answer opens with a refusal phrase (XSTest's rule); new refusals: of those answered at base, the share refused "
+            "now. n/a: no such probe.</p>")
+
+
 def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_step: int) -> str:
     what = {"forgotten": "right at base, wrong now (1→0)", "learned": "wrong at base, right now (0→1)"}[kind]
     head = f'<h3 id="{kind}">{kind.capitalize()} at step {final_step}: {len(flips)} probes, {what}</h3>'
@@ -602,7 +637,7 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
     o = fm[OVERALL]
     run_dir = Path(output_dir).resolve()
     name = record.root.parent.name if record.root.name == "forgetwatch" else record.root.name
-    kinds = Counter(p.kind if p.kind == "short" else f"multiple choice (k={p.num_choices})" for p in probes)
+    kinds = Counter(p.kind if p.kind != "mcq" else f"multiple choice (k={p.num_choices})" for p in probes)
     steps = [r["step"] for r in rows]
     adj = (lambda v: f", chance-adjusted {_f(v)}") if o.get("adjusted") else (lambda v: "")
 
@@ -693,6 +728,8 @@ no chance term (n/a). invalid: share of unparseable answers now.{nothing_note}</
 {mismatch}{short_note}
 {_flips_table("forgotten", forgotten, max_rows, final["step"])}
 {_flips_table("learned", learned, max_rows, final["step"])}
+
+{_behavior_section(rows)}
 
 <!--drift-->
 

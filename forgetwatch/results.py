@@ -31,6 +31,11 @@ class ProbeResults:
         option_scores: each option's score as the mode ranks them (summed log-likelihood, per character for
             `loglik_norm`, the letter's log-probability for `letter`); empty for short answers and generation.
             What drift and KL over the options are computed from.
+        n_tokens: generated answers only: the answer's length in tokens (to the end of turn), else -1.
+        stopped: generated answers only: 1 if the answer ended (end of turn or a stop string), 0 if it ran to
+            `max_new_tokens` (a runaway), -1 when nothing was generated.
+        detail: behaviour probes only: what the checks found, as JSON (each instruction's strict and loose
+            verdict; for harmless requests, the refusal rule that matched), else "".
 
     Example:
         >>> r = ProbeResults.empty(["a", "b"]); r.outcome[:] = [1, 0]; r.accuracy
@@ -45,8 +50,12 @@ class ProbeResults:
     margin: np.ndarray
     generation: list[str] = field(default_factory=list)
     option_scores: list[np.ndarray] = field(default_factory=list)
+    n_tokens: np.ndarray | None = None
+    stopped: np.ndarray | None = None
+    detail: list[str] = field(default_factory=list)
 
-    COLUMNS = ("id", "outcome", "pred_index", "prediction", "gold_logprob", "margin", "generation", "option_scores")
+    COLUMNS = ("id", "outcome", "pred_index", "prediction", "gold_logprob", "margin", "generation", "option_scores",
+               "n_tokens", "stopped", "detail")
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -55,12 +64,16 @@ class ProbeResults:
         if not len(self.option_scores):
             self.option_scores = [_NO_SCORES] * n
         self.option_scores = [_NO_SCORES if x is None or len(x) == 0 else np.asarray(x, dtype=np.float32) for x in self.option_scores]
+        self.n_tokens = np.full(n, -1, np.int32) if self.n_tokens is None else np.asarray(self.n_tokens, dtype=np.int32)
+        self.stopped = np.full(n, -1, np.int8) if self.stopped is None else np.asarray(self.stopped, dtype=np.int8)
+        if not self.detail:
+            self.detail = [""] * n
         self.outcome = np.asarray(self.outcome, dtype=np.int8)
         self.pred_index = np.asarray(self.pred_index, dtype=np.int32)
         self.gold_logprob = np.asarray(self.gold_logprob, dtype=np.float32)
         self.margin = np.asarray(self.margin, dtype=np.float32)
         lengths = {len(self.outcome), len(self.pred_index), len(self.prediction), len(self.gold_logprob), len(self.margin),
-                   len(self.generation), len(self.option_scores)}
+                   len(self.generation), len(self.option_scores), len(self.n_tokens), len(self.stopped), len(self.detail)}
         if lengths != {n}:
             raise ValueError(f"ProbeResults columns have different lengths: ids {n}, others {sorted(lengths)}")
 
@@ -95,6 +108,9 @@ class ProbeResults:
             "margin": self.margin,
             "generation": self.generation,
             "option_scores": [x.tolist() for x in self.option_scores],
+            "n_tokens": self.n_tokens,
+            "stopped": self.stopped,
+            "detail": self.detail,
         }
 
     @classmethod
@@ -108,6 +124,10 @@ class ProbeResults:
             margin=cols["margin"],
             generation=[str(g) for g in cols.get("generation") or [""] * len(cols["id"])],
             option_scores=list(cols.get("option_scores") or []),
+            # caches written before behaviour probes have none of these: nothing was generated for them
+            n_tokens=_column(cols, "n_tokens", -1),
+            stopped=_column(cols, "stopped", -1),
+            detail=[] if cols.get("detail") is None else ["" if d is None else str(d) for d in cols["detail"]],
         )
 
     def select(self, ids: Sequence[str]) -> ProbeResults:
@@ -130,6 +150,9 @@ class ProbeResults:
             margin=self.margin[idx],
             generation=[self.generation[i] for i in idx],
             option_scores=[self.option_scores[i] for i in idx],
+            n_tokens=self.n_tokens[idx],
+            stopped=self.stopped[idx],
+            detail=[self.detail[i] for i in idx],
         )
 
     @classmethod
@@ -144,7 +167,24 @@ class ProbeResults:
             margin=np.concatenate([p.margin for p in parts]) if parts else np.zeros(0, np.float32),
             generation=[x for p in parts for x in p.generation],
             option_scores=[x for p in parts for x in p.option_scores],
+            n_tokens=np.concatenate([p.n_tokens for p in parts]) if parts else np.zeros(0, np.int32),
+            stopped=np.concatenate([p.stopped for p in parts]) if parts else np.zeros(0, np.int8),
+            detail=[x for p in parts for x in p.detail],
         )
+
+    def set_row(self, i: int, other: ProbeResults, j: int) -> None:
+        """Row i takes `other`'s row j (every column)."""
+        for name in ("outcome", "pred_index", "gold_logprob", "margin", "n_tokens", "stopped"):
+            getattr(self, name)[i] = getattr(other, name)[j]
+        for name in ("prediction", "generation", "option_scores", "detail"):
+            getattr(self, name)[i] = getattr(other, name)[j]
+
+
+def _column(cols: dict[str, Any], name: str, missing: int) -> np.ndarray | None:
+    values = cols.get(name)
+    if values is None:
+        return None
+    return np.asarray([missing if v is None else v for v in values])
 
 
 def pack_ragged(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

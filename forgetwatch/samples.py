@@ -48,7 +48,8 @@ _LIGHTEVAL_FILE = re.compile(r"^details_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\
 # document fields that hold the question, in the order tried, for the flips list (the full prompt has the few-shot)
 _QUESTION_FIELDS = ("question", "query", "problem", "Question", "ctx", "sentence", "goal", "text", "prompt", "input")
 # 0/1 metrics tried first when a task logs several (lm-eval lists a task's metrics in its config order)
-_PREFERRED = ("acc", "exact_match", "loglikelihood_acc", "em", "pass@1", "acc_norm")
+_PREFERRED = ("acc", "exact_match", "loglikelihood_acc", "em", "pass@1", "acc_norm",
+              "prompt_level_strict_acc")  # lm-eval's ifeval: every instruction of the prompt followed, as generated
 
 
 class SamplesFormatError(ValueError):
@@ -321,7 +322,8 @@ def _lm_eval_sample(task: str, where: str, row: dict, metric: str, cfg: dict) ->
         gold = _gold_choice(target, continuations)
     else:
         prediction = _text(resps)
-        gold = _text(target)
+        # ifeval's target is a placeholder (0): what is checked is the document's instructions
+        gold = "; ".join(map(str, doc["instruction_id_list"])) if isinstance(doc.get("instruction_id_list"), list) else _text(target)
     question = next((doc[q] for q in _QUESTION_FIELDS if isinstance(doc.get(q), str)), None)
     if question is None:
         question = str(args[0][0]) if args and args[0] else ""

@@ -1,6 +1,6 @@
 """Scoring probes with a causal LM: the torch code of forgetwatch (the callback adds only the distributed glue).
 
-Three ways to score a multiple-choice probe, one for short answers:
+Three ways to score a multiple-choice probe, two for short answers, one for behaviour probes:
 
 - ``loglik`` / ``loglik_norm``: the log-likelihood of each option's text after the prompt (``_norm`` divides by
   the option's length in characters, lm-evaluation-harness's ``acc_norm``). One forward per question: the
@@ -8,8 +8,10 @@ Three ways to score a multiple-choice probe, one for short answers:
   each option see the question and itself only, with positions restarting after the question. The shared
   prefix is computed once, and logits are computed only for the positions that are read.
 - ``letter``: options listed with letters, one forward, the letters' next-token logits compared.
-- ``generate``: greedy decoding, then answer extraction (`forgetwatch.answers`); short-answer probes are
-  always scored this way.
+- ``generate``: greedy decoding, then answer extraction (`forgetwatch.answers`).
+- ``greedy_match`` (short answers): one forward over the prompt and each accepted answer.
+- behaviour probes (`instruct`, `comply`): greedy decoding in the chat template, then the answer is checked
+  (`forgetwatch.behavior`); the same generation loop as ``generate``.
 
 Scoring is deterministic (no sampling), runs under inference mode, computes log-softmax in fp32 so
 results do not move with batch size, sorts requests by length to keep padding low, halves the batch on
@@ -35,6 +37,7 @@ from .forward import PrefixCache, call, check_logits_kept, logits_to_keep_kwargs
 from .probes import Probe
 from .prompts import (
     PROMPT_VERSION,
+    behavior_prompt,
     generation_prompt,
     letter_prompt,
     loglik_request,
@@ -52,7 +55,11 @@ SHORT_MODES = ("generate", "greedy_match")
 SHORT_MATCHES = answers.MATCH_MODES
 # The order in which modes are scored: fixed, so that every rank takes them in the same order. Short answers that are
 # generated are a mode of their own: their prompt (and chat template) is not the multiple-choice one.
-_MODE_ORDER = (*MCQ_MODES, "generate_short", "greedy_match")
+_MODE_ORDER = (*MCQ_MODES, "generate_short", "greedy_match", "behavior")
+# Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
+# measured, so they get room: SmolLM2-135M-Instruct ends 9 in 10 of the built-in suite's answers within it
+# (benchmarks/RESULTS.md).
+BEHAVIOR_MAX_NEW_TOKENS = 256
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 
 
@@ -87,6 +94,8 @@ class ScoringConfig:
         batch_size: questions per forward (halved automatically on out-of-memory).
         pack_choices: put all options of a question in one row behind the shared question (block attention
             mask). `None` uses it where the attention implementation accepts custom masks (eager, sdpa).
+        behavior_max_new_tokens: generation budget of behaviour probes (`instruct`, `comply`); an answer that
+            reaches it without ending its turn counts as a runaway. Default 256.
 
     Example:
         >>> ScoringConfig(mcq_mode="loglik_norm").key()["mcq_mode"]
@@ -102,6 +111,7 @@ class ScoringConfig:
     system_prompt: str | None = None
     batch_size: int = 16
     pack_choices: bool | None = None
+    behavior_max_new_tokens: int = BEHAVIOR_MAX_NEW_TOKENS
 
     def __post_init__(self) -> None:
         if self.mcq_mode not in MCQ_MODES:
@@ -117,6 +127,8 @@ class ScoringConfig:
             raise ValueError(f"`batch_size` must be at least 1, got {self.batch_size}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"`max_new_tokens` must be at least 1, got {self.max_new_tokens}")
+        if self.behavior_max_new_tokens < 1:
+            raise ValueError(f"`behavior_max_new_tokens` must be at least 1, got {self.behavior_max_new_tokens}")
 
     @property
     def short_scoring(self) -> str:
@@ -240,8 +252,7 @@ def score_probes(
         return results
     by_mode: dict[str, list[int]] = {}
     for i, p in enumerate(probes):
-        mode = config.mcq_mode if p.kind == "mcq" else {"generate": "generate_short"}.get(config.short_scoring, config.short_scoring)
-        by_mode.setdefault(mode, []).append(i)
+        by_mode.setdefault(scoring_mode(p, config), []).append(i)
     # A fixed order of modes, whatever order the probes come in: ranks must take them in the same order.
     by_mode = {mode: by_mode[mode] for mode in _MODE_ORDER if mode in by_mode}
 
@@ -257,11 +268,22 @@ def score_probes(
                 part = _score_letter(model, tokenizer, subset, config, bar, sync_ranks)
             elif mode == "greedy_match":
                 part = _score_greedy_match(model, tokenizer, subset, config, bar, sync_ranks)
+            elif mode == "behavior":
+                part = _score_behavior(model, tokenizer, subset, config, bar, sync_ranks)
             else:
                 part = _score_generate(model, tokenizer, subset, config, bar, sync_ranks)
             _scatter(results, idx, part)
     bar.close()
     return results
+
+
+def scoring_mode(probe: Probe, config: ScoringConfig) -> str:
+    """How `probe` is scored under `config`: one of `_MODE_ORDER` (ranks shard probes mode by mode)."""
+    if probe.is_behavior:
+        return "behavior"
+    if probe.kind == "mcq":
+        return config.mcq_mode
+    return {"generate": "generate_short"}.get(config.short_scoring, config.short_scoring)
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -354,13 +376,7 @@ def _most_over_ranks(n: int) -> int:
 
 def _scatter(results: ProbeResults, idx: list[int], part: ProbeResults) -> None:
     for j, i in enumerate(idx):
-        results.outcome[i] = part.outcome[j]
-        results.pred_index[i] = part.pred_index[j]
-        results.prediction[i] = part.prediction[j]
-        results.gold_logprob[i] = part.gold_logprob[j]
-        results.margin[i] = part.margin[j]
-        results.generation[i] = part.generation[j]
-        results.option_scores[i] = part.option_scores[j]
+        results.set_row(i, part, j)
 
 
 def _decide(results: ProbeResults, i: int, probe: Probe, scores: np.ndarray, gold_logprob: float) -> None:
@@ -743,27 +759,32 @@ def _stop_strings(chat: bool, cot: bool) -> list[str]:
     return ["\n\nQuestion:", "\nQuestion:"] if cot else ["\n\n", "\nQuestion:"]
 
 
-def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
+@dataclass
+class _Answer:
+    text: str
+    n_tokens: int  # to the end of turn (or the stop string), not counting it
+    stopped: bool  # False: it ran to max_new_tokens
+
+
+def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: int, stops: list[str], config: ScoringConfig,
+              bar, sync_ranks: bool = False) -> list[_Answer]:
+    """Greedy answers to `texts` (batched, longest first, left-padded), in the order of `texts`."""
     from transformers import GenerationConfig
 
-    results = ProbeResults.empty([p.id for p in probes])
-    # called for multiple-choice or for short-answer probes, never both: they may differ in chat template
-    chat = config.uses_chat(tokenizer, generative=probes[0].kind == "mcq" or config.cot)
-    texts = [generation_prompt(p, tokenizer, chat, config.cot, config.system_prompt) for p in probes]
     ids = _encode(tokenizer, texts, chat)
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
     pad_id = _pad_id(tokenizer)
-    stops = _stop_strings(chat, config.cot)
     eos_ids = _eos_ids(model, tokenizer)
     gen_config = GenerationConfig(
-        max_new_tokens=config.new_tokens,
+        max_new_tokens=max_new_tokens,
         do_sample=False,
         num_beams=1,
         pad_token_id=pad_id,
         eos_token_id=eos_ids or None,
         stop_strings=stops or None,
     )
+    out_answers: list[_Answer] = [_Answer("", 0, False)] * len(texts)
 
     def run(batch: list[_Prompt], keep: bool = True) -> None:
         input_ids, mask = _left_pad(batch, pad_id)
@@ -779,17 +800,66 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
             return
         new = out[:, input_ids.shape[1] :].cpu().tolist()
         for b, p in enumerate(batch):
-            text = tokenizer.decode(new[b], skip_special_tokens=True)
-            for s in stops:
-                text = text.split(s)[0]
-            _judge_generation(results, p.probe_index, probes[p.probe_index], text, config)
+            tokens = new[b]
+            end = next((j for j, t in enumerate(tokens) if t in eos_ids), None)
+            if end is None:  # no end of turn: cut by a stop string (then padded), or ran to the limit
+                end = len(tokens)
+                while end and tokens[end - 1] == pad_id:
+                    end -= 1
+            text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
+            cut = min((text.find(s) for s in stops if s in text), default=-1)
+            stopped = end < max_new_tokens or cut >= 0
+            out_answers[p.probe_index] = _Answer(text[:cut] if cut >= 0 else text, end, stopped)
 
     _run_batches(prompts, config.batch_size, run, bar, sync_ranks)
+    return out_answers
+
+
+def _keep_answers(results: ProbeResults, generated: list[_Answer]) -> None:
+    for i, a in enumerate(generated):
+        results.generation[i] = a.text
+        results.n_tokens[i] = a.n_tokens
+        results.stopped[i] = int(a.stopped)
+
+
+def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
+    results = ProbeResults.empty([p.id for p in probes])
+    # called for multiple-choice or for short-answer probes, never both: they may differ in chat template
+    chat = config.uses_chat(tokenizer, generative=probes[0].kind == "mcq" or config.cot)
+    texts = [generation_prompt(p, tokenizer, chat, config.cot, config.system_prompt) for p in probes]
+    generated = _generate(model, tokenizer, texts, chat, config.new_tokens, _stop_strings(chat, config.cot), config, bar,
+                          sync_ranks)
+    _keep_answers(results, generated)
+    for i, (p, a) in enumerate(zip(probes, generated, strict=True)):
+        _judge_generation(results, i, p, a.text, config)
+    return results
+
+
+def _score_behavior(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
+    from .behavior import REFUSAL_WINDOW, judge_behavior
+
+    results = ProbeResults.empty([p.id for p in probes])
+    chat = config.uses_chat(tokenizer, generative=True)
+    # A refusal is read from the answer's opening, so a harmless request needs only its first tokens; instruction
+    # probes get the whole budget. One call per kind, in a fixed order, so that ranks generate in step.
+    for kind, budget in (("instruct", config.behavior_max_new_tokens), ("comply", min(REFUSAL_WINDOW, config.behavior_max_new_tokens))):
+        idx = [i for i, p in enumerate(probes) if p.kind == kind]
+        if sync_ranks:
+            idx = idx or [-1]  # every rank takes part in both calls (the padding probe's answer is dropped)
+        if not idx:
+            continue
+        texts = [behavior_prompt(probes[i], tokenizer, chat, config.system_prompt) for i in idx]
+        generated = _generate(model, tokenizer, texts, chat, budget, [], config, bar, sync_ranks)
+        for i, a in zip(idx, generated, strict=True):
+            if i < 0:
+                continue
+            results.generation[i], results.n_tokens[i], results.stopped[i] = a.text, a.n_tokens, int(a.stopped)
+            results.outcome[i], results.detail[i] = judge_behavior(probes[i], a.text)
+            results.prediction[i] = a.text  # the flips table shows the answer at base and now side by side
     return results
 
 
 def _judge_generation(results: ProbeResults, i: int, probe: Probe, text: str, config: ScoringConfig) -> None:
-    results.generation[i] = text
     if probe.kind == "mcq":
         pred = answers.extract_letter(text, len(probe.choices))
         if pred is None:

@@ -504,11 +504,23 @@ def _load_rows(name: str, spec: SuiteSpec) -> tuple[list[Row], str]:
     return ds.to_list(), f"hub:{spec.hub_path}"
 
 
+def _built(name: str) -> ProbeSet:
+    from .instruct_suite import QUESTIONS_FROM, build_instruction_suite, build_over_refusal_suite
+
+    if name == "over_refusal":
+        return build_over_refusal_suite()
+    return build_instruction_suite([p.question for p in load_suite(QUESTIONS_FROM)])
+
+
+# Behaviour suites made by forgetwatch itself (`forgetwatch.instruct_suite`), not read from a dataset.
+BUILT_SUITES = ("instructions", "over_refusal")
+
+
 def _spec(name: str) -> SuiteSpec:
     if not isinstance(name, str):
         raise TypeError(f"suite name must be a string, got {type(name).__name__}")
     if name not in SUITES:
-        close = difflib.get_close_matches(name, list(SUITES), n=1)
+        close = difflib.get_close_matches(name, list_suites(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown suite {name!r}.{hint} Valid suites: {', '.join(list_suites())}")
     return SUITES[name]
@@ -522,7 +534,7 @@ def list_suites() -> list[str]:
         >>> "arc_easy" in list_suites() and "mmlu" in list_suites()
         True
     """
-    return sorted(SUITES)
+    return sorted([*SUITES, *BUILT_SUITES])
 
 
 def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
@@ -554,6 +566,9 @@ def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
         >>> load_suite("mmlu", n=200).categories
         ('mmlu_humanities', 'mmlu_other', 'mmlu_social_sciences', 'mmlu_stem')
     """
+    if name in BUILT_SUITES:
+        ps = _built(name)
+        return ps if n is None else ps.subsample(n, seed=seed)
     spec = _spec(name)
     rows, origin = _load_rows(name, spec)
     probes: list[Probe] = []
@@ -575,22 +590,34 @@ def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
 
 
 def from_suites(names: Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
-    """Concatenate built-in suites, each subsampled to `per_suite` probes (stratified by category).
+    """Concatenate built-in suites, each subsampled to `per_suite` probes (stratified by category); a name may carry
+    its own count, `"instructions:18"`.
 
     Example:
-        >>> from_suites(["arc_easy", "mmlu"], per_suite=100)  # doctest: +SKIP
+        >>> from_suites(["arc_easy", "mmlu", "instructions:18"], per_suite=100)  # doctest: +SKIP
     """
     probes: list[Probe] = []
     for name in names:
-        probes.extend(load_suite(name, n=per_suite, seed=seed))
+        name, n = _suite_and_count(name, per_suite)
+        probes.extend(load_suite(name, n=n, seed=seed))
     return ProbeSet(probes, origin="suites:" + ",".join(names))
+
+
+def _suite_and_count(spec: str, per_suite: int | None) -> tuple[str, int | None]:
+    name, sep, count = spec.partition(":")
+    if not sep:
+        return spec, per_suite
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"suite {spec!r}: the count after ':' must be a positive whole number, e.g. '{name}:20'")
+    return name, int(count)
 
 
 def load_probes(spec: ProbeSet | str | os.PathLike | Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
     """A `ProbeSet` as given, from a JSONL path, or from built-in suite names ("arc_easy,mmlu" or a list).
 
     Args:
-        spec: a `ProbeSet`, a probe JSONL file, or suite names (comma-separated, or a list).
+        spec: a `ProbeSet`, a probe JSONL file, or suite names (comma-separated, or a list); `name:N` takes N probes
+            of that suite whatever `per_suite` says.
         per_suite: with suite names, probes per suite (all when `None`).
         seed: with suite names, the subsampling seed.
 

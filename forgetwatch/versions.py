@@ -25,7 +25,7 @@ __all__ = ["LEANED_ON", "installed_versions", "release", "read_lock", "read_lock
 # evaluation harness whose outputs it reads.
 LEANED_ON = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "huggingface_hub", "safetensors",
              "numpy", "pyarrow", "math-verify", "trl", "peft", "wandb", "trackio", "tensorboard", "mlflow-skinny",
-             "lm_eval", "matplotlib")
+             "lm_eval", "matplotlib", "if-verifiable")
 
 # Never pinned by the lock: torch is chosen by the setup step (a CPU wheel here, the user's CUDA build elsewhere), and
 # its CUDA runtime packages follow it; the project itself is installed editable.

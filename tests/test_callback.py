@@ -218,12 +218,25 @@ DRIFT_LOGGED = {
 }
 
 
+# behaviour curves of generated answers (none here: short answers are teacher-forced): logged name -> metrics.jsonl field; NaN: not logged
+BEHAVIOR_LOGGED = {
+    "runaway": "runaway", "runaway_rate": "runaway_rate", "length_log_ratio": "length_log_ratio",
+    "length_log_ratio_low": "length_log_ratio_ci_low", "length_log_ratio_high": "length_log_ratio_ci_high",
+    "over_refusal": "over_refusal", "over_refusal_rate": "over_refusal_rate", "instruct_forgetting": "instruct_forgetting",
+    "instruct_compliance": "instruct_compliance", "instruct_deviation": "instruct_deviation",
+    "runaway_deviation": "runaway_deviation", "over_refusal_deviation": "over_refusal_deviation",
+    "length_deviation": "length_deviation",
+}
+
+
 def expected_logged(groups: dict[str, dict]) -> dict[str, float]:
-    """Every scalar one evaluation logs, from its metrics.jsonl row: flip metrics and drift, overall and per category."""
+    """Every scalar one evaluation logs, from its metrics.jsonl row: flip metrics, drift and behaviour, overall and per
+    category."""
     out = {}
     for group, m in groups.items():
         figures = {name: m[field] for name, field in LOGGED.items() if m["adjusted"] or not name.endswith("_adjusted")}
         figures.update({name: f(m) for name, f in DRIFT_LOGGED.items() if not math.isnan(f(m))})
+        figures.update({name: m[f] for name, f in BEHAVIOR_LOGGED.items() if f in m and not math.isnan(m[f])})
         out.update({logged_name(group, name): v for name, v in figures.items()})
     if "noise_probes" in groups["overall"]:  # the precision noise floor (a base scored in bf16 and in fp32)
         out["forgetwatch/noise_probes"] = groups["overall"]["noise_probes"]
@@ -331,7 +344,8 @@ def test_sft_wandb_flip_tables_summary_and_axis(sft_run):
                 "options": {"step_sync": True, "defined": True}} in read_metric_definitions(path)
     # one W&B section per metric: every per-category key's first segment is forgetwatch_<metric>
     sections = {k.split("/")[0] for r in read_history(path) for k in r if k.startswith("forgetwatch")}
-    assert sections == {"forgetwatch"} | {f"forgetwatch_{m}" for m in [*LOGGED, *DRIFT_LOGGED]}
+    behaviour = {k.split("/")[0] for k in expected_logged(last) if k.split("/")[0].removeprefix("forgetwatch_") in BEHAVIOR_LOGGED}
+    assert sections == {"forgetwatch"} | {f"forgetwatch_{m}" for m in [*LOGGED, *DRIFT_LOGGED]} | behaviour
     config = read_config(path)["forgetwatch"]
     assert config["n_probes"] == 32 and config["fingerprint"] == make_probes().fingerprint and config["eval_steps"] == 2
 

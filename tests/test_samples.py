@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
 
@@ -443,3 +444,79 @@ def test_options_in_the_context_and_empty_contexts():
              "arguments": {f"gen_args_{i}": {"arg_0": "", "arg_1": f" w{i}"} for i in range(4)},
              "filtered_resps": [[str(-i), "False"] for i in range(4)]}
     assert _lm_eval_sample("t", "f line 1", empty, "acc", {"output_type": "multiple_choice"}).num_choices == 4
+
+
+# -- lm-eval's ifeval task ---------------------------------------------------------------------------------------------
+
+# lm-eval's own ifeval task (its yaml and its process_results), on IFEval lines from a local file instead of the Hub.
+IFEVAL_TASK = """task: fw_ifeval
+dataset_path: json
+dataset_kwargs:
+  data_files: {data}/ifeval.jsonl
+test_split: train
+output_type: generate_until
+doc_to_text: prompt
+doc_to_target: 0
+generation_kwargs:
+  until: []
+  do_sample: false
+  max_gen_toks: 12
+process_results: !function fw_ifeval_utils.process_results
+metric_list:
+  - metric: prompt_level_strict_acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: inst_level_strict_acc
+    aggregation: !function fw_ifeval_utils.agg_inst_level_acc
+    higher_is_better: true
+  - metric: prompt_level_loose_acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: inst_level_loose_acc
+    aggregation: !function fw_ifeval_utils.agg_inst_level_acc
+    higher_is_better: true
+"""
+
+
+def test_lm_eval_ifeval_outputs_compare_by_prompt_level_strict_accuracy(tmp_path, capsys):
+    """`forgetwatch compare BEFORE AFTER` on lm-eval's ifeval task reads its per-sample prompt_level_strict_acc, with the
+    document's instructions as the gold column."""
+    import torch
+
+    root = tmp_path
+    tok = build_tokenizer()
+    model = build_model(tok)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    data = root / "tasks"
+    data.mkdir()
+    # prompts whose instructions a random model follows by chance half the time or so (no commas; lowercase)
+    with open(data / "ifeval.jsonl", "w") as f:
+        for i in range(24):
+            ids = ["punctuation:no_comma"] if i % 2 else ["change_case:english_lowercase"]
+            f.write(json.dumps({"key": 100 + i, "prompt": f"Tell me about {i}.", "instruction_id_list": ids, "kwargs": [{}]}) + "\n")
+    (data / "fw_ifeval.yaml").write_text(IFEVAL_TASK.format(data=data))
+    (data / "fw_ifeval_utils.py").write_text("from lm_eval.tasks.ifeval.utils import agg_inst_level_acc, process_results  # noqa: F401\n")
+    torch.manual_seed(2)
+    with torch.no_grad():
+        after = build_model(tok)
+        for p in after.parameters():
+            p.add_(p.std() * torch.randn_like(p))
+    after.save_pretrained(root / "after")
+    tok.save_pretrained(root / "after")
+    _lm_eval(root / "base", data, root / "out-base", tasks="fw_ifeval")
+    _lm_eval(root / "after", data, root / "out-after", tasks="fw_ifeval")
+
+    cmp = compare_samples(root / "out-base", root / "out-after")
+    assert cmp.before.metric == {"fw_ifeval": "prompt_level_strict_acc"}
+    before = {r["doc"]["key"]: r for r in _rows(root / "out-base", "fw_ifeval", "none")}
+    after_rows = {r["doc"]["key"]: r for r in _rows(root / "out-after", "fw_ifeval", "none")}
+    pre = np.array([int(before[k]["prompt_level_strict_acc"]) for k in sorted(before)])
+    post = np.array([int(after_rows[k]["prompt_level_strict_acc"]) for k in sorted(before)])
+    assert cmp.report["overall"].forgotten == int(((pre == 1) & (post == 0)).sum())
+    assert cmp.report["overall"].learned == int(((pre == 0) & (post == 1)).sum())
+    assert cmp.report["overall"].n == 24
+    gold = {s.gold for s in cmp.before.samples}
+    assert gold == {"punctuation:no_comma", "change_case:english_lowercase"}
+    assert main(["compare", str(root / "out-base"), str(root / "out-after")]) == 0
+    assert "prompt_level_strict_acc" in capsys.readouterr().out

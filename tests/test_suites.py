@@ -44,7 +44,7 @@ def full(name: str) -> ProbeSet:
 
 
 def test_list_suites():
-    assert list_suites() == sorted(EXPECTED)
+    assert list_suites() == sorted([*EXPECTED, "instructions", "over_refusal"])  # + the behaviour suites made here
     assert set(SUITES) == set(EXPECTED)
 
 
