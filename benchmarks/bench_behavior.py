@@ -89,8 +89,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2, help="sampled answers per prompt for the agreement check")
     ap.add_argument("--timed", type=int, default=24, help="instruction probes in the cost comparison")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parts", default="compliance,cost",
+                    help="compliance (parts 1 and 2: base compliance, agreement) and/or cost (part 3, timed: run it alone)")
     ap.add_argument("--out", default=str(_common.RESULTS_DIR / "behavior.json"))
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     logging.getLogger("absl").setLevel(logging.ERROR)
     _common.set_threads(args.threads)
     n_inst = 24 if args.quick else None
@@ -102,8 +105,20 @@ def main() -> None:
     instruct = load_suite("instructions", n=n_inst)
     refusal = load_suite("over_refusal")
     config = ScoringConfig()
-    result: dict = {"machine": _common.machine(), "model": "SmolLM2-135M-Instruct", "max_new_tokens": config.behavior_max_new_tokens}
+    result: dict = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    result.update({"model": "SmolLM2-135M-Instruct", "max_new_tokens": config.behavior_max_new_tokens})
+    if "compliance" in parts:
+        compliance(model, tok, instruct, refusal, config, samples, result)
+    if "cost" in parts:
+        result["machine_cost"] = _common.machine()
+        cost(model, tok, instruct, refusal, config, timed, result)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print("written", args.out)
 
+
+def compliance(model, tok, instruct, refusal, config, samples: int, result: dict) -> None:
+    result["machine_compliance"] = _common.machine()
     # 1. base compliance
     t0 = time.perf_counter()
     res = score_probes(model, tok, instruct + refusal, config)
@@ -150,6 +165,9 @@ def main() -> None:
     result["disagreements"] = disagreements
     print(json.dumps(result["agreement"], indent=1))
 
+
+
+def cost(model, tok, instruct, refusal, config, timed: int, result: dict) -> None:
     # 3. cost: batched vs one generate per probe (identical answers)
     probes = instruct.subsample(timed, seed=1) + refusal.subsample(max(timed // 3, 1), seed=1)
     t0 = time.perf_counter()
@@ -163,9 +181,6 @@ def main() -> None:
                       "batched_s_per_probe": t_batched / len(probes), "loop_s_per_probe": t_loop / len(probes),
                       "identical_answers": same, "generated_tokens": int(batched.n_tokens.sum())}
     print(json.dumps(result["cost"], indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print("written", args.out)
 
 
 if __name__ == "__main__":

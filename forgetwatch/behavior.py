@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -49,7 +49,8 @@ from .probes import Probe
 from .refusals import refusal_rule
 from .results import CORRECT, WRONG, ProbeResults
 
-__all__ = ["BehaviorStats", "compute_behavior", "judge_behavior", "behavior_scalars", "REFUSAL_WINDOW", "SCALARS"]
+__all__ = ["BehaviorStats", "compute_behavior", "format_behavior", "judge_behavior", "behavior_scalars", "REFUSAL_WINDOW",
+           "SCALARS"]
 
 _Z95 = 1.959963984540054
 # New tokens generated for a harmless request (`comply`): the refusal rule reads only the answer's opening, and
@@ -155,24 +156,26 @@ def behavior_scalars(row: dict[str, Any]) -> dict[str, float]:
 
 
 def compute_behavior(base: ProbeResults, now: ProbeResults, categories: Sequence[str] | None = None,
-                     kinds: Sequence[str] | None = None) -> dict[str, BehaviorStats]:
-    """Behaviour drift since base overall and per category, keyed like `compute_report`.
+                     kinds: Sequence[str] | None = None, groups: Mapping[str, np.ndarray] | None = None) -> dict[str, BehaviorStats]:
+    """Behaviour drift since base overall, per category and per extra group, keyed like `compute_report`.
 
     Args:
         base, now: results for the same probes in the same order.
         categories: each probe's category.
         kinds: each probe's kind (the over-refusal and instruction figures need it); without, those are NaN.
+        groups: further groups by name, each a boolean mask over the probes (`ProbeSet.kind_groups()`).
     """
     if base.ids != now.ids:
         raise ValueError("base and now must hold the same probes in the same order")
     n = len(base)
     kinds_a = np.asarray(kinds if kinds is not None else [""] * n, dtype=object)
-    groups = {"overall": np.ones(n, bool)}
+    masks = {"overall": np.ones(n, bool)}
     if categories is not None:
         cats = np.asarray(categories, dtype=object)
         for c in dict.fromkeys(categories):
-            groups[c] = cats == c
-    return {name: _stats(base, now, kinds_a, m) for name, m in groups.items()}
+            masks[c] = cats == c
+    masks.update({name: np.asarray(m, dtype=bool) for name, m in (groups or {}).items()})
+    return {name: _stats(base, now, kinds_a, m) for name, m in masks.items()}
 
 
 def _stats(base: ProbeResults, now: ProbeResults, kinds: np.ndarray, m: np.ndarray) -> BehaviorStats:
@@ -224,3 +227,37 @@ def _relative(now: float, base: float) -> float:
     if math.isnan(now) or math.isnan(base) or base == 0:
         return math.nan
     return now / base - 1
+
+
+def format_behavior(stats: dict[str, BehaviorStats]) -> str:
+    """A plain-text table of behaviour drift by group (`compute_behavior`'s output), for the CLI; groups without a
+    generated answer are left out. n/a: no such probe in the group.
+
+    Example:
+        >>> from forgetwatch.results import ProbeResults
+        >>> base, now = ProbeResults.empty(["a"]), ProbeResults.empty(["a"])
+        >>> base.n_tokens[:], base.stopped[:], now.n_tokens[:], now.stopped[:] = [20], [1], [40], [1]
+        >>> print(format_behavior(compute_behavior(base, now)).splitlines()[2])  # doctest: +NORMALIZE_WHITESPACE
+        overall  1  n/a  n/a  0.000 (0/1)  0.000  x2.00 [2.00, 2.00]  n/a  n/a
+    """
+    def rate(v: float) -> str:
+        return "n/a" if math.isnan(v) else f"{v:.3f}"
+
+    def share(v: float, k_of: int) -> str:
+        return "n/a" if math.isnan(v) else f"{v:.3f} ({round(v * k_of)}/{k_of})"
+
+    head = ("group", "generated", "instr. followed", "1→0 of followed", "new runaways", "runaway rate", "length ratio",
+            "refused harmless", "1→0 of answered")
+    rows = [head]
+    for name, s in stats.items():
+        if s.n_generated == 0 and s.n_answered_base == 0 and math.isnan(s.over_refusal_rate):
+            continue
+        lo, hi = s.length_log_ratio_ci
+        ratio = "n/a" if math.isnan(s.length_log_ratio) else f"x{math.exp(s.length_log_ratio):.2f} [{math.exp(lo):.2f}, {math.exp(hi):.2f}]"
+        rows.append((name, str(s.n_generated), rate(s.instruct_compliance), share(s.instruct_forgetting, s.n_followed_base),
+                     share(s.runaway, s.n_stopped_base), rate(s.runaway_rate), ratio, rate(s.over_refusal_rate),
+                     share(s.over_refusal, s.n_answered_base)))
+    widths = [max(len(r[j]) for r in rows) for j in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -181,7 +181,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                              "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
                              "scoring='inline'")
         self.scoring = scoring
-        self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.categories) if budget else None
+        self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.groups) if budget else None
         self.risk_rule = RiskRule(at_risk_margin, at_risk_drop)
         self._args = {
             "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,

@@ -299,13 +299,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     pre = base.results.select(probes.ids)
     report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes])
     flips = _flips(probes, pre, results)
+    behavior = None
+    if (pre.stopped >= 0).any():  # generated answers: how they behave since base (stopping, length, refusals)
+        from .behavior import compute_behavior
+
+        behavior = compute_behavior(pre, results, [p.category for p in probes], [p.kind for p in probes])
     if args.json:
-        print(json.dumps({"base": args.base, "base_model": base_model, "model": args.model, "n": len(probes),
-                          "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}, indent=1))
+        out = {"base": args.base, "base_model": base_model, "model": args.model, "n": len(probes),
+               "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}
+        if behavior is not None:
+            out["behavior"] = {k: v.to_dict() for k, v in behavior.items()}
+        print(json.dumps(out, indent=1))
         return 0
     print(f"base: {base_model.get('name_or_path') or '?'} ({base_model.get('architecture') or 'architecture unknown'}), "
           f"cache {args.base}\nnow:  {args.model}\n")
     print(format_report(report))
+    if behavior is not None:
+        from .behavior import format_behavior
+
+        print("\nbehaviour since base (generated answers, each against the same probe's answer at base):")
+        print(format_behavior(behavior))
     if flips and args.flips:
         print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
         for f in flips[: args.flips]:

@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -125,8 +125,9 @@ def at_risk_mask(base: ProbeResults, now: ProbeResults, rule: RiskRule = RiskRul
 
 
 def compute_drift(base: ProbeResults, now: ProbeResults, categories: Sequence[str] | None = None,
-                  rule: RiskRule = RiskRule()) -> dict[str, DriftStats]:
-    """Drift since base overall and per category, keyed like `compute_report` ("overall", then each category)."""
+                  rule: RiskRule = RiskRule(), groups: Mapping[str, np.ndarray] | None = None) -> dict[str, DriftStats]:
+    """Drift since base overall, per category and per extra group (boolean masks by name), keyed like
+    `compute_report`."""
     if base.ids != now.ids:
         raise ValueError("base and now must hold the same probes in the same order")
     dm = (now.margin.astype(np.float64) - base.margin.astype(np.float64))
@@ -135,12 +136,13 @@ def compute_drift(base: ProbeResults, now: ProbeResults, categories: Sequence[st
     short = np.isnan(base.margin) & np.isnan(now.margin)  # short answers (and generated mcq) carry no margin
     dg[~short] = np.nan
     risk, eligible = at_risk_mask(base, now, rule), _eligible(base, now)
-    groups = {"overall": np.ones(len(base), bool)}
+    masks = {"overall": np.ones(len(base), bool)}
     if categories is not None:
         cats = np.asarray(categories, dtype=object)
         for c in dict.fromkeys(categories):
-            groups[c] = cats == c
-    return {name: _stats(dm[m], kl[m], dg[m], int(risk[m].sum()), int(eligible[m].sum())) for name, m in groups.items()}
+            masks[c] = cats == c
+    masks.update({name: np.asarray(m, dtype=bool) for name, m in (groups or {}).items()})
+    return {name: _stats(dm[m], kl[m], dg[m], int(risk[m].sum()), int(eligible[m].sum())) for name, m in masks.items()}
 
 
 def _eligible(base: ProbeResults, now: ProbeResults) -> np.ndarray:

@@ -40,7 +40,7 @@ was first lost.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -155,7 +155,8 @@ def compute_metrics(pre: ArrayLike, post: ArrayLike, num_choices: ArrayLike) -> 
 
 
 def compute_report(
-    pre: ArrayLike, post: ArrayLike, num_choices: ArrayLike, categories: Sequence[str] | None = None
+    pre: ArrayLike, post: ArrayLike, num_choices: ArrayLike, categories: Sequence[str] | None = None,
+    groups: Mapping[str, ArrayLike] | None = None,
 ) -> dict[str, ForgettingMetrics]:
     """Forgetting metrics over all probes and per category.
 
@@ -167,9 +168,12 @@ def compute_report(
         post: outcome of each probe now, same order and length as `pre`.
         num_choices: number of options k of each probe (>= 2) for multiple choice, 0 for short answer.
         categories: optional category name of each probe. "overall" is reserved.
+        groups: optional further groups by name, each a boolean mask over the probes (e.g. `ProbeSet.kind_groups()`),
+            computed like "overall" over their probes (chance summed over their category and k cells); after the
+            categories.
 
     Returns:
-        `{"overall": ..., <category>: ...}` with the categories in sorted order after "overall".
+        `{"overall": ..., <category>: ..., <group>: ...}` with the categories in sorted order after "overall".
 
     Example:
         >>> report = compute_report([1, 1, 0, 1], [0, 1, 1, 1], [2, 2, 0, 0], ["math", "math", "trivia", "trivia"])
@@ -177,7 +181,12 @@ def compute_report(
         (['overall', 'math', 'trivia'], 1, 1, 4)
     """
     pre_a, post_a, k = _validate(pre, post, num_choices)
-    return _compute_report(pre_a, post_a, k, categories)
+    report = _compute_report(pre_a, post_a, k, categories)
+    for name, mask in (groups or {}).items():
+        m = np.asarray(mask, dtype=bool)
+        cats = None if categories is None else [c for c, keep in zip(categories, m, strict=True) if keep]
+        report[name] = _compute_report(pre_a[m], post_a[m], k[m], cats)[OVERALL]
+    return report
 
 
 def _compute_report(

@@ -67,6 +67,8 @@ class Monitor:
         self._k = np.array([p.num_choices for p in probes])
         self._categories = [p.category for p in probes]
         self._kinds = [p.kind for p in probes]
+        # knowledge and behaviour probes together: "overall" pools them; these two groups keep them apart
+        self._groups = probes.kind_groups()
 
     def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None) -> None:
         """Start (or continue) the record under `<output_dir>/forgetwatch/` against the base in `cache`.
@@ -102,18 +104,19 @@ class Monitor:
     def figures(self, results: ProbeResults) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
         """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base."""
         assert self.base is not None
-        report = compute_report(self.base.outcome, results.outcome, self._k, self._categories)
-        drift = compute_drift(self.base, results, self._categories, self.risk_rule)
+        report = compute_report(self.base.outcome, results.outcome, self._k, self._categories, self._groups)
+        drift = compute_drift(self.base, results, self._categories, self.risk_rule, self._groups)
         rows = {name: {**m.to_dict(), **drift[name].to_dict()} for name, m in report.items()}
         if (self.base.stopped >= 0).any():  # generated answers: how they behave (stopping, length, refusals)
-            behavior = compute_behavior(self.base, results, self._categories, self._kinds)
+            behavior = compute_behavior(self.base, results, self._categories, self._kinds, self._groups)
             for name, row in rows.items():
                 row.update(behavior[name].to_dict())
         if self.noise is not None:
             # flips with and without the probes whose base correctness depends on the precision
             keep = ~self.noise.mask
             clean = compute_report(self.base.outcome[keep], results.outcome[keep], self._k[keep],
-                                   [c for c, k in zip(self._categories, keep, strict=True) if k]) if self.noise.count else report
+                                   [c for c, k in zip(self._categories, keep, strict=True) if k],
+                                   {g: m[keep] for g, m in self._groups.items()}) if self.noise.count else report
             for name, row in rows.items():
                 row["forgetting_excl_noise"] = clean[name].forgetting if name in clean else float("nan")
                 row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
@@ -125,7 +128,7 @@ class Monitor:
         lucky guesses), raw where there is no chance term (short answers)."""
         out = {}
         for name, m in self.last_report.items():
-            if name != "overall":
+            if name != "overall" and name not in self._groups:
                 value = m.forgetting_adjusted
                 out[name] = m.forgetting if value is None or math.isnan(value) else value
         return out

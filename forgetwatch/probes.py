@@ -224,6 +224,8 @@ def _from_ifeval(record: Mapping[str, Any], where: str) -> dict[str, Any]:
                                f"are {', '.join(_IFEVAL_FIELDS)}")
     if "prompt" not in record:
         raise ProbeFormatError(f"{where}: field `prompt`: missing (an IFEval line needs `prompt` and `instruction_id_list`)")
+    if not isinstance(record["prompt"], str) or not record["prompt"].strip():
+        raise ProbeFormatError(f"{where}: field `prompt`: must be a non-empty string, got {record['prompt']!r}")
     pid = record.get("id", record.get("key"))
     if pid is None:
         raise ProbeFormatError(f"{where}: field `key`: missing (an IFEval line needs a `key`, or give an `id`)")
@@ -299,6 +301,28 @@ class ProbeSet:
     @property
     def categories(self) -> tuple[str, ...]:
         return tuple(sorted({p.category for p in self.probes}))
+
+    def kind_groups(self) -> dict[str, np.ndarray]:
+        """Two summary groups, `all_knowledge` and `all_behavior` (a mask of the probes in each), when the set mixes
+        knowledge probes (`mcq`, `short`) with behaviour probes (`instruct`, `comply`); otherwise none. "overall" then
+        pools both kinds; these keep a fact forgotten apart from an instruction no longer followed. A category of the
+        same name takes precedence (the group is left out).
+
+        Example:
+            >>> ps = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1), Probe("b", "comply", "How do I kill a process?")])
+            >>> {k: v.tolist() for k, v in ps.kind_groups().items()}
+            {'all_knowledge': [True, False], 'all_behavior': [False, True]}
+        """
+        behavior = np.array([p.is_behavior for p in self.probes])
+        if behavior.all() or not behavior.any():
+            return {}
+        groups = {"all_knowledge": ~behavior, "all_behavior": behavior}
+        return {k: v for k, v in groups.items() if k not in self.categories}
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The names a figure can be asked for by (budgets): the categories, then the kind groups (`kind_groups`)."""
+        return (*self.categories, *self.kind_groups())
 
     def index_of(self, pid: str) -> int:
         return self._index[pid]

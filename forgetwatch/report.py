@@ -89,7 +89,10 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     out = Path(out_dir) if out_dir is not None else record.root / "report"
     out.mkdir(parents=True, exist_ok=True)
 
-    categories = [c for c in rows[-1]["metrics"] if c != OVERALL]
+    names = [c for c in rows[-1]["metrics"] if c != OVERALL]
+    # knowledge and behaviour probes together: their two summary groups come first, then the categories
+    groups = [c for c in names if c in probes.kind_groups()]
+    categories = groups + [c for c in names if c not in groups]
     # in the page's order: the headline, what training did beside it, every probe, then the breakdowns
     figures = {"overall": _plot_overall(figure_cls, rows, len(probes))}
     train_log, train_source = _trainer_log(record, [r["step"] for r in rows])

@@ -76,7 +76,7 @@ class Watcher:
         ref = cache.reference.select(self.probes.ids) if cache.reference is not None else None
         cache = BaseCache(cache.key, cache.results.select(self.probes.ids), ref)
         opts = self.manifest["callback"]
-        budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.categories)
+        budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
                   if opts.get("budget") else None)
         self.eval_steps = int(opts["eval_steps"])
         self.config = ScoringConfig(**{**self.manifest["scoring_config"], **({"batch_size": batch_size} if batch_size else {})})

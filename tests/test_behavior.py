@@ -77,7 +77,7 @@ def test_the_hf_export_with_nulls_for_unused_arguments_loads(tmp_path):
     ({"instruction_id_list": ["length_constraints:number_sentences"], "kwargs": [{"num_sentences": 3, "relation": "less than"}]},
      "instructions", "cannot be checked offline"),
     ({"instruction_id_list": [], "kwargs": []}, "instructions", "non-empty list"),
-    ({"prompt": "  ", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}, "question", "non-empty"),
+    ({"prompt": "  ", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}, "prompt", "non-empty"),
 ])
 def test_bad_ifeval_lines_name_the_file_line_and_field(tmp_path, row, field, says):
     good = IFEVAL_LINES[1]
@@ -328,7 +328,8 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         clear_wandb_env(mp, tmp_path / "wandb")
         finish_offline_run()
-        cb = ForgetWatchCallback(probes, eval_steps=3, behavior_max_new_tokens=10)
+        cb = ForgetWatchCallback(probes, eval_steps=3, behavior_max_new_tokens=10,
+                                 budget={"all_behavior/forgetting": 1.0, "all_knowledge/forgetting": 1.0})
         trainer = sft_trainer(tokenizer, tmp_path / "out", [cb], report_to="wandb")
         try:
             trainer.train()
@@ -347,6 +348,18 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     want = compute_behavior(base, now, [p.category for p in probes], [p.kind for p in probes])["overall"].to_dict()
     assert {k: overall[k] for k in want} == pytest.approx(want, nan_ok=True)
     assert set(np.unique(base.stopped[[probes.index_of(p.id) for p in probes if p.is_behavior]])) <= {0, 1}
+    # knowledge and behaviour apart: each summary group is its own probes' report, "overall" pools both
+    from forgetwatch.metrics import compute_report
+
+    for group, want_kind in (("all_knowledge", False), ("all_behavior", True)):
+        m = np.array([p.is_behavior == want_kind for p in probes])
+        sub = compute_report(base.outcome[m], now.outcome[m], [p.num_choices for p in probes if m[probes.index_of(p.id)]],
+                             [p.category for p in probes if m[probes.index_of(p.id)]])["overall"]
+        assert rows[6][group]["n"] == int(m.sum()) and rows[6][group]["forgotten"] == sub.forgotten
+        assert rows[6][group]["forgetting"] == pytest.approx(sub.forgetting)
+    assert rows[6]["all_knowledge"]["n"] + rows[6]["all_behavior"]["n"] == overall["n"]
+    assert math.isnan(rows[6]["all_knowledge"]["instruct_compliance"])
+    assert rows[6]["all_behavior"]["instruct_compliance"] == pytest.approx(overall["instruct_compliance"])
 
     history = [r for r in read_history(find_run_file(tmp_path / "wandb")) if "forgetwatch/forgetting" in r]
     assert [r["train/global_step"] for r in history] == [0, 3, 6]
@@ -355,6 +368,8 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
         assert r["forgetwatch/instruct_compliance"] == pytest.approx(o["instruct_compliance"])
         assert r["forgetwatch/runaway_rate"] == pytest.approx(o["runaway_rate"])
         assert r["forgetwatch_instruct_compliance/change_case"] == pytest.approx(rows[r["train/global_step"]]["change_case"]["instruct_compliance"])
+        assert r["forgetwatch_forgetting/all_behavior"] == pytest.approx(rows[r["train/global_step"]]["all_behavior"]["forgetting"])
+        assert r["forgetwatch_forgetting/all_knowledge"] == pytest.approx(rows[r["train/global_step"]]["all_knowledge"]["forgetting"])
 
     flips = [f for f in record.read_flips() if probes[f["id"]].is_behavior]
     assert flips  # the learning rate is high enough to change answers
@@ -370,3 +385,85 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     section = html.split('id="behavior"')[1].split("</table>")[0]
     assert section.count("<tr>") == 1 + 3  # header, steps 0, 3, 6
     assert f'<td class="num">{overall["instruct_compliance"]:.3f}</td>' in section
+
+
+def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokenizer, tmp_path):
+    """Sidecar mode: the training process generates nothing; the watcher generates the behaviour answers from the
+    checkpoints, and its record equals the in-loop record probe by probe (lengths, stops and verdicts too)."""
+    pytest.importorskip("trl")
+    from test_callback import sft_trainer
+
+    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.cli import main as cli
+    from forgetwatch.record import RunRecord
+
+    probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
+    probes = probes + behavior_probes()
+    options = {"eval_steps": 3, "behavior_max_new_tokens": 10}
+    sft_trainer(tokenizer, tmp_path / "inline", [ForgetWatchCallback(probes, **options)]).train()
+    base_cache = str(tmp_path / "inline" / "forgetwatch" / "base.parquet")
+    sft_trainer(tokenizer, tmp_path / "side", [ForgetWatchCallback(probes, scoring="sidecar", base_cache=base_cache, **options)]).train()
+    assert RunRecord(tmp_path / "side" / "forgetwatch").eval_steps() == []  # the training process scored nothing
+    assert cli(["watch", str(tmp_path / "side"), "--once", "--device", "cpu"]) == 0
+
+    inline, side = RunRecord(tmp_path / "inline" / "forgetwatch"), RunRecord(tmp_path / "side" / "forgetwatch")
+    assert side.eval_steps() == inline.eval_steps() == [0, 3, 6]
+    for step in (3, 6):
+        a, b = inline.read_eval(step), side.read_eval(step)
+        for key in ("outcome", "n_tokens", "stopped", "detail"):
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"step {step}: {key}")
+        assert (b["stopped"][len(probes) - len(behavior_probes()):] >= 0).all()  # every behaviour probe was generated
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(side.read_metrics()) == strip(inline.read_metrics())
+    assert "runaway_rate" in side.read_metrics()[-1]["metrics"]["overall"]
+    assert side.read_flips() == inline.read_flips()
+
+
+def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, tokenizer):
+    """`forgetwatch cache` then `compare --model`: behaviour figures in --json and in the table, computed from the two
+    caches' answers (lengths, stops, verdicts)."""
+    from test_callback import build_model
+    from test_cli import run, tiny_probes
+
+    from forgetwatch.cache import BaseCache
+
+    root = tmp_path
+    model = build_model(tokenizer)
+    model.save_pretrained(root / "tiny")
+    tokenizer.save_pretrained(root / "tiny")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std())
+    model.save_pretrained(root / "noisy")
+    tokenizer.save_pretrained(root / "noisy")
+    probes = tiny_probes(n_mcq=4) + behavior_probes()
+    probes.to_jsonl(root / "probes.jsonl")
+    args = ("--probes", root / "probes.jsonl", "--behavior-max-new-tokens", "12")
+    assert run(capsys, "cache", "--model", root / "tiny", *args, "-o", root / "base.parquet")[0] == 0
+    code, out, _ = run(capsys, "compare", "--model", root / "noisy", "--probes", root / "probes.jsonl", "--base",
+                       root / "base.parquet", "--json", "-o", root / "now.parquet")
+    assert code == 0
+    got = json.loads(out)["behavior"]
+    base, now = BaseCache.load(root / "base.parquet").results, BaseCache.load(root / "now.parquet").results
+    want = compute_behavior(base, now, [p.category for p in probes], [p.kind for p in probes])
+    assert set(got) == set(want) and got["overall"] == pytest.approx(want["overall"].to_dict(), nan_ok=True)
+    # stopping and length count instruction answers (harmless requests are cut at the refusal window; short answers are
+    # scored by greedy match, nothing generated)
+    assert got["overall"]["n_generated"] == sum(p.kind == "instruct" for p in probes)
+    code, out, _ = run(capsys, "compare", "--model", root / "noisy", "--probes", root / "probes.jsonl", "--base", root / "base.parquet")
+    table = out.split("behaviour since base")[1].splitlines()
+    row = next(line for line in table if line.startswith("overall")).split()
+    assert row[1] == str(want["overall"].n_generated) and row[2] == f"{want['overall'].instruct_compliance:.3f}"
+    assert any(line.startswith("over_refusal") for line in table)
+
+
+def test_kind_groups_only_when_knowledge_and_behavior_mix():
+    know = ProbeSet([Probe("a", "mcq", "1 + 1 = ?", ("1", "2"), 1, category="all_knowledge")])
+    assert know.kind_groups() == {} and behavior_probes().kind_groups() == {}
+    mixed = know + behavior_probes()
+    # a category of that name wins: only the behaviour group is added
+    assert list(mixed.kind_groups()) == ["all_behavior"] and mixed.groups[-1] == "all_behavior"
+    assert mixed.kind_groups()["all_behavior"].sum() == len(behavior_probes())
+    with pytest.raises(ValueError, match="no category 'all_behavior'"):
+        Budget({"all_behavior/forgetting": 0.1}, categories=behavior_probes().groups)

