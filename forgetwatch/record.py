@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -167,15 +168,27 @@ class RunRecord:
         return _read_jsonl(self.root / "flips.jsonl")
 
     def format_curves(self) -> str:
-        """One line per evaluation: step, forgetting, backward transfer (raw and adjusted), accuracy."""
+        """One line per evaluation: step, forgetting, backward transfer (raw and adjusted), accuracy; of the knowledge
+        probes alone when behaviour probes are mixed in, and then a second line with the behaviour figures."""
         lines = []
         for row in self.read_metrics():
-            m = row["metrics"]["overall"]
+            groups = row["metrics"]
+            m = groups.get("all_knowledge", groups["overall"])
             lines.append(
                 f"step {row['step']:>5}: forgetting {m['forgetting']:.3f} (adj {m['forgetting_adjusted']:.3f})  "
                 f"backward transfer {m['backward_transfer']:.3f} (adj {m['backward_transfer_adjusted']:.3f})  "
-                f"accuracy {m['accuracy_post']:.3f}"
+                f"accuracy {m['accuracy_post']:.3f}" + ("  (knowledge probes)" if "all_knowledge" in groups else "")
             )
+            b = groups.get("all_behavior", groups["overall"])
+            if "runaway_rate" in b:
+                figures = [(name, b.get(key)) for name, key in (
+                    ("instructions followed", "instruct_compliance"), ("runaway", "runaway_rate"),
+                    ("refused harmless", "over_refusal_rate"))]
+                text = [f"{name} {v:.3f}" for name, v in figures if v is not None and not math.isnan(v)]
+                ratio = b.get("length_log_ratio")
+                if ratio is not None and not math.isnan(ratio):
+                    text.insert(2, f"length x{math.exp(ratio):.2f}")
+                lines.append(" " * 12 + "behaviour: " + ", ".join(text))
         return "\n".join(lines)
 
     def outcome_matrix(self) -> tuple[list[int], np.ndarray]:

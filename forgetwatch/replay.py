@@ -202,7 +202,8 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
                              f"replayed example must train like the others (columns {', '.join(columns)})")
         by_category.setdefault(str(row["category"]), []).append({c: row[c] for c in columns})
     if monitor is not None:
-        wanted = monitor.probes.categories
+        # behaviour probes have no gold answer to replay: their categories are monitored, not replayed
+        wanted = sorted({p.category for p in monitor.probes if not p.is_behavior})
         check_pool([r.get("id") for _, r in rows if r.get("id") is not None], monitor.probes.ids,
                    {c: len(v) for c, v in by_category.items()}, wanted)
         unsteered = sorted(set(by_category) - set(wanted))

@@ -360,6 +360,11 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     assert rows[6]["all_knowledge"]["n"] + rows[6]["all_behavior"]["n"] == overall["n"]
     assert math.isnan(rows[6]["all_knowledge"]["instruct_compliance"])
     assert rows[6]["all_behavior"]["instruct_compliance"] == pytest.approx(overall["instruct_compliance"])
+    # what the recipes print at the end: the knowledge probes' curve, then a behaviour line per evaluation
+    curves = record.format_curves().splitlines()
+    assert len(curves) == 6 and curves[4].startswith("step     6: forgetting") and curves[4].endswith("(knowledge probes)")
+    assert f"forgetting {rows[6]['all_knowledge']['forgetting']:.3f}" in curves[4]
+    assert curves[5].split("behaviour: ")[1].startswith(f"instructions followed {overall['instruct_compliance']:.3f}, runaway ")
 
     history = [r for r in read_history(find_run_file(tmp_path / "wandb")) if "forgetwatch/forgetting" in r]
     assert [r["train/global_step"] for r in history] == [0, 3, 6]

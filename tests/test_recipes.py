@@ -185,7 +185,12 @@ def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[s
 def _check_record(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
     rows = [json.loads(line) for line in (output_dir / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[0]["metrics"]["overall"]["n"] == 15  # 5 suites x 3 probes
+    # the demos' 5 knowledge suites x 3 probes (per_suite); the SFT demo's behaviour probes: instructions:18, over_refusal:8
+    m = rows[0]["metrics"]
+    if "recipes/sft.py" in proc.args:
+        assert m["all_knowledge"]["n"] == 15 and m["all_behavior"]["n"] == 26 and m["overall"]["n"] == 41
+    else:
+        assert m["overall"]["n"] == 15 and "all_knowledge" not in m
     assert (output_dir / "config.json").is_file()  # the trained model was saved
     assert f"forgetwatch record: {output_dir / 'forgetwatch'}" in proc.stdout
 
