@@ -101,7 +101,9 @@ def summarise_run(out: Path) -> dict:
         steps[step] = {
             "knowledge_F": kr.forgetting, "knowledge_F_adj": kr.forgetting_adjusted, "knowledge_BT": kr.backward_transfer,
             "knowledge_acc": kr.accuracy_post,
+            "knowledge_mcnemar_p": kr.mcnemar_p,
             "instruct_F": ir["overall"].forgetting, "instruct_BT": ir["overall"].backward_transfer,
+            "instruct_mcnemar_p": ir["overall"].mcnemar_p,
             "instruct_compliance": beh["instruct_compliance"], "instruct_forgetting": beh["instruct_forgetting"],
             "runaway_rate": beh["runaway_rate"], "runaway": beh["runaway"], "length_ratio": float(np.exp(beh["length_log_ratio"])),
             "over_refusal_rate": beh["over_refusal_rate"], "over_refusal": beh["over_refusal"],
@@ -134,6 +136,37 @@ def summarise() -> dict:
                         "max_new_tokens": MAX_NEW_TOKENS, "seeds": SEEDS, "configs": STAGES}, "summary": summary, "runs": runs}
 
 
+def plot(result: dict) -> None:
+    """Knowledge and behaviour over steps, per stage: seeds' mean (line) and each run (dots)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("knowledge_F", "knowledge: F (1→0)"), ("instruct_forgetting", "instructions: 1→0 of followed"),
+              ("runaway_rate", "runaway rate"), ("length_ratio", "length now / base (median)"),
+              ("over_refusal_rate", "harmless requests refused"))
+    stages = list(result["summary"])
+    fig, axes = plt.subplots(len(stages), len(panels), figsize=(3.2 * len(panels), 2.8 * len(stages)), squeeze=False)
+    for r, stage in enumerate(stages):
+        s = result["summary"][stage]
+        x = s["steps"]
+        for c, (key, title) in enumerate(panels):
+            ax = axes[r][c]
+            by_step = s["figures"][key]
+            ax.plot(x, [by_step[str(t)]["mean"] for t in x], "o-", color="#cc6633" if c else "#336699", lw=2)
+            for t in x:
+                ax.plot([t] * len(by_step[str(t)]["runs"]), by_step[str(t)]["runs"], "k.", ms=4)
+            ax.set_title(f"{stage.upper()}: {title}", fontsize=9)
+            ax.set_xticks(x)
+            if key == "length_ratio":
+                ax.axhline(1, color="k", ls=":", lw=1)
+        axes[r][0].set_ylabel(f"{s['seeds']} seeds")
+    fig.suptitle("SmolLM2-135M-Instruct demos: knowledge and behaviour since base (line: mean over seeds; dots: runs)")
+    fig.tight_layout()
+    fig.savefig(REPO / "benchmarks" / "results" / "behavior_drift.png", dpi=100)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prepare", action="store_true")
@@ -152,6 +185,7 @@ def main() -> None:
     result = summarise()
     path = REPO / "benchmarks" / "results" / "behavior_drift.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result)
     for stage, s in result["summary"].items():
         print(f"{stage} ({s['seeds']} seeds)")
         for f, by_step in s["figures"].items():

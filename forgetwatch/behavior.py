@@ -11,8 +11,10 @@ as the refusal rule reads (`REFUSAL_WINDOW` tokens) and are left out of them.
 
 - `runaway`: of the answers that ended at base, the share that now run to `max_new_tokens` without ending (a 1→0 of
   stopping), with a 95% Wilson interval; `runaway_rate` / `runaway_rate_base`: the share of all answers that run away.
-- `length_log_ratio`: the median over probes of log(tokens now / tokens at base), with a 95% interval for the median
-  (order statistics); 0 is no change, +0.69 twice as long, -0.69 half as long. Verbosity drifts both ways.
+- `length_log_ratio`: the median over probes of log((tokens now + 1) / (tokens at base + 1)) (the +1 keeps an answer
+  that collapses to nothing in), with a distribution-free interval of at least 95% for the median (binomial order
+  statistics; none below 6 answers); 0 is no change, +0.69 twice as long, -0.69 half as long. Verbosity drifts both
+  ways.
 - `over_refusal`: of the harmless requests (`comply` probes) answered at base, the share refused now (Wilson
   interval); `over_refusal_rate` / `_base`: the share refused.
 - `instruct_forgetting`: of the instruction probes followed at base (strict), the share not followed now;
@@ -31,7 +33,7 @@ Example:
     >>> now.n_tokens[:], now.stopped[:] = [40, 256], [1, 0]
     >>> stats = compute_behavior(base, now, ["instruct", "instruct"])["overall"]
     >>> stats.runaway, round(stats.length_log_ratio, 2)
-    (0.5, 1.27)
+    (0.5, 1.25)
 """
 
 from __future__ import annotations
@@ -52,10 +54,23 @@ from .results import CORRECT, WRONG, ProbeResults
 __all__ = ["BehaviorStats", "compute_behavior", "format_behavior", "judge_behavior", "behavior_scalars", "REFUSAL_WINDOW",
            "SCALARS"]
 
-_Z95 = 1.959963984540054
 # New tokens generated for a harmless request (`comply`): the refusal rule reads only the answer's opening, and
 # a helpful answer runs long, so its length and stopping say nothing and are left out of those figures.
 REFUSAL_WINDOW = 48
+# Bumped whenever the verdicts on the same answer could change (the refusal rule, the window, how instructions are
+# checked): part of the cache key, with the checker package's version, so a base cache judged by other rules is refused.
+BEHAVIOR_RULES_VERSION = 1
+
+
+def behavior_rules_key() -> dict[str, Any]:
+    """What judging a behaviour answer depends on besides the answer: rules version, window, checker version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        checker = version("if-verifiable")
+    except PackageNotFoundError:
+        checker = None
+    return {"rules": BEHAVIOR_RULES_VERSION, "refusal_window": REFUSAL_WINDOW, "if_verifiable": checker}
 
 
 def judge_behavior(probe: Probe, answer: str) -> tuple[int, str]:
@@ -182,8 +197,9 @@ def _stats(base: ProbeResults, now: ProbeResults, kinds: np.ndarray, m: np.ndarr
     gen = m & (base.stopped >= 0) & (now.stopped >= 0) & (kinds != "comply")
     stopped_base, stopped_now = base.stopped[gen] == 1, now.stopped[gen] == 1
     runaway, runaway_ci = _share(int((stopped_base & ~stopped_now).sum()), int(stopped_base.sum()))
-    both = gen & (base.n_tokens > 0) & (now.n_tokens > 0)
-    ratios = np.log(now.n_tokens[both].astype(np.float64) / base.n_tokens[both].astype(np.float64))
+    both = gen & (base.n_tokens >= 0) & (now.n_tokens >= 0)
+    # +1 token on both sides: an answer that collapses to nothing is a length change too (log(1/31) for 30 -> 0)
+    ratios = np.log((now.n_tokens[both] + 1.0) / (base.n_tokens[both] + 1.0))
     med, med_ci = _median_ci(ratios)
     comply = m & (kinds == "comply")
     answered_base, answered_now = base.outcome[comply] == CORRECT, now.outcome[comply] == CORRECT
@@ -213,14 +229,36 @@ def _mean(x: np.ndarray) -> float:
 
 
 def _median_ci(x: np.ndarray) -> tuple[float, tuple[float, float]]:
-    """The median and a distribution-free 95% interval for it: the order statistics at n/2 ∓ 1.96·√n/2."""
+    """The median and a distribution-free (binomial) interval of at least 95% for it: the order statistics x(j) and
+    x(n+1-j), with j the largest rank such that P(Binomial(n, 1/2) < j) <= 0.025. Below 6 values no such interval
+    exists (even [min, max] covers less than 95%): NaN, so a budget on it never fires on one or two probes.
+
+    Example:
+        >>> _median_ci(np.arange(10.0))  # ranks 2 and 9 (1-based): coverage 97.9%
+        (4.5, (1.0, 8.0))
+        >>> _median_ci(np.arange(5.0))[1]
+        (nan, nan)
+    """
     if len(x) == 0:
         return math.nan, (math.nan, math.nan)
     s = np.sort(x)
     n = len(s)
-    half = _Z95 * math.sqrt(n) / 2
-    lo, hi = max(int(math.floor(n / 2 - half)), 0), min(int(math.ceil(n / 2 + half)), n - 1)
-    return float(np.median(s)), (float(s[lo]), float(s[hi]))
+    j = _median_rank(n)
+    if j == 0:
+        return float(np.median(s)), (math.nan, math.nan)
+    return float(np.median(s)), (float(s[j - 1]), float(s[n - j]))
+
+
+def _median_rank(n: int) -> int:
+    """The largest 1-based rank j with P(B < j) <= 0.025 for B ~ Binomial(n, 1/2); 0 when even j = 1 is too wide."""
+    below, j, pmf = 0.0, 0, 0.5 ** n  # below = P(B < j + 1) as j grows
+    for k in range(n // 2 + 1):
+        if below + pmf > 0.025:
+            break
+        below += pmf
+        j = k + 1
+        pmf = pmf * (n - k) / (k + 1)
+    return j
 
 
 def _relative(now: float, base: float) -> float:
@@ -238,7 +276,7 @@ def format_behavior(stats: dict[str, BehaviorStats]) -> str:
         >>> base, now = ProbeResults.empty(["a"]), ProbeResults.empty(["a"])
         >>> base.n_tokens[:], base.stopped[:], now.n_tokens[:], now.stopped[:] = [20], [1], [40], [1]
         >>> print(format_behavior(compute_behavior(base, now)).splitlines()[2])  # doctest: +NORMALIZE_WHITESPACE
-        overall  1  n/a  n/a  0.000 (0/1)  0.000  x2.00 [2.00, 2.00]  n/a  n/a
+        overall  1  n/a  n/a  0.000 (0/1)  0.000  x1.95  n/a  n/a
     """
     def rate(v: float) -> str:
         return "n/a" if math.isnan(v) else f"{v:.3f}"
@@ -253,7 +291,9 @@ def format_behavior(stats: dict[str, BehaviorStats]) -> str:
         if s.n_generated == 0 and s.n_answered_base == 0 and math.isnan(s.over_refusal_rate):
             continue
         lo, hi = s.length_log_ratio_ci
-        ratio = "n/a" if math.isnan(s.length_log_ratio) else f"x{math.exp(s.length_log_ratio):.2f} [{math.exp(lo):.2f}, {math.exp(hi):.2f}]"
+        ratio = "n/a" if math.isnan(s.length_log_ratio) else f"x{math.exp(s.length_log_ratio):.2f}"
+        if not math.isnan(lo):  # no interval below 6 answers
+            ratio += f" [{math.exp(lo):.2f}, {math.exp(hi):.2f}]"
         rows.append((name, str(s.n_generated), rate(s.instruct_compliance), share(s.instruct_forgetting, s.n_followed_base),
                      share(s.runaway, s.n_stopped_base), rate(s.runaway_rate), ratio, rate(s.over_refusal_rate),
                      share(s.over_refusal, s.n_answered_base)))

@@ -40,8 +40,10 @@ def make_cache_key(model: dict[str, Any], probes: Any, scoring: dict[str, Any]) 
         scoring: `ScoringConfig.key(tokenizer, precision)`.
     """
     if not any(p.is_behavior for p in probes):
-        # generation settings of behaviour probes change nothing else: caches of knowledge probes keep their key
-        scoring = {k: v for k, v in scoring.items() if k != "behavior_max_new_tokens"}
+        # how behaviour probes are generated and judged changes nothing else: caches of knowledge probes keep their key
+        scoring = {k: v for k, v in scoring.items() if k not in ("behavior_max_new_tokens", "behavior_rules")}
+        if isinstance(scoring.get("chat"), dict):
+            scoring["chat"] = {k: v for k, v in scoring["chat"].items() if k != "behavior"}
     return {
         "format": CACHE_FORMAT,
         "model": model,

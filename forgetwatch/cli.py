@@ -297,13 +297,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         BaseCache(make_cache_key(model_identity(model), probes, scoring_key), results).save(args.output)
 
     pre = base.results.select(probes.ids)
-    report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes])
+    report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes],
+                            probes.kind_groups())
     flips = _flips(probes, pre, results)
     behavior = None
     if (pre.stopped >= 0).any():  # generated answers: how they behave since base (stopping, length, refusals)
         from .behavior import compute_behavior
 
-        behavior = compute_behavior(pre, results, [p.category for p in probes], [p.kind for p in probes])
+        behavior = compute_behavior(pre, results, [p.category for p in probes], [p.kind for p in probes], probes.kind_groups())
     if args.json:
         out = {"base": args.base, "base_model": base_model, "model": args.model, "n": len(probes),
                "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}

@@ -6,7 +6,7 @@ of IFEval's registry, worded by the registry's own checker (`build_description`)
 ranges by a fixed seed. Ranges are chosen so that a compliant answer fits the behaviour probes' default 256 new
 tokens (at most 80 words, 4 bullets, 3 sections). The same version always gives the same prompts; a change to the
 recipe below bumps `INSTRUCTION_SUITE_VERSION`, which is part of every id, so a base cache of the old prompts is
-refused rather than mixed up. `forgetwatch probes build --suites instructions -o FILE` writes the prompts and their
+refused rather than mixed up. `forgetwatch probes build instructions -o FILE` writes the prompts and their
 arguments out to read; `probes/instructions-v1.jsonl` in the repository is that file.
 
 Example:

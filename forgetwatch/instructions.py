@@ -39,6 +39,23 @@ UNAVAILABLE = {
 }
 
 
+# The type each IFEval argument takes (IFEval's checkers do not check them: `end_phrase: 5` would make every check
+# raise, `keywords: "cat"` would be read letter by letter); the others are strings.
+_LIST_ARGS = frozenset({"keywords", "forbidden_words"})
+_INT_ARGS = frozenset({"capital_frequency", "frequency", "let_frequency", "nth_paragraph", "num_bullets", "num_highlights",
+                       "num_paragraphs", "num_placeholders", "num_sections", "num_sentences", "num_words"})
+
+
+def _type_problem(key: str, value: Any) -> str | None:
+    if key in _LIST_ARGS:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return None if ok else f"{key!r} must be a list of strings, got {value!r}"
+    if key in _INT_ARGS:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"{key!r} must be a whole number, got {value!r}"
+    return None if isinstance(value, str) else f"{key!r} must be a string, got {value!r}"
+
+
 class _Missing(ImportError):
     pass
 
@@ -114,6 +131,10 @@ def validate_instructions(ids: Any, kwargs: Any, where: str) -> tuple[tuple[str,
         if unknown:
             raise fail("kwargs", f"item {n} (for {i!r}): unknown argument {unknown[0]!r}; {i!r} takes "
                                  f"{', '.join(keys) or 'no arguments'}")
+        for k, v in kw.items():
+            problem = _type_problem(k, v)
+            if problem:
+                raise fail("kwargs", f"item {n} (for {i!r}): {problem}")
         missing = [k for k in keys if k not in kw]
         if missing:
             raise fail("kwargs", f"item {n} (for {i!r}): missing {', '.join(map(repr, missing))} (without it IFEval's "

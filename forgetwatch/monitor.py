@@ -141,7 +141,11 @@ class Monitor:
         Returns the budget limits newly exceeded at this evaluation."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
-        report, drift, rows = self.figures(results)
+        try:
+            report, drift, rows = self.figures(results)
+        except Exception:  # a figure that cannot be computed must not end a training run
+            logger.exception("forgetwatch: could not compute the figures at step %d; training goes on", step)
+            return []
         self.last, self.last_report, self.last_drift, self.last_rows = results, report, drift, rows
         self.evaluated_steps.append(step)
         if step > 0:

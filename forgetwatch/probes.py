@@ -128,7 +128,8 @@ class Probe:
 
         if not isinstance(record, Mapping):
             raise ProbeFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        if "kind" not in record and "instruction_id_list" in record:
+        ifeval = "kind" not in record and "instruction_id_list" in record
+        if ifeval:
             record = _from_ifeval(record, where)
         unknown = set(record) - set(_FIELDS)
         if unknown:
@@ -168,7 +169,9 @@ class Probe:
             try:
                 ids, kwargs = validate_instructions(record.get("instructions"), record.get("kwargs"), where)
             except InstructionFormatError as e:
-                raise ProbeFormatError(str(e)) from None
+                # an IFEval line names its instructions `instruction_id_list`: say the field the user wrote
+                msg = str(e).replace("field `instructions`", "field `instruction_id_list`") if ifeval else str(e)
+                raise ProbeFormatError(msg) from None
             category = record.get("category", ids[0].split(":")[0])
             return cls(pid, kind, question, category=category, source=source, instructions=ids, kwargs=kwargs)
 

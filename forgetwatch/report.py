@@ -596,6 +596,8 @@ def _behavior_section(rows: list[dict[str, Any]]) -> str:
         v, lo, hi = m.get("length_log_ratio"), m.get("length_log_ratio_ci_low"), m.get("length_log_ratio_ci_high")
         if v is None or math.isnan(v):
             return "n/a"
+        if lo is None or math.isnan(lo):  # no interval below 6 answers
+            return f"×{math.exp(v):.2f}"
         return f"×{math.exp(v):.2f} [{math.exp(lo):.2f}, {math.exp(hi):.2f}]"
 
     body = []

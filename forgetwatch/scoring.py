@@ -57,8 +57,8 @@ SHORT_MATCHES = answers.MATCH_MODES
 # generated are a mode of their own: their prompt (and chat template) is not the multiple-choice one.
 _MODE_ORDER = (*MCQ_MODES, "generate_short", "greedy_match", "behavior")
 # Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
-# measured, so they get room: SmolLM2-135M-Instruct ends 9 in 10 of the built-in suite's answers within it
-# (benchmarks/RESULTS.md).
+# measured, so they get room: SmolLM2-135M-Instruct ends 4 in 5 of the built-in suite's answers within it (84 of 105;
+# benchmarks/RESULTS.md §11).
 BEHAVIOR_MAX_NEW_TOKENS = 256
 _OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 
@@ -157,7 +157,13 @@ class ScoringConfig:
             d["chat"] = {
                 "mcq": self.uses_chat(tokenizer, self.mcq_mode == "generate"),
                 "short": self.uses_chat(tokenizer, self.cot),
+                "behavior": self.uses_chat(tokenizer, True),
             }
+        # behaviour verdicts are cached: the rules that judged them are part of the key (left out by
+        # `make_cache_key` when no behaviour probe is scored)
+        from .behavior import behavior_rules_key
+
+        d["behavior_rules"] = behavior_rules_key()
         if precision is not None:
             d["precision"] = precision
         return d
@@ -762,7 +768,7 @@ def _stop_strings(chat: bool, cot: bool) -> list[str]:
 @dataclass
 class _Answer:
     text: str
-    n_tokens: int  # to the end of turn (or the stop string), not counting it
+    n_tokens: int  # up to the end of turn, not counting it (a stop string that cut the answer is counted)
     stopped: bool  # False: it ran to max_new_tokens
 
 
@@ -845,7 +851,9 @@ def _score_behavior(model, tokenizer, probes: list[Probe], config: ScoringConfig
     for kind, budget in (("instruct", config.behavior_max_new_tokens), ("comply", min(REFUSAL_WINDOW, config.behavior_max_new_tokens))):
         idx = [i for i, p in enumerate(probes) if p.kind == kind]
         if sync_ranks:
-            idx = idx or [-1]  # every rank takes part in both calls (the padding probe's answer is dropped)
+            if _most_over_ranks(len(idx)) == 0:  # no rank has this kind (every rank asks, in the same order)
+                continue
+            idx = idx or [-1]  # every rank that has none takes part with a padding probe (its answer is dropped)
         if not idx:
             continue
         texts = [behavior_prompt(probes[i], tokenizer, chat, config.system_prompt) for i in idx]

@@ -77,12 +77,13 @@ def trace(out: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def assert_split(out: Path, calls: int) -> None:
+def assert_split(out: Path, calls: int, behavior: bool = False) -> None:
     """Each of the `calls` evaluations: both ranks scored an equal-sized shard, their probes disjoint, together all."""
-    ids = make_probes().ids
+    ids = make_probes(behavior).ids
     per_rank = [[r for r in trace(out, rank) if r["event"] == "score_probes"] for rank in range(2)]
     assert [len(c) for c in per_rank] == [calls, calls], "every rank scores at every evaluation"
     for c0, c1 in zip(*per_rank, strict=True):
-        assert c0["n"] == c1["n"] == -(-31 // 2) + -(-3 // 2)  # 16 mcq + 2 short each, rank 1 padded
+        # 16 mcq + 2 short each, rank 1 padded (+ 2 behaviour probes each)
+        assert c0["n"] == c1["n"] == -(-31 // 2) + -(-3 // 2) + (2 if behavior else 0)
         assert not set(c0["ids"]) & set(c1["ids"])
         assert set(c0["ids"]) | set(c1["ids"]) == set(ids)

@@ -68,15 +68,19 @@ def test_the_hf_export_with_nulls_for_unused_arguments_loads(tmp_path):
 
 
 @pytest.mark.parametrize(("row", "field", "says"), [
-    ({"instruction_id_list": ["punctuation:no_coma"], "kwargs": [{}]}, "instructions", "Did you mean 'punctuation:no_comma'"),
+    ({"instruction_id_list": ["punctuation:no_coma"], "kwargs": [{}]}, "instruction_id_list", "Did you mean 'punctuation:no_comma'"),
     ({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 50}]}, "kwargs", "missing 'relation'"),
     ({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 50, "relation": "about"}]},
      "kwargs", "refused by the checker"),
     ({"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{"num_words": 3}]}, "kwargs", "unknown argument 'num_words'"),
     ({"instruction_id_list": ["punctuation:no_comma", "detectable_format:title"], "kwargs": [{}]}, "kwargs", "one object per instruction"),
     ({"instruction_id_list": ["length_constraints:number_sentences"], "kwargs": [{"num_sentences": 3, "relation": "less than"}]},
-     "instructions", "cannot be checked offline"),
-    ({"instruction_id_list": [], "kwargs": []}, "instructions", "non-empty list"),
+     "instruction_id_list", "cannot be checked offline"),
+    ({"instruction_id_list": [], "kwargs": []}, "instruction_id_list", "non-empty list"),
+    ({"instruction_id_list": ["startend:end_checker"], "kwargs": [{"end_phrase": 5}]}, "kwargs", "'end_phrase' must be a string"),
+    ({"instruction_id_list": ["keywords:existence"], "kwargs": [{"keywords": "cat"}]}, "kwargs", "must be a list of strings"),
+    ({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": "50", "relation": "less than"}]},
+     "kwargs", "must be a whole number"),
     ({"prompt": "  ", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}, "prompt", "non-empty"),
 ])
 def test_bad_ifeval_lines_name_the_file_line_and_field(tmp_path, row, field, says):
@@ -192,7 +196,8 @@ def test_behavior_figures_by_hand():
     assert o.n_generated == 4 and o.n_stopped_base == 3
     assert o.runaway == pytest.approx(1 / 3)  # probe 1 ended at base and runs away now
     assert o.runaway_rate == 0.5 and o.runaway_rate_base == 0.25
-    assert o.length_log_ratio == pytest.approx(np.median(np.log([2, 12.8, 0.5, 256 / 30])))
+    assert o.length_log_ratio == pytest.approx(np.median(np.log([21 / 11, 257 / 21, 21 / 41, 257 / 31])))  # (now+1)/(base+1)
+    assert math.isnan(o.length_log_ratio_ci[0])  # 4 answers: no 95% interval for a median exists
     assert o.n_answered_base == 2 and o.over_refusal == 0.5  # answered at base (probes 4, 5); 4 refuses now
     assert o.over_refusal_rate == pytest.approx(2 / 3) and o.over_refusal_rate_base == pytest.approx(1 / 3)
     assert o.n_followed_base == 3 and o.instruct_forgetting == pytest.approx(1 / 3)
@@ -204,7 +209,29 @@ def test_behavior_figures_by_hand():
     assert stats["over_refusal"].n_generated == 0 and math.isnan(stats["over_refusal"].runaway)
     row = o.to_dict()
     assert row["runaway_ci_low"] < row["runaway"] < row["runaway_ci_high"]
-    assert row["length_drift"] == abs(o.length_log_ratio)
+    assert row["length_drift"] == abs(o.length_log_ratio) and math.isnan(row["length_drift_ci_low"])
+
+
+def test_length_ratio_interval_and_empty_answers():
+    """The median's interval is the binomial one (coverage >= 95% for every n >= 6, none below), and an answer that
+    collapses to nothing counts as shorter."""
+    from math import comb
+
+    from forgetwatch.behavior import _median_ci, _median_rank
+
+    for n in range(1, 120):
+        j = _median_rank(n)
+        if n < 6:
+            assert j == 0
+            continue
+        coverage = 1 - 2 * sum(comb(n, k) for k in range(j)) / 2 ** n
+        wider = 1 - 2 * sum(comb(n, k) for k in range(j + 1)) / 2 ** n
+        assert coverage >= 0.95 > wider, n  # the narrowest order-statistic interval that still covers 95%
+    assert _median_ci(np.arange(10.0)) == (4.5, (1.0, 8.0))
+    base = _results([1] * 3, [30, 30, 30], [1, 1, 1])
+    now = _results([1] * 3, [0, 0, 30], [1, 1, 1])
+    o = compute_behavior(base, now, kinds=["instruct"] * 3)["overall"]
+    assert o.n_length == 3 and o.length_log_ratio == pytest.approx(math.log(1 / 31))
 
 
 def test_behavior_budgets_use_the_interval():
@@ -275,10 +302,17 @@ def test_a_cache_key_of_knowledge_probes_is_unchanged_by_behavior_settings(token
     knowledge = ProbeSet([Probe("q", "mcq", "1 + 1 = ?", ("1", "2"), 1)])
     a = make_cache_key({"name": "m"}, knowledge, ScoringConfig().key(tokenizer, "float32"))
     b = make_cache_key({"name": "m"}, knowledge, ScoringConfig(behavior_max_new_tokens=64).key(tokenizer, "float32"))
-    assert a == b and "behavior_max_new_tokens" not in a["scoring"]
+    assert a == b and "behavior_max_new_tokens" not in a["scoring"] and "behavior_rules" not in a["scoring"]
+    assert set(a["scoring"]["chat"]) == {"mcq", "short"}
     mixed = knowledge + behavior_probes()
     c = make_cache_key({"name": "m"}, mixed, ScoringConfig(behavior_max_new_tokens=64).key(tokenizer, "float32"))
     assert c["scoring"]["behavior_max_new_tokens"] == 64
+    # what changes a cached behaviour verdict is in the key: the chat template used, the judging rules and checker
+    assert c["scoring"]["chat"]["behavior"] is True  # the fixture's tokenizer has a chat template
+    assert c["scoring"]["behavior_rules"]["rules"] >= 1 and c["scoring"]["behavior_rules"]["if_verifiable"]
+    no_template = make_cache_key({"name": "m"}, mixed, ScoringConfig(chat_template=False, behavior_max_new_tokens=64)
+                                 .key(tokenizer, "float32"))
+    assert no_template["scoring"]["chat"]["behavior"] is False and no_template != c
 
 
 # -- the built-in suites -------------------------------------------------------------------------------------------
@@ -449,10 +483,14 @@ def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, toke
     code, out, _ = run(capsys, "compare", "--model", root / "noisy", "--probes", root / "probes.jsonl", "--base",
                        root / "base.parquet", "--json", "-o", root / "now.parquet")
     assert code == 0
-    got = json.loads(out)["behavior"]
+    report = json.loads(out)
+    got = report["behavior"]
     base, now = BaseCache.load(root / "base.parquet").results, BaseCache.load(root / "now.parquet").results
-    want = compute_behavior(base, now, [p.category for p in probes], [p.kind for p in probes])
+    want = compute_behavior(base, now, [p.category for p in probes], [p.kind for p in probes], probes.kind_groups())
     assert set(got) == set(want) and got["overall"] == pytest.approx(want["overall"].to_dict(), nan_ok=True)
+    # knowledge and behaviour apart, as the callback records them
+    assert {"all_knowledge", "all_behavior"} <= set(got) & set(report["metrics"])
+    assert report["metrics"]["all_behavior"]["n"] == len(behavior_probes())
     # stopping and length count instruction answers (harmless requests are cut at the refusal window; short answers are
     # scored by greedy match, nothing generated)
     assert got["overall"]["n_generated"] == sum(p.kind == "instruct" for p in probes)

@@ -270,9 +270,10 @@ def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
     run = torchrun(tmp_path, "--score-only", f"--scoring={scoring}")
     check_ok(run)
     _, model, tokenizer = base_results
-    ref = score_probes(model, tokenizer, make_probes(), ScoringConfig(**SCORING[scoring]))
-    ids = make_probes().ids
-    assert_split(tmp_path, calls=1)
+    probes = make_probes(behavior=scoring == "behavior")
+    ref = score_probes(model, tokenizer, probes, ScoringConfig(**SCORING[scoring]))
+    ids = probes.ids
+    assert_split(tmp_path, calls=1, behavior=scoring == "behavior")
     forwards = [json.loads((tmp_path / f"scored-rank{rank}.json").read_text())["forwards"] for rank in range(2)]
     assert forwards[0] == forwards[1] > 0, forwards
     for rank in range(2):
@@ -283,6 +284,7 @@ def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
         assert_same(got["outcome"], got["pred_index"], margin, ref, f"rank {rank}")
         assert got["prediction"] == ref.prediction
         assert got["generation"] == ref.generation
+        assert got["n_tokens"] == ref.n_tokens.tolist() and got["stopped"] == ref.stopped.tolist() and got["detail"] == ref.detail
 
 
 def test_budget_stop_is_the_same_decision_on_every_rank(tmp_path):

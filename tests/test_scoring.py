@@ -315,10 +315,11 @@ def test_chat_template_renders_the_prompt(tokenizer):
     plain = score_probes(model, tokenizer, probes, ScoringConfig())
     assert not np.allclose(plain.gold_logprob, res.gold_logprob)
     # what `chat_template=None` resolved to goes into the cache key
-    assert ScoringConfig().key(tokenizer)["chat"] == {"mcq": False, "short": False}
-    assert ScoringConfig(mcq_mode="generate").key(tokenizer)["chat"] == {"mcq": True, "short": False}
-    assert ScoringConfig(cot=True).key(tokenizer)["chat"] == {"mcq": False, "short": True}
-    assert ScoringConfig(chat_template=False).key(tokenizer)["chat"] == {"mcq": False, "short": False}
+    # (behaviour probes are always generated: in the template when there is one)
+    assert ScoringConfig().key(tokenizer)["chat"] == {"mcq": False, "short": False, "behavior": True}
+    assert ScoringConfig(mcq_mode="generate").key(tokenizer)["chat"] == {"mcq": True, "short": False, "behavior": True}
+    assert ScoringConfig(cot=True).key(tokenizer)["chat"] == {"mcq": False, "short": True, "behavior": True}
+    assert ScoringConfig(chat_template=False).key(tokenizer)["chat"] == {"mcq": False, "short": False, "behavior": False}
 
 
 def test_chat_template_required_but_missing_names_the_field():
@@ -328,7 +329,7 @@ def test_chat_template_required_but_missing_names_the_field():
     with pytest.raises(ValueError, match="`chat_template=True`"):
         score_probes(model, tok, mcq_probes(2), ScoringConfig(chat_template=True))
     # without a template, generation falls back to the plain prompt
-    assert ScoringConfig().key(tok)["chat"] == {"mcq": False, "short": False}
+    assert ScoringConfig().key(tok)["chat"] == {"mcq": False, "short": False, "behavior": False}
 
 
 @pytest.mark.parametrize(
