@@ -18,6 +18,8 @@ import torch
 
 pytest.importorskip("if_verifiable")
 
+from test_cli import tiny_dirs  # noqa: E402,F401  (the fixture: a tiny model saved to disk and a noisy copy)
+
 from forgetwatch import Probe, ProbeFormatError, ProbeResults, ProbeSet, score_probes  # noqa: E402
 from forgetwatch.behavior import compute_behavior, judge_behavior  # noqa: E402
 from forgetwatch.budgets import Budget  # noqa: E402
@@ -458,29 +460,20 @@ def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokeniz
     assert side.read_flips() == inline.read_flips()
 
 
-def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, tokenizer):
+def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, tiny_dirs):  # noqa: F811 (the imported fixture)
     """`forgetwatch cache` then `compare --model`: behaviour figures in --json and in the table, computed from the two
     caches' answers (lengths, stops, verdicts)."""
-    from test_callback import build_model
     from test_cli import run, tiny_probes
 
     from forgetwatch.cache import BaseCache
 
     root = tmp_path
-    model = build_model(tokenizer)
-    model.save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std())
-    model.save_pretrained(root / "noisy")
-    tokenizer.save_pretrained(root / "noisy")
+    base_model, noisy = tiny_dirs[0], tiny_dirs[1]  # a tiny model saved to disk, and a copy with noisy weights
     probes = tiny_probes(n_mcq=4) + behavior_probes()
     probes.to_jsonl(root / "probes.jsonl")
     args = ("--probes", root / "probes.jsonl", "--behavior-max-new-tokens", "12")
-    assert run(capsys, "cache", "--model", root / "tiny", *args, "-o", root / "base.parquet")[0] == 0
-    code, out, _ = run(capsys, "compare", "--model", root / "noisy", "--probes", root / "probes.jsonl", "--base",
+    assert run(capsys, "cache", "--model", base_model, *args, "-o", root / "base.parquet")[0] == 0
+    code, out, _ = run(capsys, "compare", "--model", noisy, "--probes", root / "probes.jsonl", "--base",
                        root / "base.parquet", "--json", "-o", root / "now.parquet")
     assert code == 0
     report = json.loads(out)
@@ -494,7 +487,7 @@ def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, toke
     # stopping and length count instruction answers (harmless requests are cut at the refusal window; short answers are
     # scored by greedy match, nothing generated)
     assert got["overall"]["n_generated"] == sum(p.kind == "instruct" for p in probes)
-    code, out, _ = run(capsys, "compare", "--model", root / "noisy", "--probes", root / "probes.jsonl", "--base", root / "base.parquet")
+    code, out, _ = run(capsys, "compare", "--model", noisy, "--probes", root / "probes.jsonl", "--base", root / "base.parquet")
     table = out.split("behaviour since base")[1].splitlines()
     row = next(line for line in table if line.startswith("overall")).split()
     assert row[1] == str(want["overall"].n_generated) and row[2] == f"{want['overall'].instruct_compliance:.3f}"
