@@ -49,6 +49,7 @@ _PNG = {
     "training": "training.png",
     "states": "probe_states.png",
     "matrix": "probe_matrix.png",
+    "behavior": "behavior.png",
 }
 # the four states of a probe against the base model, in the order they are stacked, and their colours
 _STATES = ("retained", "forgotten", "learned", "never known")
@@ -108,6 +109,8 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     figures["accuracy"] = _plot_accuracy(figure_cls, rows, categories)
     if any(np.isfinite(_series(rows, OVERALL, "margin_change"))):  # records made before drift have no margins here
         figures["drift"] = _plot_drift(figure_cls, rows)
+    if any("runaway_rate" in r["metrics"][OVERALL] for r in rows):  # generated answers: how they behave
+        figures["behavior"] = _plot_behavior(figure_cls, rows)
     for key, fig in figures.items():
         canvas_cls(fig)
         with atomic_write(out / _PNG[key], "wb") as f:
@@ -431,6 +434,41 @@ def _plot_drift(figure_cls, rows):
     return fig
 
 
+def _plot_behavior(figure_cls, rows):
+    """Behaviour since base: rates (instructions followed, runaways, harmless requests refused) on the left axis, the
+    median length ratio with its interval on a log-scaled right axis; knowledge forgetting beside them for reference."""
+    group = "all_behavior" if "all_behavior" in rows[-1]["metrics"] else OVERALL
+    fig = figure_cls(figsize=(8, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    x = _steps(rows)
+    for key, label, color in (("instruct_compliance", "instructions followed (strict)", "tab:green"),
+                              ("runaway_rate", "answers that run to the token limit", "tab:orange"),
+                              ("over_refusal_rate", "harmless requests refused", "tab:purple")):
+        y = _series(rows, group, key)
+        if np.isfinite(y).any():
+            ax.plot(x, y, marker="o", markersize=4, linewidth=2, color=color, label=label)
+    if "all_knowledge" in rows[-1]["metrics"]:
+        ax.plot(x, _series(rows, "all_knowledge", "forgetting"), color=_F_COLOR, linestyle=":", marker=".",
+                label="knowledge probes forgotten (1→0)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("share of probes")
+    length = ax.twinx()
+    ratio = np.exp(_series(rows, group, "length_log_ratio"))
+    if np.isfinite(ratio).any():
+        low, high = np.exp(_series(rows, group, "length_log_ratio_ci_low")), np.exp(_series(rows, group, "length_log_ratio_ci_high"))
+        length.fill_between(x, low, high, color="grey", alpha=0.15, linewidth=0)
+        length.plot(x, ratio, color="black", linestyle="--", marker="s", markersize=3, label="answer length / base (median)")
+        length.axhline(1, color="grey", linewidth=0.8)
+        length.set_yscale("log")
+        length.set_ylabel("answer length now / at base (median, log scale)")
+    ax.set_title("Behaviour since base" + (" (behaviour probes)" if group != OVERALL else ""))
+    handles = ax.get_legend_handles_labels()[0] + length.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + length.get_legend_handles_labels()[1]
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small", frameon=False)
+    return fig
+
+
 def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
     """At-risk probes at the last evaluation, the precision noise floor and budget events, when the record has them."""
     final, o = rows[-1], rows[-1]["metrics"][OVERALL]
@@ -678,6 +716,11 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         "matrix": "One row per probe, one column per evaluation, grouped by category (their sizes in brackets); within a "
                   "category the probes forgotten earliest come first. Categories where the base knew nothing beyond "
                   "chance are marked: they can only show learning.",
+        "behavior": "How the model answers, each probe against its own answer at base: the share of instruction probes "
+                    "followed (IFEval's strict verdict), of answers that run to the token limit without ending, and of "
+                    "harmless requests refused (left axis); the median ratio of answer length now to at base, with its "
+                    "95% interval shaded (dashed, right axis, log scale); the knowledge probes' forgetting (dotted) for "
+                    "comparison.",
         "drift": "Mean change since base of the multiple-choice margins (gold option's score minus the best wrong one's), "
                  "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "
                  "Margins fall before probes flip.",

@@ -423,6 +423,7 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
 
     html = make_report(tmp_path / "out").read_text(encoding="utf-8")
     assert "Behaviour, evaluation by evaluation" in html
+    assert 'src="behavior.png"' in html and (tmp_path / "out" / "forgetwatch" / "report" / "behavior.png").stat().st_size > 10_000
     section = html.split('id="behavior"')[1].split("</table>")[0]
     assert section.count("<tr>") == 1 + 3  # header, steps 0, 3, 6
     assert f'<td class="num">{overall["instruct_compliance"]:.3f}</td>' in section
