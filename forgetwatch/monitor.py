@@ -80,6 +80,11 @@ class Monitor:
         self.output_dir = Path(output_dir)
         self.record = record = RunRecord(self.output_dir / PREFIX)
         self.base, self.noise, self.loggers = cache.results, noise_floor(cache, precision), loggers
+        unmeasured = sum(bool(g) and s < 0 for g, s in zip(self.base.generation, self.base.stopped, strict=True))
+        if unmeasured:  # a cache written before answer lengths and stops were kept
+            logger.warning("forgetwatch: the base cache holds %d generated answers without their length and stop (written "
+                           "by an earlier forgetwatch): the stopping and length figures leave them out; make the cache "
+                           "again (`forgetwatch cache`) to include them", unmeasured)
         record.root.mkdir(parents=True, exist_ok=True)
         self.probes.to_jsonl(record.root / "probes.jsonl")
         record.truncate_after(resume_step if resume_step is not None else -1)

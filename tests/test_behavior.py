@@ -504,3 +504,19 @@ def test_kind_groups_only_when_knowledge_and_behavior_mix():
     assert mixed.kind_groups()["all_behavior"].sum() == len(behavior_probes())
     with pytest.raises(ValueError, match="no category 'all_behavior'"):
         Budget({"all_behavior/forgetting": 0.1}, categories=behavior_probes().groups)
+
+
+def test_a_cache_without_answer_lengths_is_said(tmp_path, caplog):
+    """A base cache written before lengths and stops were kept still loads; the missing figures are said once."""
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.monitor import Monitor
+
+    probes = ProbeSet([Probe(f"s{i}", "short", f"{i} + {i} = ?", answers=(str(2 * i),), category="math") for i in range(3)])
+    old = ProbeResults.empty(probes.ids)
+    old.outcome[:], old.generation[:] = [1, 0, 1], ["0", "3", "4"]  # generated answers, stopped = -1 (never kept)
+    with caplog.at_level("WARNING", logger="forgetwatch.monitor"):
+        Monitor(probes).open(tmp_path, BaseCache({"scoring": {}}, old), "float32", [], None)
+    assert [r.getMessage() for r in caplog.records if "without their length" in r.getMessage()] == [
+        "forgetwatch: the base cache holds 3 generated answers without their length and stop (written by an earlier "
+        "forgetwatch): the stopping and length figures leave them out; make the cache again (`forgetwatch cache`) to "
+        "include them"]
