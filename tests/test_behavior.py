@@ -520,3 +520,21 @@ def test_a_cache_without_answer_lengths_is_said(tmp_path, caplog):
         "forgetwatch: the base cache holds 3 generated answers without their length and stop (written by an earlier "
         "forgetwatch): the stopping and length figures leave them out; make the cache again (`forgetwatch cache`) to "
         "include them"]
+
+
+def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp_path):
+    """Generating behaviour answers inside training (chat template, generate, stop handling) changes nothing the
+    trainer does: with dropout on, the final weights and the trainer's logs equal an unwatched run's."""
+    pytest.importorskip("trl")
+    from test_callback import assert_same_weights, own_logs, sft_trainer
+
+    from forgetwatch.callback import ForgetWatchCallback
+
+    probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
+    runs = {}
+    for name, callbacks in [("watched", [ForgetWatchCallback(probes + behavior_probes(), eval_steps=1, behavior_max_new_tokens=6)]),
+                            ("plain", [])]:
+        runs[name] = sft_trainer(tokenizer, tmp_path / name, callbacks, dropout=0.1, max_steps=4)
+        runs[name].train()
+    assert_same_weights(runs["watched"].model, runs["plain"].model)
+    assert own_logs(runs["watched"]) == own_logs(runs["plain"])
