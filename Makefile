@@ -72,7 +72,7 @@ lint: setup
 clean:
 	rm -rf $(VENV) .venv-oldest .venv-latest .pytest_cache build *.egg-info
 
-# The README's first command: a real model forgetting real knowledge on CPU (~8 minutes on 2 cores, setup aside),
+# The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
 # W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`.
 DEMO_OUT := outputs/SmolLM2-135M-Instruct-sft-demo
 demo: setup

@@ -461,6 +461,11 @@ def _plot_behavior(figure_cls, rows):
         length.plot(x, ratio, color="black", linestyle="--", marker="s", markersize=3, label="answer length / base (median)")
         length.axhline(1, color="grey", linewidth=0.8)
         length.set_yscale("log")
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        length.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # ×0.5, ×1, ×2, ×5, ...
+        length.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"×{v:g}"))  # "×2", not "2 × 10^0"
+        length.yaxis.set_minor_formatter(NullFormatter())
         length.set_ylabel("answer length now / at base (median, log scale)")
     ax.set_title("Behaviour since base" + (" (behaviour probes)" if group != OVERALL else ""))
     handles = ax.get_legend_handles_labels()[0] + length.get_legend_handles_labels()[0]
