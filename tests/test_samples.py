@@ -84,18 +84,35 @@ def _lm_eval(model_dir: Path, tasks_dir: Path, out: Path, tasks: str = "fw_mc,fw
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def _base_model(root: Path):
+    """A tiny model and its tokenizer saved to root/base, and an empty root/tasks for lm-eval task files."""
+    tok = build_tokenizer()
+    model = build_model(tok)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    (root / "tasks").mkdir()
+    return tok, model, root / "tasks"
+
+
+def _save_perturbed(model, tok, root: Path, seed: int) -> None:
+    """The model with noise of its own scale on every weight, saved to root/after."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.std() * torch.randn_like(p))
+    model.save_pretrained(root / "after")
+    tok.save_pretrained(root / "after")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Real lm-eval outputs: {"base": dir, "after": dir, "tasks": dir}."""
     import torch
 
     root = tmp_path_factory.mktemp("lm-eval")
-    tok = build_tokenizer()
-    model = build_model(tok)
-    model.save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
-    data = root / "tasks"
-    data.mkdir()
+    tok, model, data = _base_model(root)
     with open(data / "mc.jsonl", "w") as f:
         for i in range(30):
             k = 2 + i % 3
@@ -110,12 +127,7 @@ def runs(tmp_path_factory):
     (data / "fw_mc.yaml").write_text(MC_TASK.format(data=data))
     (data / "fw_qa.yaml").write_text(QA_TASK.format(data=data))
     (data / "fw_group.yaml").write_text(GROUP)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(p.std() * torch.randn_like(p))
-    model.save_pretrained(root / "after")
-    tok.save_pretrained(root / "after")
+    _save_perturbed(model, tok, root, seed=1)
     _lm_eval(root / "base", data, root / "out-base", tasks="fw_group")  # the base through a group, as for mmlu
     _lm_eval(root / "after", data, root / "out-after")
     return {"base": root / "out-base", "after": root / "out-after", "tasks": data}
@@ -481,15 +493,8 @@ metric_list:
 def test_lm_eval_ifeval_outputs_compare_by_prompt_level_strict_accuracy(tmp_path, capsys):
     """`forgetwatch compare BEFORE AFTER` on lm-eval's ifeval task reads its per-sample prompt_level_strict_acc, with the
     document's instructions as the gold column."""
-    import torch
-
     root = tmp_path
-    tok = build_tokenizer()
-    model = build_model(tok)
-    model.save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
-    data = root / "tasks"
-    data.mkdir()
+    tok, _, data = _base_model(root)
     # prompts whose instructions a random model follows by chance half the time or so (no commas; lowercase)
     with open(data / "ifeval.jsonl", "w") as f:
         for i in range(24):
@@ -497,13 +502,7 @@ def test_lm_eval_ifeval_outputs_compare_by_prompt_level_strict_accuracy(tmp_path
             f.write(json.dumps({"key": 100 + i, "prompt": f"Tell me about {i}.", "instruction_id_list": ids, "kwargs": [{}]}) + "\n")
     (data / "fw_ifeval.yaml").write_text(IFEVAL_TASK.format(data=data))
     (data / "fw_ifeval_utils.py").write_text("from lm_eval.tasks.ifeval.utils import agg_inst_level_acc, process_results  # noqa: F401\n")
-    torch.manual_seed(2)
-    with torch.no_grad():
-        after = build_model(tok)
-        for p in after.parameters():
-            p.add_(p.std() * torch.randn_like(p))
-    after.save_pretrained(root / "after")
-    tok.save_pretrained(root / "after")
+    _save_perturbed(build_model(tok), tok, root, seed=2)
     _lm_eval(root / "base", data, root / "out-base", tasks="fw_ifeval")
     _lm_eval(root / "after", data, root / "out-after", tasks="fw_ifeval")
 
