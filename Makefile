@@ -81,7 +81,7 @@ demo: setup
 	@echo "local record: $(DEMO_OUT)/forgetwatch/  (metrics.jsonl, evals/, flips.jsonl, replay.jsonl)"
 	@echo "report:       $(DEMO_OUT)/forgetwatch/report/report.html"
 
-# Benchmarks (not part of `make test`; ~1.5 h on 2 shared CPU cores): one thread each, figures in
+# Benchmarks (not part of `make test`; ~2.5 h on 2 shared CPU cores): one thread each, figures in
 # benchmarks/results/*.json, summarised in benchmarks/RESULTS.md. Quick look: BENCH_MCQ_ARGS="--n 48 --naive-n 6 --chunks 3".
 .PHONY: bench
 BENCH_ENV := OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
@@ -93,3 +93,4 @@ bench: setup
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_training.py
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_memory.py
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_scale.py
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_behavior.py   # ~45 min, 2 threads as in RESULTS.md §11: compliance, agreement, cost

@@ -1,6 +1,6 @@
 """Behaviour probes on SmolLM2-135M-Instruct: base compliance, agreement with the reference checker, and cost.
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_behavior.py            # ~25 min on 2 cores
+    OMP_NUM_THREADS=2 python benchmarks/bench_behavior.py            # ~45 min on 2 cores
     OMP_NUM_THREADS=2 python benchmarks/bench_behavior.py --quick    # 24 prompts, 1 sample each, 8 probes timed
 
 1. Base compliance: the built-in `instructions` suite (105 prompts) and `over_refusal` set (32 requests) scored as
@@ -13,7 +13,8 @@
 3. Cost: forgetwatch's batched greedy decoding against one `model.generate` per probe on the same prompts (the
    answers must be identical), seconds per behaviour probe.
 
-Figures go to benchmarks/results/behavior.json; benchmarks/RESULTS.md §"Behaviour probes" summarises them.
+Figures go to benchmarks/results/behavior.json; benchmarks/RESULTS.md §11 summarises them. `--parts compliance` or
+`--parts cost` runs one part (the cost is a timing: run it with nothing else on the machine).
 """
 
 from __future__ import annotations
