@@ -251,13 +251,16 @@ def _median_ci(x: np.ndarray) -> tuple[float, tuple[float, float]]:
 
 def _median_rank(n: int) -> int:
     """The largest 1-based rank j with P(B < j) <= 0.025 for B ~ Binomial(n, 1/2); 0 when even j = 1 is too wide."""
-    below, j, pmf = 0.0, 0, 0.5 ** n  # below = P(B < j + 1) as j grows
+    # each P(B = k) from log-gamma: 0.5 ** n underflows from n = 1075 (the interval then collapsed); a term that
+    # underflows here is too small to matter to the sum
+    log_all = math.lgamma(n + 1) - n * math.log(2)
+    below, j = 0.0, 0  # below = P(B < j + 1) as j grows
     for k in range(n // 2 + 1):
+        pmf = math.exp(log_all - math.lgamma(k + 1) - math.lgamma(n - k + 1))
         if below + pmf > 0.025:
             break
         below += pmf
         j = k + 1
-        pmf = pmf * (n - k) / (k + 1)
     return j
 
 

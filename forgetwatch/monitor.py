@@ -97,11 +97,18 @@ class Monitor:
             if step > 0:
                 self.tracker.update(step, last.outcome)
             if self.budget is not None:  # the budget's state as an uninterrupted run would have it
-                self.budget_state.update(step, self.budget.check(self.figures(last)[2]) if step > 0 else [])
+                try:
+                    self.budget_state.update(step, self.budget.check(self.figures(last)[2]) if step > 0 else [])
+                except Exception:  # never end a resumed run over a record it cannot read back
+                    logger.exception("forgetwatch: could not recompute the budget at recorded step %d; training goes on", step)
         if last is not None and self.evaluated_steps[-1] > 0:
             # the next evaluation's flips are against the last one's, as in an uninterrupted run (not against the base)
-            self.last = last
-            self.last_report, self.last_drift, self.last_rows = self.figures(last)
+            try:
+                self.last_report, self.last_drift, self.last_rows = self.figures(last)
+                self.last = last
+            except Exception:
+                logger.exception("forgetwatch: could not recompute the figures of recorded step %d; the next evaluation's "
+                                 "flips are counted against the base; training goes on", self.evaluated_steps[-1])
         if resume_step is None:
             self.report(self.base, step=0, epoch=0.0, seconds=0.0)
             _warn_nothing_to_forget(self.last_report)

@@ -188,7 +188,10 @@ class RunRecord:
                 ratio = b.get("length_log_ratio")
                 if ratio is not None and not math.isnan(ratio):
                     text.insert(2, f"length x{math.exp(ratio):.2f}")
-                lines.append(" " * 12 + "behaviour: " + ", ".join(text))
+                # behaviour probes present, or only generated knowledge answers (their runaways and lengths)
+                behaviour = any(v is not None and not math.isnan(v) for k, v in figures if k != "runaway")
+                kind = "behaviour" if behaviour else "generated answers"
+                lines.append(" " * 12 + f"{kind}: " + ", ".join(text))
         return "\n".join(lines)
 
     def outcome_matrix(self) -> tuple[list[int], np.ndarray]:

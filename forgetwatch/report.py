@@ -467,7 +467,10 @@ def _plot_behavior(figure_cls, rows):
         length.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"×{v:g}"))  # "×2", not "2 × 10^0"
         length.yaxis.set_minor_formatter(NullFormatter())
         length.set_ylabel("answer length now / at base (median, log scale)")
-    ax.set_title("Behaviour since base" + (" (behaviour probes)" if group != OVERALL else ""))
+    behavior = group != OVERALL or np.isfinite(_series(rows, OVERALL, "instruct_compliance")).any() \
+        or np.isfinite(_series(rows, OVERALL, "over_refusal_rate")).any()
+    ax.set_title("Behaviour since base" + (" (behaviour probes)" if group != OVERALL else "") if behavior
+                 else "Generated answers since base: stopping and length")
     handles = ax.get_legend_handles_labels()[0] + length.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + length.get_legend_handles_labels()[1]
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small", frameon=False)
@@ -724,7 +727,7 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         "behavior": "How the model answers, each probe against its own answer at base: the share of instruction probes "
                     "followed (IFEval's strict verdict), of answers that run to the token limit without ending, and of "
                     "harmless requests refused (left axis); the median ratio of answer length now to at base, with its "
-                    "95% interval shaded (dashed, right axis, log scale); the knowledge probes' forgetting (dotted) for "
+                    "interval of at least 95% shaded (dashed, right axis, log scale); the knowledge probes' forgetting (dotted) for "
                     "comparison.",
         "drift": "Mean change since base of the multiple-choice margins (gold option's score minus the best wrong one's), "
                  "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "

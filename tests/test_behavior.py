@@ -221,7 +221,7 @@ def test_length_ratio_interval_and_empty_answers():
 
     from forgetwatch.behavior import _median_ci, _median_rank
 
-    for n in range(1, 120):
+    for n in [*range(1, 120), 1074, 1075, 1100, 3001]:  # 0.5 ** n underflows from 1075
         j = _median_rank(n)
         if n < 6:
             assert j == 0
@@ -538,3 +538,29 @@ def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp
         runs[name].train()
     assert_same_weights(runs["watched"].model, runs["plain"].model)
     assert own_logs(runs["watched"]) == own_logs(runs["plain"])
+
+
+def test_a_resume_whose_figures_cannot_be_recomputed_goes_on(tmp_path, caplog, monkeypatch):
+    """Reopening a record (resume) recomputes the last evaluation's figures and the budget's state: a failure there is
+    logged, never raised into `on_train_begin`."""
+    from forgetwatch.budgets import Budget
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.monitor import Monitor
+
+    probes = behavior_probes()
+    base = ProbeResults.empty(probes.ids)
+    base.outcome[:] = 1
+    monitor = Monitor(probes, Budget({"forgetting": 0.5}))
+    monitor.open(tmp_path, BaseCache({"scoring": {}}, base), "float32", [], None)
+    monitor.report(base, step=10, epoch=1.0, seconds=0.0)
+
+    def broken(results):
+        raise RuntimeError("cannot compute")
+
+    again = Monitor(probes, Budget({"forgetting": 0.5}))
+    monkeypatch.setattr(again, "figures", broken)
+    with caplog.at_level("ERROR", logger="forgetwatch.monitor"):
+        again.open(tmp_path, BaseCache({"scoring": {}}, base), "float32", [], resume_step=10)
+    assert again.evaluated_steps == [0, 10] and again.last is None  # flips will be counted against the base
+    assert "could not recompute the budget at recorded step 10" in caplog.text
+    assert "could not recompute the figures of recorded step 10" in caplog.text
