@@ -821,8 +821,11 @@ def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: in
     return out_answers
 
 
-def _keep_answers(results: ProbeResults, generated: list[_Answer]) -> None:
-    for i, a in enumerate(generated):
+def _keep_answers(results: ProbeResults, generated: list[_Answer], rows: list[int] | None = None) -> None:
+    """Answer i goes to row `rows[i]` (default i); a negative row is a padding probe's answer, dropped."""
+    for i, a in zip(rows if rows is not None else range(len(generated)), generated, strict=True):
+        if i < 0:
+            continue
         results.generation[i] = a.text
         results.n_tokens[i] = a.n_tokens
         results.stopped[i] = int(a.stopped)
@@ -858,10 +861,10 @@ def _score_behavior(model, tokenizer, probes: list[Probe], config: ScoringConfig
             continue
         texts = [behavior_prompt(probes[i], tokenizer, chat, config.system_prompt) for i in idx]
         generated = _generate(model, tokenizer, texts, chat, budget, [], config, bar, sync_ranks)
+        _keep_answers(results, generated, idx)
         for i, a in zip(idx, generated, strict=True):
             if i < 0:
                 continue
-            results.generation[i], results.n_tokens[i], results.stopped[i] = a.text, a.n_tokens, int(a.stopped)
             results.outcome[i], results.detail[i] = judge_behavior(probes[i], a.text)
             results.prediction[i] = a.text  # the flips table shows the answer at base and now side by side
     return results
