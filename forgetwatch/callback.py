@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SERIAL = itertools.count()
 SCORING_MODES = ("inline", "sidecar")
+REPLAY_TARGETS = ("gold", "base")
 
 
 @dataclass
@@ -81,16 +82,42 @@ class ForgetWatchArguments:
     forgetwatch_replay_mix: float = field(default=0.0, metadata={"help": "Replay: the share of training examples drawn from `forgetwatch_replay_pool` (0 = off; e.g. 0.1). Applied by the recipes with `forgetwatch.replay.mix_replay`; needs max_steps."})
     forgetwatch_replay_pool: str | None = field(default=None, metadata={"help": "Replay pool: suite names (every probe of them except the monitored ones), a probe JSONL file, or a JSONL of training examples with a `category`. Default: the rest of the monitored suites."})
     forgetwatch_replay_strategy: str = field(default="closed_loop", metadata={"help": "closed_loop (categories that forget get more replay, with a floor) or uniform (the control)."})
+    forgetwatch_replay_targets: str = field(default="gold", metadata={"help": "What replay trains toward: gold (the probes' gold answers, written as the probes are scored: the question, then the option's text or the bare answer) or base (the base model's own answers, made once into forgetwatch_base_outputs: self-distilled replay, any prompts, no labels)."})
+    forgetwatch_base_outputs: str | None = field(default=None, metadata={"help": "The base model's answers and top-k log-probabilities on the pool (for replay_targets=base and the KL anchor): made before training when the file is absent, reused when it matches the model, tokenizer and pool, never overwritten (default <output_dir>/base_outputs.parquet). `forgetwatch base-outputs` makes one ahead."})
+    forgetwatch_anchor_beta: float = field(default=0.0, metadata={"help": "KL anchor to the base on pool conversations: the weight of KL(base || model) on their answer tokens, from the cached top-k log-probabilities (0 = off; e.g. 1.0 weighs each anchored conversation like one training example)."})
+    forgetwatch_anchor_ratio: float = field(default=0.1, metadata={"help": "KL anchor: pool conversations drawn per training example, in addition to them (by forgetwatch_replay_strategy: toward the categories that forget, or uniform)."})
+
+    def __post_init__(self) -> None:
+        from .anchor import check_beta
+
+        if self.forgetwatch_replay_targets not in REPLAY_TARGETS:
+            raise ValueError(f"forgetwatch_replay_targets must be one of {', '.join(REPLAY_TARGETS)}, got "
+                             f"{self.forgetwatch_replay_targets!r}")
+        try:
+            self.forgetwatch_anchor_beta = check_beta(self.forgetwatch_anchor_beta)
+        except ValueError as e:
+            raise ValueError(f"forgetwatch_anchor_beta: {e}") from None
+        ratio = self.forgetwatch_anchor_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
+            raise ValueError(f"forgetwatch_anchor_ratio (pool conversations per training example) must be in (0, 8], got {ratio!r}")
 
     def to_kwargs(self) -> dict[str, Any]:
         """The callback's keyword arguments (the replay fields are `mix_replay`'s, see `replay_kwargs`)."""
         return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)
-                if not f.name.startswith(PREFIX + "_replay_")}
+                if not f.name.startswith((PREFIX + "_replay_", PREFIX + "_anchor_", PREFIX + "_base_outputs"))}
 
     def replay_kwargs(self) -> dict[str, Any] | None:
         """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""
         if not self.forgetwatch_replay_mix:
             return None
+        return {"pool": self.pool(), "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
+
+    def needs_base_outputs(self) -> bool:
+        """Self-distilled replay or the KL anchor: both read the base's answers to the pool."""
+        return bool(self.forgetwatch_anchor_beta) or (bool(self.forgetwatch_replay_mix) and self.forgetwatch_replay_targets == "base")
+
+    def pool(self) -> str:
+        """The replay / anchor pool: as given, or the rest of the monitored suites."""
         pool = self.forgetwatch_replay_pool
         if pool is None:
             probes = str(self.forgetwatch_probes or "")
@@ -98,7 +125,7 @@ class ForgetWatchArguments:
                 raise ValueError(f"forgetwatch_replay_pool is needed: forgetwatch_probes is a file ({probes}), so there are "
                                  "no suites to hold examples out of; give suite names or a file of held-out examples")
             pool = probes  # the rest of the monitored suites (mix_replay holds the monitored probes out by id)
-        return {"pool": pool, "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
+        return pool
 
 
 class ForgetWatchCallback(TrainerCallback, ExportableState):

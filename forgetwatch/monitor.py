@@ -69,7 +69,9 @@ class Monitor:
         self._kinds = [p.kind for p in probes]
         # knowledge and behaviour probes together: "overall" pools them; these two groups keep them apart
         self._groups = probes.kind_groups()
-        self._replayable = {p.category for p in probes if not p.is_behavior}
+        # what replay can weigh: categories, not summary groups (behaviour categories too: self-distilled replay can
+        # replay the base's own answers to behaviour prompts)
+        self._replayable = {p.category for p in probes}
 
     def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None) -> None:
         """Start (or continue) the record under `<output_dir>/forgetwatch/` against the base in `cache`.
@@ -141,7 +143,7 @@ class Monitor:
         lucky guesses), raw where there is no chance term (short answers)."""
         out = {}
         for name, m in self.last_report.items():
-            if name in self._replayable:  # categories, not groups; behaviour probes are not replayed
+            if name in self._replayable:
                 value = m.forgetting_adjusted
                 out[name] = m.forgetting if value is None or math.isnan(value) else value
         return out

@@ -114,9 +114,29 @@ def replay_examples(probes: Sequence[Probe], base: np.ndarray, steps: Sequence[i
     return tracker.examples()
 
 
-def _training_example(p: Probe) -> dict[str, Any]:
+FORMS = ("scoring", "letter")
+
+
+def _training_example(p: Probe, form: str = "letter") -> dict[str, Any]:
     """A probe as SFT / GRPO data; `ReplayTracker._example` fills in the history fields (placeholders here keep
-    the key order of the file)."""
+    the key order of the file).
+
+    `form="letter"`: the lettered question and "B. <option>" (what a GRPO letter reward checks); `form="scoring"`:
+    the question as the probes are scored, then the gold option's text or the bare short answer (what log-likelihood
+    scoring reads), also as plain `text` for a dataset that trains on text.
+    """
+    if form == "scoring":
+        user = question_block(p, with_letters=False)
+        answer = p.choices[p.gold] if p.kind == "mcq" else p.answers[0]
+        solution = [answer] if p.kind == "mcq" else list(p.answers)
+        # a replayed question answered with its option's text is a short answer as far as a reward can tell
+        return {"id": p.id, "category": p.category, "source": p.source, "kind": "short",
+                "first_forgotten_step": -1, "recovered": False, "forgetting_events": 0,
+                "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+                "prompt": [{"role": "user", "content": user}],
+                "completion": [{"role": "assistant", "content": answer}],
+                "text": f"{user}\nAnswer: {answer}", "solution": solution, "numeric": p.numeric, "cot": False,
+                "num_choices": 0}
     user = question_block(p, with_letters=p.kind == "mcq")
     if p.kind == "mcq":
         user += "\nAnswer with the letter of the correct option."
@@ -142,7 +162,7 @@ def _training_example(p: Probe) -> dict[str, Any]:
 
 
 def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str = "closed_loop", monitor: Any = None,
-               seed: int = 0, floor: float = 0.1) -> Any:
+               seed: int = 0, floor: float = 0.1, form: str | None = None) -> Any:
     """The dataset to train on: `train_dataset` with examples of a held-out `pool` mixed in at `ratio`.
 
     With `strategy="closed_loop"` the pool is drawn by category in proportion to the forgetting `monitor` (a
@@ -154,7 +174,13 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
     an overlap is refused, naming the ids. Pass the rest of the monitored suites (`"arc_easy,sciq"`: every probe of
     the suites except the monitored ones), a `ProbeSet`, a probe JSONL file, or your own examples (a `datasets.Dataset`
     or a list of dicts) with a `category` column, an `id` column (checked against the monitored ids) and the
-    training dataset's columns. Probes become examples in both SFT and GRPO shapes (see `replay_examples`).
+    training dataset's columns. Probes become examples in both SFT and GRPO shapes (see `_training_example`): for
+    SFT data in the form the probes are scored in (the question, then the gold option's text or the bare answer), for
+    GRPO data (a `solution` column) in the lettered form its rewards check.
+
+    **Self-distilled replay**: pass `pool=` a `forgetwatch.distill.BaseOutputs` (the base model's own answers to a
+    pool, `make_base_outputs`): the replayed targets are then what the base answered, not the gold answers, so any
+    prompts can be replayed (no labels) and the replay stays on the base's own distribution.
 
     The result is a `datasets.IterableDataset` without end (so set `max_steps`), the same wherever it is read from:
     deterministic under `seed`, continued exactly by `resume_from_checkpoint` (the callback keeps the weights' history
@@ -169,6 +195,8 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
         monitor: the `ForgetWatchCallback` of the run; required for closed loop, and checks the pool against its probes.
         seed: the seed of the training order and of every replay draw.
         floor: in closed loop, the share of replay spread evenly over the categories.
+        form: how probes of the pool are written: "scoring" or "letter" (default: "letter" for GRPO data, which has a
+            `solution` column, else "scoring").
 
     Example:
         >>> watch = ForgetWatchCallback(probes="arc_easy,sciq", per_suite=50, eval_steps=10)  # doctest: +SKIP
@@ -188,7 +216,11 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
     if len(train_dataset) == 0:
         raise ValueError("`train_dataset` is empty")
     columns = list(train_dataset.column_names) if hasattr(train_dataset, "column_names") else list(train_dataset[0])
-    rows = _pool_rows(pool, monitor.probes if monitor is not None else None)
+    if form is None:
+        form = "letter" if "solution" in columns else "scoring"
+    if form not in FORMS:
+        raise ValueError(f"`form` must be one of {', '.join(FORMS)}; got {form!r}")
+    rows = _pool_rows(pool, monitor.probes if monitor is not None else None, form)
     fill: dict[str, Any] = {}
     if "solution" in columns and "kind" not in columns and any(r.get("kind") == "mcq" for _, r in rows):
         # GRPO data with replayed multiple choice: `probe_reward` needs each row's kind (the training rows' own reward
@@ -202,15 +234,17 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
                              f"replayed example must train like the others (columns {', '.join(columns)})")
         by_category.setdefault(str(row["category"]), []).append({c: row[c] for c in columns})
     if monitor is not None:
-        # behaviour probes have no gold answer to replay: their categories are monitored, not replayed
+        # behaviour probes have no gold answer to replay: their categories are monitored, not replayed, unless the
+        # pool holds the base's own answers to behaviour prompts of those categories (self-distilled replay)
         wanted = sorted({p.category for p in monitor.probes if not p.is_behavior})
         check_pool([r.get("id") for _, r in rows if r.get("id") is not None], monitor.probes.ids,
                    {c: len(v) for c, v in by_category.items()}, wanted)
-        unsteered = sorted(set(by_category) - set(wanted))
+        steered = set(monitor.probes.categories) if _is_base_outputs(pool) else set(wanted)
+        unsteered = sorted(set(by_category) - steered)
         if unsteered:
             logger.warning("forgetwatch: replay pool categories %s are not monitored, so the loop cannot weigh them: "
                            "left out", ", ".join(unsteered))
-        by_category = {c: by_category[c] for c in wanted}
+        by_category = {c: by_category[c] for c in sorted(steered & set(by_category))}
     mixer = ReplayMixer(train_dataset, by_category, ratio, strategy=strategy, floor=floor, seed=seed, fill=fill)
     if monitor is not None:
         monitor.attach_mixer(mixer)
@@ -223,13 +257,18 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
     return dataset
 
 
-def _pool_rows(pool: Any, monitored: Any) -> list[tuple[str, dict[str, Any]]]:
+def _pool_rows(pool: Any, monitored: Any, form: str = "scoring") -> list[tuple[str, dict[str, Any]]]:
     """(where, example) for every pool entry: probes become training examples; a user's rows are used as they are."""
     import os
 
+    from .distill import BaseOutputs
     from .probes import ProbeSet
     from .suites import load_probes
 
+    if isinstance(pool, BaseOutputs):
+        if not len(pool):
+            raise ValueError("the base outputs hold no answer to replay")
+        return [(f"base output {r['id']!r}", r) for r in pool.replay_rows()]
     if isinstance(pool, (str, os.PathLike)):
         path = Path(pool)
         if path.is_file() and not _is_probe_file(path):
@@ -240,7 +279,7 @@ def _pool_rows(pool: Any, monitored: Any) -> list[tuple[str, dict[str, Any]]]:
             pool = pool.filter(lambda p: p.id not in monitored)
     if isinstance(pool, ProbeSet) or (isinstance(pool, (list, tuple)) and pool and isinstance(pool[0], Probe)):
         # behaviour probes have no gold answer to train on: they stay monitored only
-        rows = [(f"probe {p.id!r}", _training_example(p)) for p in pool if not p.is_behavior]
+        rows = [(f"probe {p.id!r}", _training_example(p, form)) for p in pool if not p.is_behavior]
         if not rows:
             raise ValueError("the replay pool holds behaviour probes only (instruct, comply), which have no gold answer to "
                              "replay; give knowledge suites or a file of training examples")
@@ -255,6 +294,12 @@ def _pool_rows(pool: Any, monitored: Any) -> list[tuple[str, dict[str, Any]]]:
                              f"{sorted(row) if isinstance(row, dict) else type(row).__name__}")
         out.append((f"row {i}" + (f" (id {row['id']!r})" if row.get("id") is not None else ""), row))
     return out
+
+
+def _is_base_outputs(pool: Any) -> bool:
+    from .distill import BaseOutputs
+
+    return isinstance(pool, BaseOutputs)
 
 
 def _is_probe_file(path: Path) -> bool:

@@ -30,8 +30,16 @@ def resolve_model(model_args, training_args) -> str:
     return model_args.model_name_or_path
 
 
-def data_and_callbacks(script_args, training_args, fw_args, stage: str) -> tuple[Any, list]:
-    """The training set, without any row that asks a probe's question, and the callback (when probes are set)."""
+def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_path: str | None = None) -> tuple[Any, list, Any]:
+    """The training set, without any row that asks a probe's question, the callback (when probes are set), and the KL
+    anchor (when `forgetwatch_anchor_beta` > 0; pass it to `with_anchor(SFTTrainer)`)."""
+    if fw_args.needs_base_outputs() and stage != "sft":
+        raise ValueError("forgetwatch_replay_targets=base and forgetwatch_anchor_beta are SFT options: GRPO already anchors "
+                         "to its reference model with `beta`, and replays prompts (forgetwatch_replay_mix, gold targets) "
+                         "that its rewards check")
+    if fw_args.needs_base_outputs() and not fw_args.forgetwatch_probes:
+        raise ValueError("forgetwatch_replay_targets=base and forgetwatch_anchor_beta need forgetwatch_probes: the pool "
+                         "is held out from the monitored probes, and the loop follows what they measure")
     # Built first: it loads the probes, which the training data must not contain.
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args.forgetwatch_probes else []
     with training_args.main_process_first(desc="loading the training data"):
@@ -41,8 +49,11 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str) -> tuple
             dataset, dropped = drop_probe_overlap(dataset, callbacks[0].probes)
             if dropped and training_args.process_index == 0:
                 print(f"dropped {dropped} training rows that ask a probe's question ({len(dataset)} left)")
+        outputs = base_outputs(fw_args, training_args, model_path, callbacks[0]) if fw_args.needs_base_outputs() else None
         replay = fw_args.replay_kwargs()
         if replay is not None:
+            if fw_args.forgetwatch_replay_targets == "base":
+                replay["pool"] = outputs  # self-distilled: the base's own answers are the targets
             if not callbacks:
                 raise ValueError("forgetwatch_replay_mix needs forgetwatch_probes: the loop follows what the probes measure")
             if training_args.max_steps <= 0:
@@ -51,11 +62,54 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str) -> tuple
             dataset = mix_replay(dataset, monitor=callbacks[0], seed=training_args.seed, **replay)
             if training_args.process_index == 0:
                 sizes = ", ".join(f"{c} {len(rows)}" for c, rows in dataset.mixer.pool.items())
-                print(f"replay: {replay['ratio']:.0%} of the examples, {replay['strategy']}, from {sizes}")
+                print(f"replay: {replay['ratio']:.0%} of the examples, {replay['strategy']}, "
+                      f"{fw_args.forgetwatch_replay_targets} targets, from {sizes}")
+    anchor = None
+    if fw_args.forgetwatch_anchor_beta:
+        from forgetwatch.anchor import KLAnchor
+
+        anchor = KLAnchor(outputs, beta=fw_args.forgetwatch_anchor_beta, ratio=fw_args.forgetwatch_anchor_ratio,
+                          strategy=fw_args.forgetwatch_replay_strategy, monitor=callbacks[0], seed=training_args.seed,
+                          tokenizer=_tokenizer(model_path), model=_architecture(model_path),
+                          max_length=getattr(training_args, "max_length", None))
+        if training_args.process_index == 0:
+            print(f"KL anchor: beta {anchor.beta}, {anchor.ratio} pool conversations per example, "
+                  f"{fw_args.forgetwatch_replay_strategy}, over {len(anchor.outputs)} base answers")
     report_to = training_args.report_to or []
     if "wandb" in report_to and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
         os.environ.setdefault("WANDB_MODE", "offline")  # not logged in: keep the run on disk, `wandb sync` it later
-    return dataset, callbacks
+    return dataset, callbacks, anchor
+
+
+def base_outputs(fw_args, training_args, model_path: str, callback) -> Any:
+    """The base's answers to the pool (`forgetwatch.distill`): read when made for this model, tokenizer and pool, else
+    made now by the base (the main process first; the other ranks then read them)."""
+    from forgetwatch.distill import load_or_make
+
+    path = fw_args.forgetwatch_base_outputs or str(Path(training_args.output_dir) / "base_outputs.parquet")
+    kwargs = training_args.model_init_kwargs or {}
+    dtype = kwargs.get("dtype") if isinstance(kwargs.get("dtype"), str) and kwargs.get("dtype") != "auto" else "float32"
+    with training_args.main_process_first(desc="the base model's answers to the replay pool"):
+        outputs = load_or_make(path, model_path, _tokenizer(model_path), fw_args.pool(), exclude=callback.probes,
+                               max_length=getattr(training_args, "max_length", None), dtype=dtype,
+                               max_new_tokens=fw_args.forgetwatch_behavior_max_new_tokens, progress=training_args.process_index == 0)
+    if training_args.process_index == 0:
+        print(f"base outputs: {len(outputs)} answers of the base in {path}")
+    return outputs
+
+
+def _tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _architecture(model_path: str) -> dict:
+    from transformers import AutoConfig
+
+    from forgetwatch.models import architecture_id
+
+    return {"architecture": architecture_id(AutoConfig.from_pretrained(model_path))}
 
 
 def finish(trainer, training_args, callbacks: list) -> None:

@@ -27,7 +27,7 @@ def main(script_args, training_args, model_args, fw_args):
     from forgetwatch.answers import probe_reward
 
     model = resolve_model(model_args, training_args)
-    dataset, callbacks = data_and_callbacks(script_args, training_args, fw_args, stage="grpo")
+    dataset, callbacks, _ = data_and_callbacks(script_args, training_args, fw_args, stage="grpo")
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[probe_reward],

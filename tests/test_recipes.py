@@ -228,7 +228,7 @@ def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
     proc = _run(stage, tiny_model_dir, tmp_path / "out", "--forgetwatch_replay_mix", "0.5", *extra)
     _check_record(proc, tmp_path / "out")
     # every probe of the five suites but the 3 per suite monitored
-    assert "replay: 50% of the examples, closed_loop, from arc_easy 567, hellaswag 10039, piqa 1835, sciq 997, triviaqa 7990" in proc.stdout
+    assert "replay: 50% of the examples, closed_loop, gold targets, from arc_easy 567, hellaswag 10039, piqa 1835, sciq 997, triviaqa 7990" in proc.stdout
     mix = json.loads((tmp_path / "out" / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]
     assert mix["ratio"] == 0.5 and mix["categories"] == ["arc_easy", "hellaswag", "piqa", "sciq", "triviaqa"]
     assert [step for _, step, _ in mix["schedule"]] == [1, 2]  # each evaluation's weights, from where the data was read
