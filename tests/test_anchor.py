@@ -301,3 +301,43 @@ def test_a_closed_loop_anchor_follows_the_monitor_and_is_recorded(tokenizer, out
     assert mix["ratio"] == 0.5 and mix["categories"] == ["add", "compare", "count", "short"]
     assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6, 8]
     assert anchor.sampler.weights == mix["weights"]
+
+
+def test_the_cli_makes_base_outputs_once(tiny_model_dir, tmp_path, capsys):
+    from forgetwatch.cli import main
+
+    probes = tmp_path / "pool.jsonl"
+    make_pool().to_jsonl(probes)
+    out = tmp_path / "outs.parquet"
+    assert main(["base-outputs", "--model", str(tiny_model_dir), "--pool", str(probes), "-o", str(out), "--device", "cpu"]) == 0
+    assert "answers of" in capsys.readouterr().out and len(BaseOutputs.load(out)) > 0
+    assert main(["base-outputs", "--model", str(tiny_model_dir), "--pool", str(probes), "-o", str(out), "--device", "cpu"]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+
+
+def test_resume_continues_the_anchor_draws(tokenizer, outputs, tmp_path):
+    """Resumed from step 6's checkpoint, steps 7-8 anchor the same conversations, drawn by the same closed-loop weights,
+    as the uninterrupted run."""
+    import shutil
+
+    from trl import SFTTrainer
+
+    _, outs = outputs
+
+    def run(out, resume=False):
+        watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4)
+        anchor = KLAnchor(outs, beta=1.0, ratio=0.5, monitor=watch, tokenizer=tokenizer)
+        drawn, draws = [], anchor.draws
+        anchor.draws = lambda m, b: drawn.append((m, r := draws(m, b))) or r
+        t = _trainer(with_anchor(SFTTrainer), tokenizer, out, anchor=anchor, callbacks=[watch], save_strategy="steps",
+                     save_steps=2)
+        t.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
+        return drawn, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"], t.model
+
+    whole, whole_schedule, whole_model = run(tmp_path / "whole")
+    assert [m for m, _ in whole] == list(range(8)) and sum(len(r) for _, r in whole) == 16  # 0.5 x 4 examples x 8 steps
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    resumed, schedule, model = run(tmp_path / "cut", resume=True)
+    assert resumed == whole[6:] and schedule == whole_schedule
+    for a, b in zip(whole_model.parameters(), model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -234,3 +234,40 @@ def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
     assert [step for _, step, _ in mix["schedule"]] == [1, 2]  # each evaluation's weights, from where the data was read
     if stage == "grpo":  # replayed multiple-choice prompts were rewarded as such (the reward logs their invalid rate)
         assert "'forgetwatch/mcq_invalid'" in proc.stdout and "'forgetwatch/short_answer_invalid'" in proc.stdout
+
+
+@requires_olmo_eval
+def test_self_distilled_replay_and_the_anchor_from_the_recipe(tiny_model_dir, tmp_path):
+    """`--forgetwatch_replay_targets base` and `--forgetwatch_anchor_beta`: the base's answers are made once before
+    training (and read back by the next run), replayed, and anchored to; the anchor's KL is in the trainer's logs."""
+    pool = "arc_easy:4,sciq:4,piqa:4,hellaswag:4,triviaqa:4"
+    outputs = tmp_path / "base_outputs.parquet"
+    args = ("--forgetwatch_replay_mix", "0.5", "--forgetwatch_replay_pool", pool, "--forgetwatch_replay_targets", "base",
+            "--forgetwatch_anchor_beta", "1.0", "--forgetwatch_anchor_ratio", "0.5", "--forgetwatch_base_outputs", str(outputs))
+    proc = _run("sft", tiny_model_dir, tmp_path / "out", *args)
+    _check_record(proc, tmp_path / "out")
+    assert "base targets, from arc_easy" in proc.stdout and "KL anchor: beta 1.0, 0.5 pool conversations per example" in proc.stdout
+    assert outputs.is_file() and "anchor_kl" in (tmp_path / "out" / "forgetwatch" / "trainer_log.jsonl").read_text()
+    mixers = json.loads((tmp_path / "out" / "forgetwatch" / "replay_mix.json").read_text())["mixers"]
+    assert len(mixers) == 2  # the replay stream and the anchor's draws, both steered by the monitor
+    made = outputs.stat().st_mtime_ns
+    _run("sft", tiny_model_dir, tmp_path / "again", *args)
+    assert outputs.stat().st_mtime_ns == made  # reused, not made again
+
+
+@requires_olmo_eval
+def test_base_targets_are_refused_for_grpo(tiny_model_dir, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "recipes/grpo.py", "--config", "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml",
+           "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path), "--forgetwatch_anchor_beta", "0.5"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "GRPO already anchors to its reference model with `beta`" in proc.stderr
+
+
+def test_a_negative_anchor_beta_is_refused_when_parsed(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
+           "--output_dir", str(tmp_path), "--forgetwatch_anchor_beta", "-0.1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "forgetwatch_anchor_beta: the KL anchor's `beta` must be a number >= 0" in proc.stderr
+    assert not list(tmp_path.iterdir())  # refused before anything was made

@@ -20,6 +20,9 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
 
 STEPS, BATCH, RATIO = 6, 4, 0.25
+# the runs whose tiny model forgets `add` by step 6 (what the closed-loop tests follow) replay the lettered form; the
+# scoring form (the default for SFT data) trains differently, and tests/test_anchor.py checks it
+LETTERS = "letter"
 
 
 def sft_dataset() -> Dataset:
@@ -69,7 +72,7 @@ def watcher() -> ForgetWatchCallback:
 def replay_run(tokenizer, tmp_path_factory):
     out = tmp_path_factory.mktemp("replay")
     w = watcher()
-    trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0))
+    trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=LETTERS))
     trainer.train()
     return trainer, RunRecord(out / "forgetwatch")
 
@@ -118,7 +121,7 @@ def test_resume_continues_the_same_stream(tokenizer, tmp_path):
     before step 6's evaluation) which keeps step 4's."""
     def run(out: Path, resume: bool = False):
         w = watcher()
-        trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0),
+        trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=LETTERS),
                              save_strategy="steps", save_steps=2, max_steps=8)
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
         return trainer, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"]
