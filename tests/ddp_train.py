@@ -6,6 +6,7 @@
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --score-only --scoring unpacked   # another SCORING config
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --scoring generate          # FSDP2 on CPU, a SCORING config
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --model DIR --base-cache C  # a saved model, a CLI cache
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT --anchor 1.0 [--fsdp]             # the KL anchor
 
 Training writes the forgetwatch record to OUT/forgetwatch/ and the final weights to OUT/final/ (rank 0).
 Every rank appends what it did to OUT/trace-rank<R>.jsonl: each `score_probes` call made inside
@@ -181,7 +182,7 @@ def _tracing_trainer(out: Path, names: dict, sft: bool = False):
 
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
-          replay: float | None = None, sft: bool = False, sidecar: bool = False) -> None:
+          replay: float | None = None, sft: bool = False, sidecar: bool = False, anchor: float | None = None) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -245,7 +246,11 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         from trl import SFTTrainer as trainer_class
 
         dataset = Dataset.from_list(dataset)
-    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback])
+    extra = {}
+    if anchor is not None:
+        trainer_class, extra = _anchored(out, trainer_class, model, tokenizer, callback, anchor)
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback],
+                            **extra)
     trainer.train()
     if replay is not None:
         _trace(out, event="mix", schedule=[list(e) for e in callback._mixers[0].schedule])
@@ -263,6 +268,27 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     else:
         trainer.save_model(str(out / "final"))  # the weights after the last step, written by the main process
     _leave_distributed_run()
+
+
+def _anchored(out: Path, trainer_class, model, tokenizer, callback, beta: float):
+    """The trainer class with the KL anchor, on the base's answers to pool probes in the monitored categories (made by
+    each rank before training, from the same base), tracing each micro-batch's draws."""
+    from forgetwatch.anchor import KLAnchor, with_anchor
+    from forgetwatch.distill import make_base_outputs
+
+    pool = [Probe(f"anchor-{c}{i}", "mcq", f"Which {c} word is {_WORDS[i]}?", (_WORDS[i], _WORDS[i + 1]), 0, category=c)
+            for c in ("science", "trivia", "math") for i in range(4)]
+    outputs = make_base_outputs(model, tokenizer, pool, max_length=64)
+    anchor = KLAnchor(outputs, beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer, model=model, max_length=64)
+    draws = anchor.draws
+
+    def traced(micro_batch, batch_size):
+        rows = draws(micro_batch, batch_size)
+        _trace(out, event="anchor", micro_batch=micro_batch, rows=rows)
+        return rows
+
+    anchor.draws = traced
+    return with_anchor(trainer_class), {"anchor": anchor}
 
 
 def _allow_fsdp_on_cpu() -> None:
@@ -361,12 +387,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--on-budget", choices=["alert", "save", "stop"], help="with a budget that trips at the first 1->0 flip")
     parser.add_argument("--sft", action="store_true", help="TRL's SFTTrainer instead of transformers' Trainer")
     parser.add_argument("--sidecar", action="store_true", help="scoring='sidecar': checkpoints for `forgetwatch watch`")
+    parser.add_argument("--anchor", type=float, help="a KL anchor to the base with this beta (closed loop, ratio 0.5)")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar, a.anchor)
 
 
 if __name__ == "__main__":

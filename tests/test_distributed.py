@@ -333,3 +333,18 @@ def test_replay_stream_under_ddp_with_sfttrainer(tmp_path):
     mixes = [[r for r in trace(tmp_path, rank) if r["event"] == "mix"] for rank in range(2)]
     assert mixes[0] and mixes[0][0]["schedule"] and [step for _, step, _ in mixes[0][0]["schedule"]] == [2, 4, 6, 8]
     assert [[s[1:] for s in m[0]["schedule"]] for m in mixes] == [[s[1:] for s in mixes[0][0]["schedule"]]] * 2
+
+
+@pytest.mark.parametrize("sft", [False, True], ids=["Trainer", "SFTTrainer"])
+def test_the_kl_anchor_under_ddp(tmp_path, sft):
+    """The KL anchor under 2-process DDP: every rank runs an anchor forward at the same micro-batches (as many
+    conversations each, drawn apart; a second forward before the backward, which DDP's reducer takes), the run ends,
+    and the closed loop steered the anchor's draws."""
+    run = torchrun(tmp_path, "--anchor=1.0", "--max-steps=4", *(["--sft"] if sft else []))
+    check_ok(run)
+    draws = {rank: [r for r in trace(tmp_path, rank) if r["event"] == "anchor"] for rank in range(2)}
+    assert [d["micro_batch"] for d in draws[0]] == [d["micro_batch"] for d in draws[1]] == [0, 1, 2, 3]
+    assert [len(d["rows"]) for d in draws[0]] == [len(d["rows"]) for d in draws[1]] == [1, 1, 1, 1]  # 0.5 x 2 examples
+    assert [d["rows"] for d in draws[0]] != [d["rows"] for d in draws[1]]  # each rank its own conversations
+    mix = json.loads((tmp_path / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]
+    assert [step for _, step, _ in mix["schedule"]] == [2, 4]  # the closed loop steered the anchor on every rank

@@ -211,3 +211,15 @@ def test_sharded_checkpoints_of_tied_weights_load(tmp_path, kept):
     model, _ = load_checkpoint(ckpt, device="cpu", model_files=files)
     for name, t in trained.state_dict().items():
         assert torch.equal(model.state_dict()[name], t), name
+
+
+@needs_fsdp2
+def test_the_kl_anchor_under_fsdp(tmp_path):
+    """FSDP2 gathers weights in every forward: the anchor's extra forwards must be the same on every rank, or a rank
+    waits forever. The launch ends (bounded by the harness's timeout) with the same draws counted on both ranks."""
+    run = torchrun(tmp_path, "--fsdp", "--anchor=1.0", "--max-steps=4")
+    check_ok(run)
+    counts = [[len(r["rows"]) for r in trace(tmp_path, rank) if r["event"] == "anchor"] for rank in range(2)]
+    assert counts[0] == counts[1] == [1, 1, 1, 1]
+    done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
+    assert [(d["rank"], d["global_step"]) for d in done] == [(0, 4), (1, 4)]
