@@ -100,6 +100,9 @@ class ForgetWatchArguments:
         ratio = self.forgetwatch_anchor_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
             raise ValueError(f"forgetwatch_anchor_ratio (pool conversations per training example) must be in (0, 8], got {ratio!r}")
+        if self.forgetwatch_replay_targets == "base" and not self.forgetwatch_replay_mix:
+            logger.warning("forgetwatch: forgetwatch_replay_targets=base does nothing while forgetwatch_replay_mix is 0: "
+                           "set the replay share (e.g. 0.1)")
 
     def to_kwargs(self) -> dict[str, Any]:
         """The callback's keyword arguments (the replay fields are `mix_replay`'s, see `replay_kwargs`)."""

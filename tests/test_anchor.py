@@ -173,7 +173,7 @@ def test_a_negative_or_non_number_beta_is_refused(beta):
         ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_anchor_beta=beta)
 
 
-def test_options_are_checked_when_parsed():
+def test_options_are_checked_when_parsed(caplog):
     with pytest.raises(ValueError, match="forgetwatch_replay_targets must be one of gold, base"):
         ForgetWatchArguments(forgetwatch_replay_targets="teacher")
     with pytest.raises(ValueError, match=r"forgetwatch_anchor_ratio .* must be in \(0, 8\]"):
@@ -181,6 +181,7 @@ def test_options_are_checked_when_parsed():
     args = ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_anchor_beta=0.5)
     assert args.needs_base_outputs() and "anchor_beta" not in args.to_kwargs() and "base_outputs" not in args.to_kwargs()
     assert not ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_replay_targets="base").needs_base_outputs()
+    assert "forgetwatch_replay_targets=base does nothing while forgetwatch_replay_mix is 0" in caplog.text
 
 
 def test_an_anchor_on_outputs_of_another_tokenizer_or_model_is_refused(tokenizer, outputs):
