@@ -59,12 +59,19 @@ def topk_kl(logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.T
         >>> float(topk_kl(logits, torch.tensor([[0, 1]]), base[:, :2])[0]) < 1e-6  # the model is the base
         True
     """
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, topk_ids)
+    logits = logits.float()
+    total = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, topk_ids) - total[..., None]
+    # the model's mass outside the base's top k, in log space from the logits themselves: 1 - sum(p) in float32 is
+    # rounding error (or 0, with no gradient) once the model is sharper than the base
+    log_rest_model = torch.logsumexp(logits.scatter(-1, topk_ids, float("-inf")), dim=-1) - total
+    log_rest_model = log_rest_model.clamp_min(-80.0)  # k = the whole vocabulary: no mass left, not -inf
     base = topk_logprobs.float()
     p_base = base.exp()
-    rest_base = (1 - p_base.sum(-1)).clamp_min(1e-8)
-    rest_model = (1 - logp.exp().sum(-1)).clamp_min(1e-8)
-    return (p_base * (base - logp)).sum(-1) + rest_base * (rest_base.log() - rest_model.log())
+    rest_base = (1 - p_base.sum(-1)).clamp_min(0)
+    rest_term = torch.where(rest_base > 0, rest_base * (rest_base.clamp_min(1e-30).log() - log_rest_model),
+                            torch.zeros_like(rest_base))
+    return (p_base * (base - logp)).sum(-1) + rest_term
 
 
 class KLAnchor:
@@ -96,12 +103,12 @@ class KLAnchor:
         if strategy == "closed_loop" and monitor is None:
             raise ValueError("a closed-loop anchor follows a monitor: pass `monitor=` (the run's ForgetWatchCallback), "
                              "or use strategy='uniform'")
-        path = outputs if not isinstance(outputs, BaseOutputs) else "base outputs"
         if not isinstance(outputs, BaseOutputs):
             outputs = BaseOutputs.load(outputs)
+        path = outputs.source
         if tokenizer is None:
             raise ValueError("the KL anchor needs the trainer's `tokenizer`, to check that the base outputs were made with it")
-        ident = model if isinstance(model, dict) or model is None else _identity(model)
+        ident = model if isinstance(model, dict) or model is None else _identity(model)  # a path or name: its config
         outputs.check(ident, tokenizer, path)
         rows = [r for r in outputs.rows if len(r["topk_ids"])]
         if not rows:
@@ -185,10 +192,15 @@ class KLAnchor:
 
 
 def _identity(model: Any) -> dict[str, Any]:
-    from .models import model_identity
+    import os
 
-    inner = getattr(model, "module", model)
-    return model_identity(inner)
+    from .models import architecture_id, model_identity
+
+    if isinstance(model, (str, os.PathLike)):
+        from transformers import AutoConfig
+
+        return {"architecture": architecture_id(AutoConfig.from_pretrained(str(model)))}
+    return model_identity(getattr(model, "module", model))
 
 
 def _rank_world() -> tuple[int, int]:

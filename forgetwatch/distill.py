@@ -84,6 +84,7 @@ class BaseOutputs:
 
     key: dict[str, Any]
     rows: list[dict[str, Any]]
+    source: str = "base outputs"  # the file they were read from, for messages
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -124,18 +125,21 @@ class BaseOutputs:
                 expect.pop("model"), found.pop("model")
         diffs = diff_keys(expect, found)
         if diffs:
-            raise ValueError(f"{path}: these base outputs were made by another model or tokenizer:\n  " + "\n  ".join(diffs)
-                             + "\nmake them again with the base model you train from (`forgetwatch base-outputs --model "
-                             "<base> --pool <pool> -o <new file>`), or point to the right file")
+            what = "for another pool" if all(d.startswith("pool") for d in diffs) else "by another model or tokenizer"
+            raise ValueError(f"{path}: these base outputs were made {what}:\n  " + "\n  ".join(diffs)
+                             + "\nmake them again with the base model you train from and this pool (`forgetwatch base-outputs "
+                             "--model <base> --pool <pool> -o <new file>`), or point to the right file")
 
     # -- files ----------------------------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    def save(self, path: str | os.PathLike, overwrite: bool = False, _locked: bool = False) -> Path:
         """Write a Parquet file; an existing file is kept unless `overwrite` (it may be another run's cache)."""
+        import contextlib
+
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         path = Path(path)
-        with file_lock(path):
+        with contextlib.nullcontext() if _locked else file_lock(path):
             if path.exists() and not overwrite:
                 raise FileExistsError(f"{path} exists: base outputs are never overwritten; remove it or choose another path")
             cols: dict[str, list] = {c: [] for c in ("id", "category", "kind", "user", "answer", "option_probs", "input_ids",
@@ -189,7 +193,7 @@ class BaseOutputs:
                          "input_ids": data["input_ids"][i], "start": data["start"][i],
                          "topk_ids": ids.reshape(-1, k) if k else ids.reshape(0, 0),
                          "topk_logprobs": lps.reshape(-1, k) if k else lps.reshape(0, 0)})
-        return cls(key, rows)
+        return cls(key, rows, source=str(path))
 
 
 # -- making them --------------------------------------------------------------------------------------------
@@ -200,6 +204,8 @@ def pool_probes(pool: Any, exclude: Any = None) -> list[Probe]:
     from ._io import read_jsonl
     from .suites import load_probes
 
+    if isinstance(exclude, (str, os.PathLike)):
+        exclude = load_probes(str(exclude))  # suite names or a probe file, as `forgetwatch base-outputs --exclude` takes
     excluded = set(exclude.ids if hasattr(exclude, "ids") else exclude or ())
     if isinstance(pool, (str, os.PathLike)):
         path = Path(pool)
@@ -256,6 +262,9 @@ def make_base_outputs(model: Any, tokenizer: Any, pool: Any, *, exclude: Any = N
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}")
     probes, users = _pool_users(pool, exclude)
+    if len(probes) > 5000:
+        logger.warning("forgetwatch: making the base's answers to %d pool prompts (one scoring pass and one forward each); "
+                       "a smaller pool, e.g. `arc_easy:200,sciq:200`, is made in a fraction of the time", len(probes))
     _check_prompt_lengths(tokenizer, probes, users, max_length)
     config = ScoringConfig(mcq_mode="loglik", short_mode="generate", behavior_max_new_tokens=max_new_tokens,
                            batch_size=batch_size)
@@ -371,25 +380,34 @@ def load_or_make(path: str | os.PathLike, model: Any, tokenizer: Any, pool: Any,
     from .models import architecture_id, free_memory, load_model, model_identity
 
     path = Path(path)
-    if path.is_file():
-        outs = BaseOutputs.load(path)
-        if isinstance(model, (str, os.PathLike)):
-            from transformers import AutoConfig
+    # held while checking and making: runs sharing one file wait for the first to make it, then read it
+    with file_lock(path, timeout=-1):
+        if path.is_file():
+            outs = BaseOutputs.load(path)
+            if isinstance(model, (str, os.PathLike)):
+                from transformers import AutoConfig
 
-            ident = {"architecture": architecture_id(AutoConfig.from_pretrained(str(model)))}
-        else:
-            ident = model_identity(model)
-        probes, users = _pool_users(pool, kwargs.get("exclude"))
-        outs.check(ident, tokenizer, path, pool={"fingerprint": _fingerprint(probes, users), "n": len(probes)})
-        return outs
-    loaded = isinstance(model, (str, os.PathLike))
-    if loaded:
-        model, _ = load_model(str(model), dtype=dtype)
-    try:
-        outs = make_base_outputs(model, tokenizer, pool, **kwargs)
-    finally:
+                ident = {"architecture": architecture_id(AutoConfig.from_pretrained(str(model)))}
+            else:
+                ident = model_identity(model)
+            probes, users = _pool_users(pool, kwargs.get("exclude"))
+            outs.check(ident, tokenizer, path, pool={"fingerprint": _fingerprint(probes, users), "n": len(probes)})
+            made_at = (outs.key.get("making") or {}).get("max_length")
+            wanted = kwargs.get("max_length")
+            if made_at is not None and (wanted is None or made_at < wanted):
+                logger.warning("forgetwatch: %s was made with max_length=%s, below this run's %s: answers cut there stay "
+                               "cut (the anchor sees only their first tokens); make the file again to use the longer "
+                               "length", path, made_at, wanted)
+            return outs
+        loaded = isinstance(model, (str, os.PathLike))
         if loaded:
-            del model
-            free_memory()
-    outs.save(path)
-    return outs
+            model, _ = load_model(str(model), dtype=dtype)
+        try:
+            outs = make_base_outputs(model, tokenizer, pool, **kwargs)
+        finally:
+            if loaded:
+                del model
+                free_memory()
+        outs.save(path, _locked=True)
+        outs.source = str(path)
+        return outs
