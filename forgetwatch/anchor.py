@@ -134,6 +134,7 @@ class KLAnchor:
         # steers, records and restores the anchor as it does a replay stream
         self.sampler = ReplayMixer([{}], by_category, 0.0, strategy=strategy, floor=floor, seed=seed)
         self.sampler.ratio = self.ratio  # what the record shows; the anchor's draws do not use the stream
+        self.sampler.kind = f"kl anchor: beta {self.beta}"
         if monitor is not None:
             monitor.attach_mixer(self.sampler)
         self._kl_sum, self._kl_n = 0.0, 0

@@ -581,7 +581,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._mix_written = state
         try:
             RunRecord(self._record_root).write_mix({"mixers": [
-                {"ratio": m.ratio, "strategy": m.strategy, "floor": m.floor, "seed": m.seed, "categories": m.categories,
+                {"kind": getattr(m, "kind", "replay"), "ratio": m.ratio, "strategy": m.strategy, "floor": m.floor, "seed": m.seed,
+                 "categories": m.categories,
                  "weights": m.weights, "schedule": [list(e) for e in m.schedule]} for m in self._mixers]})
         except Exception:
             logger.exception("forgetwatch: could not write replay_mix.json; training goes on")

@@ -246,6 +246,7 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
                            "left out", ", ".join(unsteered))
         by_category = {c: by_category[c] for c in sorted(steered & set(by_category))}
     mixer = ReplayMixer(train_dataset, by_category, ratio, strategy=strategy, floor=floor, seed=seed, fill=fill)
+    mixer.kind = "replay: base answers" if _is_base_outputs(pool) else f"replay: {form} form"  # said in replay_mix.json
     if monitor is not None:
         monitor.attach_mixer(mixer)
 

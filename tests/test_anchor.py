@@ -328,6 +328,7 @@ def test_a_closed_loop_anchor_follows_the_monitor_and_is_recorded(tokenizer, out
     anchor = KLAnchor(outs, beta=1.0, ratio=0.5, monitor=watch, tokenizer=tokenizer)
     _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "run", anchor=anchor, callbacks=[watch]).train()
     mix = RunRecord(tmp_path / "run" / "forgetwatch").read_mix()["mixers"][0]
+    assert mix["kind"] == "kl anchor: beta 1.0"
     assert mix["ratio"] == 0.5 and mix["categories"] == ["add", "compare", "count", "short"]
     assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6, 8]
     assert anchor.sampler.weights == mix["weights"]
