@@ -216,8 +216,9 @@ def analyse() -> dict:
     runs = {}
     for done in sorted(OUT.glob("*/done.json")):
         d = json.loads(done.read_text())
-        curve = [{"step": c["step"], "F": _rates(base["knowledge"], c["outcome"])[0],
-                  "BT": _rates(base["knowledge"], c["outcome"])[1]} for c in d["curve"]]
+        curve = [{"step": 0, "F": 0.0, "BT": 0.0}] + [
+            {"step": c["step"], "F": _rates(base["knowledge"], c["outcome"])[0], "BT": _rates(base["knowledge"], c["outcome"])[1]}
+            for c in d["curve"]]
         f_beh, bt_beh = _rates(base["behavior"], d["behavior"])
         runs[done.parent.name] = {"arm": d["arm"], "seed": d["seed"], "ratio": d["ratio"], "curve": curve,
                                   "F": curve[-1]["F"], "BT": curve[-1]["BT"], "task_loss": d["task_loss"],
@@ -295,6 +296,15 @@ def main() -> None:
         result = analyse()
         (REPO / "benchmarks" / "results" / "replay_targets.json").write_text(json.dumps(result, indent=1))
         plot(result)
+        print("| arm | seeds | held-out F (headline) | held-out 0→1 | held-out GSM8K loss | task cost | F cut vs none | "
+              "instructions lost (of the 8 followed at base) | minutes a run |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, s in sorted(result["arms"].items(), key=lambda kv: ARMS.index(kv[0].split("-r")[0])):
+            sd = lambda x: f" ± {x['sd']:.3f}" if x["sd"] is not None else ""  # noqa: E731
+            cut, cost = s.get("cut_F"), s.get("task_cost")
+            print(f"| {name} | {len(s['seeds'])} | {s['F']['mean']:.3f}{sd(s['F'])} | {s['BT']['mean']:.3f}{sd(s['BT'])} | "
+                  f"{s['task_loss']['mean']:.4f}{sd(s['task_loss'])} | {'' if cost is None else f'{cost:+.1%}'} | "
+                  f"{'' if cut is None else f'{cut:+.0%}'} | {s['behavior_F']['mean'] * 24:.1f} | {s['minutes']['mean']:.0f} |")
         for name, s in sorted(result["arms"].items()):
             print(f"{name:20s} seeds {s['seeds']}  held-out F {s['F']['mean']:.3f} ± {s['F']['sd'] or 0:.3f}"
                   f"  BT {s['BT']['mean']:.3f}  task loss {s['task_loss']['mean']:.4f} ± {s['task_loss']['sd'] or 0:.4f}"
