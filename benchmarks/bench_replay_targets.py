@@ -234,6 +234,17 @@ def analyse() -> dict:
 
         summary[name] = {"seeds": sorted(r["seed"] for r in rs), "F": stat("F"), "BT": stat("BT"),
                          "task_loss": stat("task_loss"), "behavior_F": stat("behavior_F"), "minutes": stat("minutes")}
+    # paired by seed and probe: among the base's right held-out answers, forgotten by no replay only vs by the arm only
+    # (pooled over the seeds both have), with an exact two-sided sign test: is the arm's cut more than churn?
+    finals = {name: {d["seed"]: np.asarray(d["outcome"]) for d in _finals(name)} for name in summary}
+    none = finals.get(f"none-r{RATIO:g}", {})
+    right = np.asarray(base["knowledge"]) == 1
+    for name, s in summary.items():
+        seeds = sorted(set(finals[name]) & set(none))
+        only_none = sum(int((right & (none[k] != 1) & (finals[name][k] == 1)).sum()) for k in seeds)
+        only_arm = sum(int((right & (none[k] == 1) & (finals[name][k] != 1)).sum()) for k in seeds)
+        s["paired_vs_none"] = {"seeds": seeds, "forgotten_by_none_only": only_none, "forgotten_by_arm_only": only_arm,
+                               "sign_test_p": _sign_test(only_none, only_arm)}
     ref = summary.get(f"none-r{RATIO:g}")
     if ref:
         for s in summary.values():
@@ -243,6 +254,26 @@ def analyse() -> dict:
                         "ratio": RATIO, "beta": BETA, "seeds": SEEDS, "monitored_per_suite": MONITORED,
                         "held_out_per_suite": HELD_OUT, "pool_per_suite": POOL, "suites": SUITES},
             "base_task_loss": base["task_loss"], "arms": summary, "runs": runs}
+
+
+def _finals(name: str) -> list[dict]:
+    """Each finished run of arm-ratio `name`: its seed and its held-out outcome at the last step."""
+    out = []
+    for done in sorted(OUT.glob(f"{name}-s*/done.json")):
+        d = json.loads(done.read_text())
+        out.append({"seed": d["seed"], "outcome": d["curve"][-1]["outcome"]})
+    return out
+
+
+def _sign_test(a: int, b: int) -> float | None:
+    """Exact two-sided binomial p of a split a : b under 1/2 : 1/2 (McNemar's exact test)."""
+    from math import comb
+
+    n = a + b
+    if n == 0:
+        return None
+    tail = sum(comb(n, i) for i in range(min(a, b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def plot(result: dict) -> None:
@@ -272,6 +303,13 @@ def plot(result: dict) -> None:
     fig.savefig(REPO / "benchmarks" / "results" / "replay_targets.png", dpi=110)
 
 
+def _paired(s: dict) -> str:
+    p = s.get("paired_vs_none")
+    if not p or s is None or p["sign_test_p"] is None:
+        return ""
+    return f"{p['forgotten_by_none_only']} : {p['forgotten_by_arm_only']} (p {p['sign_test_p']:.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prepare", action="store_true")
@@ -297,14 +335,15 @@ def main() -> None:
         (REPO / "benchmarks" / "results" / "replay_targets.json").write_text(json.dumps(result, indent=1))
         plot(result)
         print("| arm | seeds | held-out F (headline) | held-out 0→1 | held-out GSM8K loss | task cost | F cut vs none | "
-              "instructions lost (of the 8 followed at base) | minutes a run |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "forgotten by none only : by the arm only (p) | instructions lost (of the 8 followed at base) | minutes a run |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, s in sorted(result["arms"].items(), key=lambda kv: ARMS.index(kv[0].split("-r")[0])):
             sd = lambda x: f" ± {x['sd']:.3f}" if x["sd"] is not None else ""  # noqa: E731
             cut, cost = s.get("cut_F"), s.get("task_cost")
             print(f"| {name} | {len(s['seeds'])} | {s['F']['mean']:.3f}{sd(s['F'])} | {s['BT']['mean']:.3f}{sd(s['BT'])} | "
                   f"{s['task_loss']['mean']:.4f}{sd(s['task_loss'])} | {'' if cost is None else f'{cost:+.1%}'} | "
-                  f"{'' if cut is None else f'{cut:+.0%}'} | {s['behavior_F']['mean'] * 24:.1f} | {s['minutes']['mean']:.0f} |")
+                  f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {s['behavior_F']['mean'] * 24:.1f} | "
+                  f"{s['minutes']['mean']:.0f} |")
         for name, s in sorted(result["arms"].items()):
             print(f"{name:20s} seeds {s['seeds']}  held-out F {s['F']['mean']:.3f} ± {s['F']['sd'] or 0:.3f}"
                   f"  BT {s['BT']['mean']:.3f}  task loss {s['task_loss']['mean']:.4f} ± {s['task_loss']['sd'] or 0:.4f}"
