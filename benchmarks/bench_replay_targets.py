@@ -105,7 +105,7 @@ def prepare() -> None:
         rest = load_suite(suite).filter(lambda p: p.id not in monitored)
         sample = rest.subsample(HELD_OUT, seed=1)
         held += list(sample)
-        rest = rest.filter(lambda p: p.id not in sample).subsample(4 * POOL, seed=2)
+        rest = rest.filter(lambda p: p.id not in sample).subsample(4 * POOL, seed=2)  # noqa: B023 (called here)
         fits = [p for p in rest if _prompt_tokens(tok, p) <= MAX_PROMPT]
         pool += fits[:POOL]
     behavior = load_probes(f"instructions:{HELD_OUT_BEHAVIOR}", seed=1)
@@ -229,7 +229,7 @@ def analyse() -> dict:
     summary = {}
     for name, rs in arms.items():
         def stat(key):
-            v = [r[key] for r in rs]
+            v = [r[key] for r in rs]  # noqa: B023 (called in this iteration)
             return {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "runs": v}
 
         summary[name] = {"seeds": sorted(r["seed"] for r in rs), "F": stat("F"), "BT": stat("BT"),

@@ -177,7 +177,7 @@ class KLAnchor:
             ids[j, : len(x)], mask[j, : len(x)] = x, 1
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         total = logits.new_zeros((), dtype=torch.float32)
-        for j, (x, start, top_ids, top_lp) in enumerate(seqs):
+        for j, (_, start, top_ids, top_lp) in enumerate(seqs):
             span = logits[j, start - 1: start - 1 + len(top_ids)]
             kl = topk_kl(span, top_ids.to(device), top_lp.to(device)).mean()
             self._kl_sum, self._kl_n = self._kl_sum + float(kl.detach()), self._kl_n + 1

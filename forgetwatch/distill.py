@@ -227,7 +227,7 @@ def pool_probes(pool: Any, exclude: Any = None) -> list[Probe]:
 
 def _prompt_probes(rows: Sequence[tuple[str, Any]]) -> list[Probe]:
     out = []
-    for i, (where, r) in enumerate(rows):
+    for where, r in rows:
         if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
             raise ValueError(f"{where}: needs a `prompt` (the user's request, a non-empty string) and a `category`")
         if "category" not in r:
