@@ -26,7 +26,9 @@ The sweep (ratios 0.05 and 0.25) runs for the arm with the lowest mean held-out 
     python benchmarks/bench_replay_targets.py --run --sweep base_closed
     python benchmarks/bench_replay_targets.py               # table + plots -> benchmarks/results/replay_targets.{json,png}
 
-Resumable run by run: a run is done when its `done.json` exists; an unfinished one starts again from scratch.
+Resumable run by run: a run is done when its result is in benchmarks/results/replay_targets/<run>.json (tracked, so a
+fresh clone continues the experiment; `--prepare` makes the same probe files and base outputs again, all seeded); an
+unfinished run starts again from scratch.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "recipes"))
 
 OUT = REPO / "outputs" / "replay_targets"
+DONE = REPO / "benchmarks" / "results" / "replay_targets"  # one small JSON per finished run, kept in git
 SUITES = ("arc_easy", "sciq", "piqa", "hellaswag", "triviaqa")
 MONITORED, HELD_OUT, POOL = 20, 40, 200
 HELD_OUT_BEHAVIOR = 24
@@ -123,6 +126,35 @@ def prepare() -> None:
     outs = load_or_make(OUT / "base_outputs.parquet", model, tok, str(OUT / "pool.jsonl"), exclude=monitored,
                         max_length=MAX_LENGTH, max_new_tokens=128, progress=True)
     print(f"base outputs: {len(outs)}; base held-out task loss {base['task_loss']:.4f}", flush=True)
+    _check_prepared()
+
+
+def _prepared() -> dict:
+    """What the runs depend on: the probe files' and base outputs' hashes, and the base's held-out results."""
+    import hashlib
+
+    from forgetwatch.distill import BaseOutputs
+
+    files = ("monitored.jsonl", "held_out.jsonl", "held_out_behavior.jsonl", "pool.jsonl")
+    out = {f: hashlib.sha256((OUT / f).read_bytes()).hexdigest()[:16] for f in files}
+    answers = [r["answer"] for r in BaseOutputs.load(OUT / "base_outputs.parquet").rows]
+    out["base_outputs_answers"] = hashlib.sha256(json.dumps(answers).encode()).hexdigest()[:16]
+    out["base_held_out"] = json.loads((OUT / "base_held_out.json").read_text())
+    return out
+
+
+def _check_prepared() -> None:
+    """The runs kept in git were made from one preparation: a fresh `--prepare` must make the same, or they do not mix."""
+    now, path = _prepared(), DONE / "prepared.json"
+    if not path.is_file():
+        DONE.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(now, indent=1))
+        return
+    kept = json.loads(path.read_text())
+    if kept != now:
+        diff = [k for k in kept if kept.get(k) != now.get(k)]
+        raise SystemExit(f"--prepare made other files than the finished runs used ({', '.join(diff)}): their results "
+                         f"cannot be mixed with new runs; move {DONE} aside to start the experiment again")
 
 
 def _prompt_tokens(tok, probe) -> int:
@@ -186,13 +218,15 @@ def one(arm: str, seed: int, ratio: float) -> None:
             "behavior": score_probes(model, tok, behavior, ScoringConfig(behavior_max_new_tokens=BEHAVIOR_TOKENS)).outcome.tolist(),
             "train_seconds": train_seconds, "total_seconds": time.time() - t0}
     (out / "done.json").write_text(json.dumps(done))
+    DONE.mkdir(parents=True, exist_ok=True)
+    (DONE / f"{out.name}.json").write_text(json.dumps(done))
     for f in out.glob("model*.safetensors"):
         f.unlink()  # 540 MB a run; everything measured is in done.json and the record
 
 
 def run_one(arm: str, seed: int, ratio: float) -> None:
     out = OUT / run_name(arm, seed, ratio)
-    if (out / "done.json").is_file():
+    if (DONE / f"{out.name}.json").is_file():
         print(f"{out.name}: done already", flush=True)
         return
     if out.exists():
@@ -214,13 +248,13 @@ def _rates(base: list[int], now: list[int]) -> tuple[float, float]:
 def analyse() -> dict:
     base = json.loads((OUT / "base_held_out.json").read_text())
     runs = {}
-    for done in sorted(OUT.glob("*/done.json")):
+    for done in sorted(DONE.glob("*.json")):
         d = json.loads(done.read_text())
         curve = [{"step": 0, "F": 0.0, "BT": 0.0}] + [
             {"step": c["step"], "F": _rates(base["knowledge"], c["outcome"])[0], "BT": _rates(base["knowledge"], c["outcome"])[1]}
             for c in d["curve"]]
         f_beh, bt_beh = _rates(base["behavior"], d["behavior"])
-        runs[done.parent.name] = {"arm": d["arm"], "seed": d["seed"], "ratio": d["ratio"], "curve": curve,
+        runs[done.stem] = {"arm": d["arm"], "seed": d["seed"], "ratio": d["ratio"], "curve": curve,
                                   "F": curve[-1]["F"], "BT": curve[-1]["BT"], "task_loss": d["task_loss"],
                                   "behavior_F": f_beh, "behavior_BT": bt_beh, "minutes": d["total_seconds"] / 60}
     arms: dict[str, dict] = {}
@@ -259,7 +293,7 @@ def analyse() -> dict:
 def _finals(name: str) -> list[dict]:
     """Each finished run of arm-ratio `name`: its seed and its held-out outcome at the last step."""
     out = []
-    for done in sorted(OUT.glob(f"{name}-s*/done.json")):
+    for done in sorted(DONE.glob(f"{name}-s*.json")):
         d = json.loads(done.read_text())
         out.append({"seed": d["seed"], "outcome": d["curve"][-1]["outcome"]})
     return out
