@@ -248,7 +248,7 @@ def _rates(base: list[int], now: list[int]) -> tuple[float, float]:
 def analyse() -> dict:
     base = json.loads((OUT / "base_held_out.json").read_text())
     runs = {}
-    for done in sorted(DONE.glob("*.json")):
+    for done in sorted(DONE.glob("*-r*-s*.json")):  # the runs (prepared.json is not one)
         d = json.loads(done.read_text())
         curve = [{"step": 0, "F": 0.0, "BT": 0.0}] + [
             {"step": c["step"], "F": _rates(base["knowledge"], c["outcome"])[0], "BT": _rates(base["knowledge"], c["outcome"])[1]}
