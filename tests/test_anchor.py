@@ -317,7 +317,7 @@ def test_gradient_accumulation_keeps_the_anchor_weight(tokenizer, outputs, tmp_p
 
     one, two = run(4, 1, "one"), run(2, 2, "two")
     diffs = [float((a - b).abs().max()) for a, b in zip(one.parameters(), two.parameters(), strict=True)]
-    assert max(diffs) < 1e-5  # a wrong accumulation factor: 1.6e-3
+    assert max(diffs) < 1e-4  # a wrong accumulation factor: 1.6e-3; summation order alone: up to ~1e-5
 
 
 def test_a_closed_loop_anchor_follows_the_monitor_and_is_recorded(tokenizer, outputs, tmp_path):
