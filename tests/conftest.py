@@ -26,6 +26,24 @@ _CORPUS = [
 ]
 
 
+_MIXED_PRECISION = os.environ.get("ACCELERATE_MIXED_PRECISION")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_mixed_precision():
+    """Each test starts with the process's own ACCELERATE_MIXED_PRECISION.
+
+    transformers 4.x's TrainingArguments(bf16=True) writes it into os.environ, and every later TrainingArguments with
+    bf16=False reads it back as its default: a test's fp32 Trainer then trained under bf16 autocast if any earlier test
+    in the process had used TRL's bf16 default (found as an order-dependent failure of the anchor's accumulation test).
+    """
+    yield
+    if _MIXED_PRECISION is None:
+        os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+    else:
+        os.environ["ACCELERATE_MIXED_PRECISION"] = _MIXED_PRECISION
+
+
 def build_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
