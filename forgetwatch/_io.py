@@ -57,3 +57,24 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, hin
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise error(f"{path} line {lineno}: not valid JSON ({e.msg} at column {e.colno}){'; ' + hint if hint else ''}") from None
+
+
+def strict_json(obj: Any, **kwargs) -> str:
+    """`json.dumps` for output other tools read: NaN and infinities (a rate with nothing to count) become null.
+
+    Python writes them as bare `NaN`, which is not JSON: jq and JavaScript refuse the whole document.
+
+        >>> strict_json({"forgotten": 0.25, "length_deviation": float("nan"), "by": [float("inf")]})
+        '{"forgotten": 0.25, "length_deviation": null, "by": [null]}'
+    """
+
+    def clean(v):
+        if isinstance(v, float):
+            return v if v == v and v not in (float("inf"), float("-inf")) else None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(obj), allow_nan=False, **kwargs)

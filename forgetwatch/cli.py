@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ._io import strict_json
 from .probes import ProbeFormatError, ProbeSet
 from .suites import from_suites, load_probes
 
@@ -343,7 +344,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}
         if behavior is not None:
             out["behavior"] = {k: v.to_dict() for k, v in behavior.items()}
-        print(json.dumps(out, indent=1))
+        print(strict_json(out, indent=1))
         return 0
     print(f"base: {base_model.get('name_or_path') or '?'} ({base_model.get('architecture') or 'architecture unknown'}), "
           f"cache {args.base}\nnow:  {args.model}\n")
@@ -370,7 +371,7 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(given)} score a model; with two per-sample outputs (BEFORE AFTER) nothing is scored: drop them")
     cmp = compare_samples(args.runs[0], args.runs[1], metric=args.metric, filter=args.filter, match=args.match)
     if args.json:
-        print(json.dumps(cmp.to_dict(), indent=1, ensure_ascii=False))
+        print(strict_json(cmp.to_dict(), indent=1, ensure_ascii=False))
         return 0
     for label, side in (("before", cmp.before), ("after", cmp.after)):
         what = f"{side.format} {side.version}" if side.version else side.format

@@ -477,11 +477,14 @@ def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, tiny
     code, out, _ = run(capsys, "compare", "--model", noisy, "--probes", root / "probes.jsonl", "--base",
                        root / "base.parquet", "--json", "-o", root / "now.parquet")
     assert code == 0
-    report = json.loads(out)
+    report = json.loads(out, parse_constant=lambda c: pytest.fail(f"compare --json wrote {c}: not JSON (jq refuses it)"))
     got = report["behavior"]
     base, now = BaseCache.load(root / "base.parquet").results, BaseCache.load(root / "now.parquet").results
     want = compute_behavior(base, now, [p.category for p in probes], [p.kind for p in probes], probes.kind_groups())
-    assert set(got) == set(want) and got["overall"] == pytest.approx(want["overall"].to_dict(), nan_ok=True)
+    undefined = [k for k, v in want["overall"].to_dict().items() if isinstance(v, float) and math.isnan(v)]
+    assert undefined and all(got["overall"][k] is None for k in undefined)  # NaN (no answers to measure) is null
+    assert set(got) == set(want) and got["overall"] == pytest.approx(
+        {k: (None if k in undefined else v) for k, v in want["overall"].to_dict().items()})
     # knowledge and behaviour apart, as the callback records them
     assert {"all_knowledge", "all_behavior"} <= set(got) & set(report["metrics"])
     assert report["metrics"]["all_behavior"]["n"] == len(behavior_probes())
