@@ -37,6 +37,8 @@ __all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
 logger = logging.getLogger(__name__)
 
 
+# What replay_mix.json written before streams recorded their kind held: gold replay in the lettered form.
+_OLD_KIND = "replay: letter form (a record from before streams said their kind)"
 # Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SERIAL = itertools.count()
@@ -550,6 +552,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             try:
                 mix = RunRecord(self._record_root).read_mix()
                 schedules = [m.get("schedule", []) for m in mix["mixers"]] if mix else []
+                self._warn_changed_kinds([m.get("kind", _OLD_KIND) for m in mix["mixers"]] if mix else [], state.global_step)
             except Exception as e:  # decided here and shared: raising on this rank alone would leave the others waiting
                 logger.warning("forgetwatch: could not read replay_mix.json (%s); the replay weights start afresh", e)
                 schedules = []
@@ -565,6 +568,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 # the run stopped before its last evaluation's weights were drawn: they take effect now
                 mixer.publish(*last)
         self._mix_written: list = []
+
+    def _warn_changed_kinds(self, was: list[str], step: int) -> None:
+        """A resume whose replay streams are not what the run started with (another target or form, as after an upgrade
+        from the lettered form) trains on other examples from here on: said, not refused (the user may mean it)."""
+        now = [getattr(m, "kind", "replay") for m in self._mixers]
+        if was and was != now:
+            logger.warning("forgetwatch: this run started with %s but resumes at step %d with %s: the replayed examples "
+                           "change from here on, so its curves before and after are not one experiment; to continue it "
+                           "as it was, resume with the same replay options (and forgetwatch version)",
+                           " + ".join(was), step, " + ".join(now) or "no replay")
 
     def _steer_mixers(self, step: int) -> None:
         """Hand each category's forgetting at this evaluation to the replay streams (the same on every rank)."""

@@ -3,6 +3,8 @@ the closed loop following the callback's measurements, resume continuing the sam
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -133,6 +135,36 @@ def test_resume_continues_the_same_stream(tokenizer, tmp_path):
     resumed, schedule = run(tmp_path / "cut", resume=True)  # evaluations after step 6 are recomputed
     assert resumed.fed == whole.fed[6:]
     assert schedule == whole_schedule
+
+
+@pytest.mark.parametrize("record", ["kind recorded", "older record"])
+def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record):
+    """Started with lettered replay, resumed with the scoring form (as after the upgrade that changed the default): the
+    run goes on, and the warning says what changed and from which step. A record from before streams said their kind
+    is read as the lettered form."""
+    def run(out: Path, form: str, resume: bool = False):
+        w = watcher()
+        trainer = traced_sft(tokenizer, out, w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=form),
+                             save_strategy="steps", save_steps=2, max_steps=8)
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
+
+    run(tmp_path / "run", LETTERS)
+    path = tmp_path / "run" / "forgetwatch" / "replay_mix.json"
+    if record == "older record":
+        mix = json.loads(path.read_text())
+        path.write_text(json.dumps({"mixers": [{k: v for k, v in m.items() if k != "kind"} for m in mix["mixers"]]}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        run(tmp_path / "run", "scoring", resume=True)
+    said = [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()]
+    assert said == [f"forgetwatch: this run started with replay: letter form{' (a record from before streams said their kind)' if record == 'older record' else ''} "
+                    "but resumes at step 6 with replay: scoring form: the replayed examples change from here on, so its "
+                    "curves before and after are not one experiment; to continue it as it was, resume with the same "
+                    "replay options (and forgetwatch version)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        run(tmp_path / "run", "scoring", resume=True)  # now recorded as the scoring form: nothing to say
+    assert not [r for r in caplog.records if "resumes at step" in r.getMessage()]
 
 
 def test_grpo_data_gets_each_rows_kind_for_probe_reward():
