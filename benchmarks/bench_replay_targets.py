@@ -268,17 +268,20 @@ def analyse() -> dict:
 
         summary[name] = {"seeds": sorted(r["seed"] for r in rs), "F": stat("F"), "BT": stat("BT"),
                          "task_loss": stat("task_loss"), "behavior_F": stat("behavior_F"), "minutes": stat("minutes")}
-    # paired by seed and probe: among the base's right held-out answers, forgotten by no replay only vs by the arm only
-    # (pooled over the seeds both have), with an exact two-sided sign test: is the arm's cut more than churn?
+    # paired by seed and probe: among the base's right held-out answers, forgotten by the reference arm only vs by the
+    # arm only (pooled over the seeds both have), with an exact two-sided sign test: is the difference more than churn?
+    # Against no replay (the cut) and against uniform gold replay (the issue's second bar).
     finals = {name: {d["seed"]: np.asarray(d["outcome"]) for d in _finals(name)} for name in summary}
-    none = finals.get(f"none-r{RATIO:g}", {})
     right = np.asarray(base["knowledge"]) == 1
-    for name, s in summary.items():
-        seeds = sorted(set(finals[name]) & set(none))
-        only_none = sum(int((right & (none[k] != 1) & (finals[name][k] == 1)).sum()) for k in seeds)
-        only_arm = sum(int((right & (none[k] == 1) & (finals[name][k] != 1)).sum()) for k in seeds)
-        s["paired_vs_none"] = {"seeds": seeds, "forgotten_by_none_only": only_none, "forgotten_by_arm_only": only_arm,
-                               "sign_test_p": _sign_test(only_none, only_arm)}
+    for ref_name in (f"none-r{RATIO:g}", f"gold_uniform-r{RATIO:g}"):
+        ref_final = finals.get(ref_name, {})
+        for name, s in summary.items():
+            seeds = sorted(set(finals[name]) & set(ref_final))
+            only_ref = sum(int((right & (ref_final[k] != 1) & (finals[name][k] == 1)).sum()) for k in seeds)
+            only_arm = sum(int((right & (ref_final[k] == 1) & (finals[name][k] != 1)).sum()) for k in seeds)
+            s[f"paired_vs_{ref_name.split('-r')[0]}"] = {"seeds": seeds, "forgotten_by_reference_only": only_ref,
+                                                          "forgotten_by_arm_only": only_arm,
+                                                          "sign_test_p": _sign_test(only_ref, only_arm)}
     ref = summary.get(f"none-r{RATIO:g}")
     if ref:
         for s in summary.values():
@@ -337,11 +340,11 @@ def plot(result: dict) -> None:
     fig.savefig(REPO / "benchmarks" / "results" / "replay_targets.png", dpi=110)
 
 
-def _paired(s: dict) -> str:
-    p = s.get("paired_vs_none")
-    if not p or s is None or p["sign_test_p"] is None:
+def _paired(s: dict, ref: str = "none") -> str:
+    p = s.get(f"paired_vs_{ref}")
+    if not p or p["sign_test_p"] is None:
         return ""
-    return f"{p['forgotten_by_none_only']} : {p['forgotten_by_arm_only']} (p {p['sign_test_p']:.2f})"
+    return f"{p['forgotten_by_reference_only']} : {p['forgotten_by_arm_only']} (p {p['sign_test_p']:.2f})"
 
 
 def main() -> None:
@@ -369,14 +372,14 @@ def main() -> None:
         (REPO / "benchmarks" / "results" / "replay_targets.json").write_text(json.dumps(result, indent=1))
         plot(result)
         print("| arm | seeds | held-out F (headline) | held-out 0→1 | held-out GSM8K loss | task cost | F cut vs none | "
-              "forgotten by none only : by the arm only (p) | instructions lost (of the 8 followed at base) | minutes a run |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "forgotten by none only : by the arm only (p) | by gold uniform only : by the arm only (p) | instructions lost (of the 8 followed at base) | minutes a run |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, s in sorted(result["arms"].items(), key=lambda kv: ARMS.index(kv[0].split("-r")[0])):
             sd = lambda x: f" ± {x['sd']:.3f}" if x["sd"] is not None else ""  # noqa: E731
             cut, cost = s.get("cut_F"), s.get("task_cost")
             print(f"| {name} | {len(s['seeds'])} | {s['F']['mean']:.3f}{sd(s['F'])} | {s['BT']['mean']:.3f}{sd(s['BT'])} | "
                   f"{s['task_loss']['mean']:.4f}{sd(s['task_loss'])} | {'' if cost is None else f'{cost:+.1%}'} | "
-                  f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {s['behavior_F']['mean'] * 24:.1f} | "
+                  f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {_paired(s, 'gold_uniform')} | {s['behavior_F']['mean'] * 24:.1f} | "
                   f"{s['minutes']['mean']:.0f} |")
         for name, s in sorted(result["arms"].items()):
             print(f"{name:20s} seeds {s['seeds']}  held-out F {s['F']['mean']:.3f} ± {s['F']['sd'] or 0:.3f}"
