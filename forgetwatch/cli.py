@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--pool", required=True, help="suite names (`arc_easy:200,sciq:200`), a probe JSONL, or a JSONL of "
                                                   "unlabelled prompts ({\"prompt\": ..., \"category\": ...})")
     bo.add_argument("--exclude", default=None, help="the monitored probes (a probe file or suite names): never in the pool")
+    bo.add_argument("--exclude-per-suite", default=None, metavar="N|all",
+                    help="with suite names in --exclude: the run's forgetwatch_per_suite (the monitored probes are a sample)")
+    bo.add_argument("--exclude-seed", type=int, default=0, help="with suite names in --exclude: the run's forgetwatch_seed (default 0)")
     bo.add_argument("-o", "--output", required=True, help="the file to write (.parquet); an existing one is never overwritten")
     bo.add_argument("--max-length", type=int, default=None, help="the trainer's max_length: longer prompts are refused")
     bo.add_argument("--max-new-tokens", type=int, default=128, help="generation budget of generated answers (default 128)")
@@ -277,14 +281,32 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _excluded(args: argparse.Namespace):
+    """The monitored probes named by --exclude: a file, or suite names sampled as the run samples them."""
+    from .suites import load_probes
+
+    spec = args.exclude
+    if spec.endswith(".jsonl") or os.path.sep in spec or Path(spec).is_file():
+        return load_probes(spec)
+    per_suite = args.exclude_per_suite
+    if per_suite is None and any(":" not in name for name in spec.split(",") if name.strip()):
+        raise ValueError(f"--exclude {spec} names suites, and a run monitors a sample of each: give the run's "
+                         "forgetwatch_per_suite and forgetwatch_seed as --exclude-per-suite N --exclude-seed S "
+                         "(--exclude-per-suite all for every probe), or the monitored probe file")
+    if per_suite in (None, "all"):
+        return load_probes(spec, None, args.exclude_seed)
+    if not str(per_suite).isdigit() or int(per_suite) < 1:
+        raise ValueError(f"--exclude-per-suite must be a whole number >= 1 or `all`; got {per_suite!r}")
+    return load_probes(spec, int(per_suite), args.exclude_seed)
+
+
 def cmd_base_outputs(args: argparse.Namespace) -> int:
     from .distill import make_base_outputs
     from .models import load_model
-    from .suites import load_probes
 
     if Path(args.output).exists():
         raise ValueError(f"{args.output} exists: base outputs are never overwritten; remove it or choose another path")
-    exclude = load_probes(args.exclude) if args.exclude else None
+    exclude = _excluded(args) if args.exclude else None
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     outs = make_base_outputs(model, tokenizer, args.pool, exclude=exclude, max_length=args.max_length,
                              top_k=args.top_k, max_new_tokens=args.max_new_tokens, progress=True)

@@ -90,9 +90,12 @@ def base_outputs(fw_args, training_args, model_path: str, callback) -> Any:
     if training_args.world_size > 1 and not Path(path).is_file():
         # one process making them while the others wait at a barrier: ZeRO-3 cannot load the model on one rank, and a
         # large pool outlasts the barrier's timeout
+        probes = str(fw_args.forgetwatch_probes)
+        sampled = "" if probes.endswith(".jsonl") or Path(probes).is_file() else (  # suite names: sampled as the run samples
+            f" --exclude-per-suite {fw_args.forgetwatch_per_suite or 'all'} --exclude-seed {fw_args.forgetwatch_seed}")
         raise ValueError(f"{path}: the base outputs do not exist yet; make them once before a multi-process run:\n  "
-                         f"forgetwatch base-outputs --model {model_path} --pool {fw_args.pool()} --exclude "
-                         f"{fw_args.forgetwatch_probes} --max-length {getattr(training_args, 'max_length', None) or 1024} -o {path}\n"
+                         f"forgetwatch base-outputs --model {model_path} --pool {fw_args.pool()} --exclude {probes}{sampled} "
+                         f"--max-length {getattr(training_args, 'max_length', None) or 1024} -o {path}\n"
                          f"and pass --forgetwatch_base_outputs {path}")
     kwargs = training_args.model_init_kwargs or {}
     dtype = kwargs.get("dtype") if isinstance(kwargs.get("dtype"), str) and kwargs.get("dtype") != "auto" else "float32"

@@ -346,6 +346,18 @@ def test_the_cli_makes_base_outputs_once(tiny_model_dir, tmp_path, capsys):
     assert "never overwritten" in capsys.readouterr().err
 
 
+def test_the_cli_refuses_suite_names_to_exclude_without_their_sample(tiny_model_dir, tmp_path, capsys):
+    """A run monitors a sample of each suite: `--exclude arc_easy` alone would hold out every arc_easy probe."""
+    from forgetwatch.cli import main
+
+    out = tmp_path / "outs.parquet"
+    args = ["base-outputs", "--model", str(tiny_model_dir), "--pool", "arc_easy:4", "--exclude", "arc_easy,triviaqa:3", "-o", str(out)]
+    assert main(args) == 2 and not out.exists()
+    assert "give the run's forgetwatch_per_suite and forgetwatch_seed as --exclude-per-suite N --exclude-seed S" in capsys.readouterr().err
+    assert main([*args, "--exclude-per-suite", "0"]) == 2
+    assert "--exclude-per-suite must be a whole number >= 1 or `all`; got '0'" in capsys.readouterr().err
+
+
 def test_resume_continues_the_anchor_draws(tokenizer, outputs, tmp_path):
     """Resumed from step 6's checkpoint, steps 7-8 anchor the same conversations, drawn by the same closed-loop weights,
     as the uninterrupted run."""

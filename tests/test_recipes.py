@@ -272,3 +272,40 @@ def test_a_negative_anchor_beta_is_refused_when_parsed(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "forgetwatch_anchor_beta: the KL anchor's `beta` must be a number >= 0" in proc.stderr
     assert not list(tmp_path.iterdir())  # refused before anything was made
+
+
+@requires_olmo_eval
+def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_right_file(tiny_model_dir, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Under torchrun / accelerate the recipe does not make a missing base-outputs file: it prints the command that
+    does. Run as printed, that command makes the file the run then reads (same pool, the monitored probes held out)."""
+    import contextlib
+    import shlex
+    from types import SimpleNamespace
+
+    from forgetwatch import ForgetWatchArguments
+    from forgetwatch.cli import main
+    from forgetwatch.suites import load_probes
+
+    monkeypatch.setitem(sys.modules, "data", _load("data"))  # common.py imports recipes/data.py as `data`
+    common = _load("common")
+    out = tmp_path / "run"
+    fw = ForgetWatchArguments(forgetwatch_probes="arc_easy,triviaqa", forgetwatch_per_suite=3, forgetwatch_seed=1,
+                              forgetwatch_replay_mix=0.5, forgetwatch_replay_targets="base",
+                              forgetwatch_replay_pool="arc_easy:4,triviaqa:4")
+    monitored = SimpleNamespace(probes=load_probes(fw.forgetwatch_probes, fw.forgetwatch_per_suite, fw.forgetwatch_seed))
+
+    def launch(world_size):
+        args = SimpleNamespace(output_dir=str(out), world_size=world_size, process_index=0, max_length=256,
+                               model_init_kwargs=None, main_process_first=lambda desc: contextlib.nullcontext())
+        return common.base_outputs(fw, args, str(tiny_model_dir), monitored)
+
+    with pytest.raises(ValueError, match="the base outputs do not exist yet") as e:
+        launch(world_size=2)
+    command = next(line for line in str(e.value).splitlines() if "forgetwatch base-outputs" in line)
+    argv = shlex.split(command)[1:]
+    assert argv[0] == "base-outputs" and not out.exists()  # refused before anything was made
+    assert main([*argv, "--device", "cpu"]) == 0
+    capsys.readouterr()
+    outputs = launch(world_size=2)  # now there: read, and it matches this run's model, tokenizer and pool
+    assert len(outputs) > 0 and not {r["id"] for r in outputs.rows} & set(monitored.probes.ids)
