@@ -18,6 +18,8 @@ Arms, at ratio 0.1 (`--forgetwatch_replay_mix 0.1`, or `--forgetwatch_anchor_rat
     base_uniform    the base model's own answers as targets (self-distilled), uniform
     base_closed     self-distilled, closed loop
     anchor          KL(base || model) on the base's answers to pool prompts, beta 1.0, closed loop, no replay
+    none_stream     (added after the 18 runs, a control) no replay, but the training examples the replay arms see: the
+                    replay stream's permutation of the data at ratio 1e-9, where no position of the 400 is replay
 
 The sweep (ratios 0.05 and 0.25) runs for the arm with the lowest mean held-out F at 0.1: `--sweep ARM`.
 
@@ -69,6 +71,11 @@ def arm_args(arm: str, ratio: float = RATIO) -> list[str]:
     replay = ["--forgetwatch_replay_mix", str(ratio), "--forgetwatch_replay_pool", str(OUT / "pool.jsonl")]
     return {
         "none": [],
+        # added after the 18 runs (not in the protocol): no replay, but the training examples in the replay stream's order.
+        # The replay arms draw their training examples from mix_replay's own permutation of the data, no replay from the
+        # Trainer's sampler: other examples. At ratio 1e-9 no position of the 400 holds replay (floor((m+1)·ratio) = 0).
+        "none_stream": ["--forgetwatch_replay_mix", "1e-9", "--forgetwatch_replay_pool", str(OUT / "pool.jsonl"),
+                        "--forgetwatch_replay_strategy", "uniform", "--forgetwatch_replay_targets", "gold"],
         "gold_uniform": [*replay, "--forgetwatch_replay_strategy", "uniform", "--forgetwatch_replay_targets", "gold"],
         "gold_closed": [*replay, "--forgetwatch_replay_strategy", "closed_loop", "--forgetwatch_replay_targets", "gold"],
         "base_uniform": [*replay, "--forgetwatch_replay_strategy", "uniform", "--forgetwatch_replay_targets", "base"],
@@ -78,7 +85,7 @@ def arm_args(arm: str, ratio: float = RATIO) -> list[str]:
     }[arm]
 
 
-ARMS = ("none", "gold_uniform", "gold_closed", "base_uniform", "base_closed", "anchor")
+ARMS = ("none", "gold_uniform", "gold_closed", "base_uniform", "base_closed", "anchor", "none_stream")
 
 
 def _env() -> dict:
@@ -276,7 +283,7 @@ def analyse() -> dict:
     # Against no replay (the cut) and against uniform gold replay (the issue's second bar).
     finals = {name: {d["seed"]: np.asarray(d["outcome"]) for d in _finals(name)} for name in summary}
     right = np.asarray(base["knowledge"]) == 1
-    for ref_name in (f"none-r{RATIO:g}", f"gold_uniform-r{RATIO:g}"):
+    for ref_name in (f"none-r{RATIO:g}", f"gold_uniform-r{RATIO:g}", f"none_stream-r{RATIO:g}"):
         ref_final = finals.get(ref_name, {})
         for name, s in summary.items():
             seeds = sorted(set(finals[name]) & set(ref_final))
@@ -377,14 +384,14 @@ def main() -> None:
         (REPO / "benchmarks" / "results" / "replay_targets.json").write_text(json.dumps(result, indent=1))
         plot(result)
         print("| arm | seeds | held-out F (headline) | held-out 0→1 | held-out GSM8K loss | task cost | F cut vs none | "
-              "forgotten by none only : by the arm only (p) | by gold uniform only : by the arm only (p) | F over the run (steps 40-200; post hoc) | instructions lost (of the 8 followed at base) | minutes a run |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "forgotten by none only : by the arm only (p) | by gold uniform only : by the arm only (p) | by none_stream only : by the arm only (p) | F over the run (steps 40-200; post hoc) | instructions lost (of the 8 followed at base) | minutes a run |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, s in sorted(result["arms"].items(), key=lambda kv: ARMS.index(kv[0].split("-r")[0])):
             sd = lambda x: f" ± {x['sd']:.3f}" if x["sd"] is not None else ""  # noqa: E731
             cut, cost = s.get("cut_F"), s.get("task_cost")
             print(f"| {name} | {len(s['seeds'])} | {s['F']['mean']:.3f}{sd(s['F'])} | {s['BT']['mean']:.3f}{sd(s['BT'])} | "
                   f"{s['task_loss']['mean']:.4f}{sd(s['task_loss'])} | {'' if cost is None else f'{cost:+.1%}'} | "
-                  f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {_paired(s, 'gold_uniform')} | {s['F_curve_mean']['mean']:.3f}{sd(s['F_curve_mean'])} ({s['cut_F_curve_mean']:+.0%}) | {s['behavior_F']['mean'] * 24:.1f} | "
+                  f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {_paired(s, 'gold_uniform')} | {_paired(s, 'none_stream')} | {s['F_curve_mean']['mean']:.3f}{sd(s['F_curve_mean'])} ({s['cut_F_curve_mean']:+.0%}) | {s['behavior_F']['mean'] * 24:.1f} | "
                   f"{s['minutes']['mean']:.0f} |")
         for name, s in sorted(result["arms"].items()):
             print(f"{name:20s} seeds {s['seeds']}  held-out F {s['F']['mean']:.3f} ± {s['F']['sd'] or 0:.3f}"
