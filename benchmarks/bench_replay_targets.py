@@ -24,8 +24,8 @@ Arms, at ratio 0.1 (`--forgetwatch_replay_mix 0.1`, or `--forgetwatch_anchor_rat
 The sweep (ratios 0.05 and 0.25) runs for the arm with the lowest mean held-out F at 0.1: `--sweep ARM`.
 
     python benchmarks/bench_replay_targets.py --prepare     # probe files, base caches, base outputs (~6 min)
-    python benchmarks/bench_replay_targets.py --run         # every run not done yet, 2 at a time, 1 thread each
-    python benchmarks/bench_replay_targets.py --run --sweep base_closed
+    python benchmarks/bench_replay_targets.py --run         # every run not done yet (the control too), 2 at a time, 1 thread each
+    python benchmarks/bench_replay_targets.py --run --sweep gold_closed   # the arm with the lowest mean held-out F at 0.1
     python benchmarks/bench_replay_targets.py               # table + plots -> benchmarks/results/replay_targets.{json,png}
 
 Resumable run by run: a run is done when its result is in benchmarks/results/replay_targets/<run>.json (tracked, so a
