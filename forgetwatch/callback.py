@@ -30,7 +30,7 @@ from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
 from .results import ProbeResults
 from .scoring import ScoringConfig, describe_precision, full_precision
-from .suites import load_probes
+from .suites import is_probe_file, load_probes
 
 __all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
 
@@ -126,7 +126,7 @@ class ForgetWatchArguments:
         pool = self.forgetwatch_replay_pool
         if pool is None:
             probes = str(self.forgetwatch_probes or "")
-            if probes.endswith(".jsonl") or os.path.sep in probes or Path(probes).is_file():
+            if is_probe_file(probes):
                 raise ValueError(f"forgetwatch_replay_pool is needed: forgetwatch_probes is a file ({probes}), so there are "
                                  "no suites to hold examples out of; give suite names or a file of held-out examples")
             pool = probes  # the rest of the monitored suites (mix_replay holds the monitored probes out by id)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -283,10 +282,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def _excluded(args: argparse.Namespace):
     """The monitored probes named by --exclude: a file, or suite names sampled as the run samples them."""
-    from .suites import load_probes
+    from .suites import is_probe_file, load_probes
 
     spec = args.exclude
-    if spec.endswith(".jsonl") or os.path.sep in spec or Path(spec).is_file():
+    if is_probe_file(spec):
         return load_probes(spec)
     per_suite = args.exclude_per_suite
     if per_suite is None and any(":" not in name for name in spec.split(",") if name.strip()):

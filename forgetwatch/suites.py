@@ -612,6 +612,16 @@ def _suite_and_count(spec: str, per_suite: int | None) -> tuple[str, int | None]
     return name, int(count)
 
 
+def is_probe_file(spec: str | os.PathLike) -> bool:
+    """Whether a probe spec names a file (a .jsonl, a path, or a file that exists) rather than built-in suite names.
+
+        >>> is_probe_file("probes.jsonl"), is_probe_file("arc_easy,triviaqa:50")
+        (True, False)
+    """
+    s = str(spec)
+    return s.endswith(".jsonl") or os.path.sep in s or Path(s).is_file()
+
+
 def load_probes(spec: ProbeSet | str | os.PathLike | Sequence[str], per_suite: int | None = None, seed: int = 0) -> ProbeSet:
     """A `ProbeSet` as given, from a JSONL path, or from built-in suite names ("arc_easy,mmlu" or a list).
 
@@ -629,7 +639,7 @@ def load_probes(spec: ProbeSet | str | os.PathLike | Sequence[str], per_suite: i
         return spec
     if isinstance(spec, (str, os.PathLike)):
         s = str(spec)
-        if s.endswith(".jsonl") or os.path.sep in s or Path(s).is_file():
+        if is_probe_file(s):
             return ProbeSet.from_jsonl(s)
         return from_suites([n.strip() for n in s.split(",") if n.strip()], per_suite, seed)
     return from_suites(list(spec), per_suite, seed)

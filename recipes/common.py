@@ -14,6 +14,7 @@ from data import (  # recipes/data.py: the script's directory is on sys.path
 from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.models import smollm2_path
 from forgetwatch.replay import mix_replay
+from forgetwatch.suites import is_probe_file
 
 
 def resolve_model(model_args, training_args) -> str:
@@ -91,7 +92,7 @@ def base_outputs(fw_args, training_args, model_path: str, callback) -> Any:
         # one process making them while the others wait at a barrier: ZeRO-3 cannot load the model on one rank, and a
         # large pool outlasts the barrier's timeout
         probes = str(fw_args.forgetwatch_probes)
-        sampled = "" if probes.endswith(".jsonl") or Path(probes).is_file() else (  # suite names: sampled as the run samples
+        sampled = "" if is_probe_file(probes) else (  # suite names: sampled as the run samples
             f" --exclude-per-suite {fw_args.forgetwatch_per_suite or 'all'} --exclude-seed {fw_args.forgetwatch_seed}")
         raise ValueError(f"{path}: the base outputs do not exist yet; make them once before a multi-process run:\n  "
                          f"forgetwatch base-outputs --model {model_path} --pool {fw_args.pool()} --exclude {probes}{sampled} "
