@@ -232,3 +232,17 @@ def test_a_probe_file_needs_a_replay_pool():
     with pytest.raises(ValueError, match=r"forgetwatch_replay_pool is needed: forgetwatch_probes is a file \(probes.jsonl\)"):
         ForgetWatchArguments(forgetwatch_probes="probes.jsonl", forgetwatch_replay_mix=0.1).replay_kwargs()
     assert "replay_mix" not in str(args.to_kwargs())  # the callback does not take mix_replay's options
+
+
+def test_ratio_zero_reads_the_same_training_rows_without_replay():
+    """The control for a replay run (README, RESULTS §12): at ratio 0 the stream holds the training rows a replay run
+    at the same seed reads, in the same order, and nothing else."""
+    w = watcher()
+    train = sft_dataset()
+    pool = make_pool()
+    replayed = list(mix_replay(train, pool, ratio=0.25, strategy="uniform", monitor=w, seed=3).take(40))
+    control = list(mix_replay(train, pool, ratio=0.0, strategy="uniform", monitor=w, seed=3).take(40))
+    rows = [t["messages"] for t in train]
+    training = [r for r in replayed if r["messages"] in rows]
+    assert len(training) == 30 and control[:30] == training  # 10 of 40 were replay; the rest is the control's prefix
+    assert all(r["messages"] in rows for r in control)
