@@ -493,7 +493,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def _cache_command(self, key: dict) -> str:
         """The `forgetwatch cache` command that makes a cache matching `key` (model, probes, scoring, precision)."""
-        from .cli import cache_command
+        from .commands import cache_command
 
         origin = self.probes.origin
         if origin.startswith("suites:"):
