@@ -232,6 +232,11 @@ def _from_ifeval(record: Mapping[str, Any], where: str) -> dict[str, Any]:
     pid = record.get("id", record.get("key"))
     if pid is None:
         raise ProbeFormatError(f"{where}: field `key`: missing (an IFEval line needs a `key`, or give an `id`)")
+    key = record.get("key")
+    if "id" not in record and (isinstance(key, bool) or not isinstance(key, (int, str)) or not str(key).strip()):
+        # the key becomes the probe's id, "ifeval/<key>": a list or NaN would make an id no one can look up
+        raise ProbeFormatError(f"{where}: field `key`: must be a whole number or a non-empty string (IFEval's keys are "
+                               f"numbers), got {key!r}")
     out = {"id": f"ifeval/{pid}" if "id" not in record else pid, "kind": "instruct", "question": record["prompt"],
            "instructions": record["instruction_id_list"], "kwargs": record.get("kwargs"), "source": record.get("source", "ifeval")}
     if "category" in record:
@@ -343,7 +348,7 @@ class ProbeSet:
             raise FileNotFoundError(f"{path}: probe file not found; build one with `forgetwatch probes build`")
         probes: list[Probe] = []
         seen: dict[str, int] = {}
-        for lineno, record in read_jsonl(path, ProbeFormatError):
+        for lineno, record in read_jsonl(path, ProbeFormatError, hint="a probe file holds one probe, a JSON object, per line"):
             where = f"{path} line {lineno}"
             probe = Probe.from_dict(record, where)
             if probe.id in seen:

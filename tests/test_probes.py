@@ -114,3 +114,38 @@ def test_a_numeric_probe_needs_a_number_among_its_answers(tmp_path):
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(ProbeFormatError, match=rf"{path} line 2: field `answers`: \['four'\] holds no number"):
         ProbeSet.from_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        (b'{"id": "b", "kind": "mcq", "question": "caf\xe9?", "choices": ["a", "b"], "gold": 0}\n',
+         "line 2: not UTF-8 text (byte 0xe9 at column 44, byte offset"),
+        (b'{"id": "b", "kind": "short", "question": "\\ud800", "answers": ["x"]}\n',
+         "line 2: not valid JSON (a lone UTF-16 surrogate escape (\\ud800) is not text)"),
+        (b"[" * 100_000 + b"\n", "line 2: not valid JSON (nested too deeply to read)"),
+        (b'{"id": "b", "kind": "mcq", "question": "q", "choices": ["a", "b"], "gold": ' + b"1" * 5000 + b"}\n",
+         "line 2: not valid JSON (a number of more than 4300 digits)"),
+        (b'{"id": "b", "kind": "mcq", "question": "q", "cho', "line 2: not valid JSON (Unterminated string starting "
+         "at column 45); the file ends on this line without a newline: cut short by an interrupted write?"),
+    ],
+)
+def test_unreadable_lines_name_the_file_and_line_not_a_traceback(tmp_path, data, says):
+    # before the one reader: UnicodeDecodeError, RecursionError, a ValueError without a file, a set that failed to
+    # write (its fingerprint could not encode the lone surrogate)
+    path = tmp_path / "probes.jsonl"
+    path.write_bytes(json.dumps(mcq("a")).encode() + b"\n" + data)
+    with pytest.raises(ProbeFormatError) as e:
+        ProbeSet.from_jsonl(path)
+    assert str(e.value).startswith(f"{path} {says}")
+    assert str(e.value).endswith("; a probe file holds one probe, a JSON object, per line")
+
+
+@pytest.mark.parametrize("key", [[1], {"a": 1}, None, True, 1.5, float("nan"), ""])
+def test_an_ifeval_key_must_be_a_number_or_a_string(tmp_path, key):
+    path = write(tmp_path, [{"key": key, "prompt": "Say hi.", "instruction_id_list": ["change_case:english_lowercase"],
+                             "kwargs": [{}]}])
+    with pytest.raises(ProbeFormatError, match=rf"{path} line 1: field `key`: (must be a whole number|missing)"):
+        ProbeSet.from_jsonl(path)
+    path = write(tmp_path, [{"key": 1001, "prompt": "Say hi.", "instruction_id_list": ["change_case:english_lowercase"]}])
+    assert ProbeSet.from_jsonl(path).ids == ["ifeval/1001"]
