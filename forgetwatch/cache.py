@@ -10,7 +10,10 @@ never corrupt it and no reader ever sees half a file.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write, file_lock
+from .commands import quote
 from .results import ProbeResults
 
-__all__ = ["BaseCache", "CacheMismatchError", "make_cache_key"]
+__all__ = ["BaseCache", "CacheFormatError", "CacheMismatchError", "make_cache_key"]
 
 # 2: every option's score (`option_scores`), which drift and KL need. Older caches are refused with how to rebuild.
 CACHE_FORMAT = 2
@@ -29,6 +33,13 @@ _META_KEY = b"forgetwatch"
 
 class CacheMismatchError(ValueError):
     """The cache was made for another model, probe set or scoring config."""
+
+
+class CacheFormatError(ValueError):
+    """A cache file that is damaged or was not written by forgetwatch: the message names the file, column and row."""
+
+
+_REBUILD = "not a readable forgetwatch cache; delete it and run `forgetwatch cache` again"
 
 
 def make_cache_key(model: dict[str, Any], probes: Any, scoring: dict[str, Any]) -> dict[str, Any]:
@@ -104,22 +115,29 @@ class BaseCache:
         """Read a cache; with `expect`, refuse it unless its key matches (sections in `ignore` are not compared)."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {path}`")
+            raise FileNotFoundError(f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {quote(path)}`")
         try:
-            key, results, extra = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
-            n = key.get("probes", {}).get("n") if isinstance(key.get("probes"), dict) else None
-            if n is not None and n != len(results):  # e.g. a JSONL file cut at a line boundary
-                raise ValueError(f"{len(results)} rows, but it was made for {n} probes: truncated?")
+            key, cols, where = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+            if not isinstance(key, dict):
+                raise ValueError(f"its key (the file's forgetwatch metadata) is a JSON {_json_type(key)}, not an object")
+        except CacheFormatError:
+            raise
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again") from e
+            raise CacheFormatError(f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again") from e
         found = key.get("format")
         if found != CACHE_FORMAT:
             raise CacheMismatchError(
                 f"{path}: cache format {found!r}, and this forgetwatch reads format {CACHE_FORMAT} (it keeps every option's "
                 "score, for drift and KL). Rebuild it from the base model: `forgetwatch cache --model <base> --probes "
-                f"<file> -o {path}` (the exact command is printed by `forgetwatch compare` or the callback when they refuse it)."
+                f"<file> -o {quote(path)}` (the exact command is printed by `forgetwatch compare` or the callback when they refuse it)."
             )
-        cache = cls(key, results, _reference(results, extra))
+        _check_key(path, key)
+        # every value a figure is computed from is checked before it becomes a number: NaN cast to int8 reads as 0
+        results, reference = _validated(path, cols, where)
+        n = key["probes"]["n"]
+        if n != len(results):  # e.g. a JSONL file cut at a line boundary
+            raise CacheFormatError(f"{path}: {len(results)} rows, but it was made for {n} probes: truncated? {_REBUILD}")
+        cache = cls(key, results, reference)
         if expect is not None:
             cache.check(expect, ignore=ignore, path=path)
         return cache
@@ -142,44 +160,201 @@ class BaseCache:
                 + "\nScore the base model again with these settings (`forgetwatch cache ...`), or use matching settings."
             )
 
+    def for_probes(self, ids: Sequence[str], path: Any = "cache") -> BaseCache:
+        """This cache's rows for the probes `ids`, in that order (the reference too); refused with `CacheMismatchError`
+        naming the first few missing and extra ids unless the cache holds exactly these probes.
+
+        A key's probe fingerprint can match while the rows do not (a file edited or merged by hand): the rows are
+        what the figures are computed from, so they are checked too.
+
+        Example:
+            >>> base = BaseCache.load("base.parquet").for_probes(probes.ids, "base.parquet")  # doctest: +SKIP
+        """
+        have, want = set(self.results.ids), set(ids)
+        if have != want:
+            missing = [i for i in ids if i not in have]
+            extra = [i for i in self.results.ids if i not in want]
+            said = [f"{len(found)} {what} ({', '.join(map(repr, found[:5]))}{', ...' if len(found) > 5 else ''})"
+                    for what, found in (("probe(s) without a row", missing), ("row(s) of no probe", extra)) if found]
+            raise CacheMismatchError(f"{path}: the cache's rows are not the probes': {'; '.join(said)}. A cache holds one row "
+                                     "per probe of the set it was made for (a file edited or merged by hand may not): "
+                                     "delete it and run `forgetwatch cache` again")
+        ref = self.reference.select(ids) if self.reference is not None else None
+        return BaseCache(self.key, self.results.select(ids), ref)
+
 
 def _plain(x: Any) -> Any:
     return x.item() if hasattr(x, "item") else x
 
 
-def _reference(results: ProbeResults, extra: dict[str, Any]) -> ProbeResults | None:
-    if extra.get("reference_outcome") is None:
-        return None
-    ref = ProbeResults.empty(results.ids)
-    ref.outcome = np.asarray(extra["reference_outcome"], np.int8)
-    ref.margin = np.asarray([np.nan if m is None else m for m in extra["reference_margin"]], np.float32)
-    return ref
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number" if isinstance(v, (int, float)) else type(v).__name__)
 
 
-def _read_parquet(path: Path) -> tuple[dict[str, Any], ProbeResults, dict[str, Any]]:
+def _check_key(path: Path, key: dict[str, Any]) -> None:
+    """The key's sections have the types forgetwatch writes (a hand-edited or foreign key would fail later, obscurely)."""
+    for section in ("model", "probes", "scoring"):
+        if not isinstance(key.get(section), dict):
+            found = "absent" if section not in key else f"a JSON {_json_type(key[section])}"
+            raise CacheFormatError(f"{path}: the cache key's `{section}` is {found}, not an object: {_REBUILD}")
+    probes = key["probes"]
+    if not isinstance(probes.get("fingerprint"), str):
+        raise CacheFormatError(f"{path}: the cache key's `probes.fingerprint` is {probes.get('fingerprint')!r}, not a "
+                               f"string: {_REBUILD}")
+    n = probes.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise CacheFormatError(f"{path}: the cache key's `probes.n` is {n!r}, not a count of probes: {_REBUILD}")
+
+
+# columns of whole numbers and the values they may take (None: any whole number >= -1, -1 meaning "none")
+_CODES = {"outcome": (-1, 0, 1), "reference_outcome": (-1, 0, 1), "stopped": (-1, 0, 1), "pred_index": None, "n_tokens": None}
+_MEANING = {(-1, 0, 1): "-1, 0 or 1", None: "a whole number >= -1"}
+# columns of scores: NaN means "not scored that way", an infinity is an overflow that must not become a figure
+_SCORES = ("gold_logprob", "margin", "reference_margin")
+
+
+def _validated(path: Path, cols: dict[str, Any], where: Callable[[int], str]) -> tuple[ProbeResults, ProbeResults | None]:
+    """The cache's columns as results (and the fp32 reference), after checking every value: a CacheFormatError names the
+    file, the row (`where(i)`: a line or row number and the probe id) and the column."""
+
+    def bad(i: int, column: str, what: str) -> CacheFormatError:
+        return CacheFormatError(f"{path} {where(i)}: column `{column}` {what}: {_REBUILD}")
+
+    ids = cols["id"]
+    seen: dict[str, int] = {}
+    for i, pid in enumerate(ids):
+        if not isinstance(pid, (str, int)) or isinstance(pid, bool) or pid == "":
+            raise bad(i, "id", f"is {pid!r}, not a probe id")
+        if str(pid) in seen:
+            raise bad(i, "id", f"repeats probe {str(pid)!r} (first at {where(seen[str(pid)])})")
+        seen[str(pid)] = i
+    n = len(ids)
+    for name in ("prediction", "generation", "detail"):
+        values = cols.get(name)
+        if values is not None:
+            cols[name] = ["" if v is None else v for v in values]
+            for i, v in enumerate(cols[name]):
+                if not isinstance(v, str):
+                    raise bad(i, name, f"is {v!r}, not text")
+    for name, allowed in _CODES.items():
+        values = cols.get(name)
+        if values is None:
+            continue
+        if name in ("n_tokens", "stopped", "reference_outcome") and all(v is None for v in _iter(values)):
+            cols[name] = None  # written before the column existed (or without an fp32 reference): none of it
+            continue
+        x = _numbers(values, lambda i, v, name=name: bad(i, name, f"is {_raw(v)}, not a number"))
+        wrong = ~np.isfinite(x) | (x != np.round(np.nan_to_num(x)))
+        wrong |= ~np.isin(x, allowed) if allowed else (np.nan_to_num(x) < -1) | (np.nan_to_num(x) > np.iinfo(np.int32).max)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise bad(i, name, f"is {_show(x[i], values[i])}, and it must be {_MEANING[allowed]}")
+        cols[name] = x.astype(np.int32)
+    for name in _SCORES:
+        values = cols.get(name)
+        if values is None:
+            continue
+        x = _float32(_numbers(values, lambda i, v, name=name: bad(i, name, f"is {_raw(v)}, not a number"), null=float("nan")))
+        if np.isinf(x).any():
+            i = int(np.argmax(np.isinf(x)))
+            raise bad(i, name, f"is {values[i]!r} (an overflow, not a score; NaN or null means not scored that way)")
+        cols[name] = x
+    scores = cols.get("option_scores")
+    if scores is not None:
+        for i, row in enumerate(scores):
+            if row is None:
+                continue
+            if isinstance(row, (str, bytes, dict)) or not isinstance(row, (Sequence, np.ndarray)):
+                raise bad(i, "option_scores", f"is {row!r}, not a list of numbers")
+            x = _float32(_numbers(row, lambda _, v, i=i: bad(i, "option_scores", f"holds {_raw(v)}, not a number")))
+            if not np.isfinite(x).all():
+                j = int(np.argmax(~np.isfinite(x)))
+                raise bad(i, "option_scores", f"holds {x[j]} at option {j} (every option has a finite score)")
+    if cols.get("outcome") is None or cols.get("pred_index") is None:
+        raise CacheFormatError(f"{path}: no `outcome` or `pred_index` column: {_REBUILD}")
+    for name in ("gold_logprob", "margin"):
+        if cols.get(name) is None:
+            cols[name] = np.full(n, np.nan)
+    results = ProbeResults.from_columns(cols)
+    reference = None
+    if cols.get("reference_outcome") is not None:
+        reference = ProbeResults.empty(results.ids)
+        reference.outcome = cols["reference_outcome"].astype(np.int8)
+        margin = cols.get("reference_margin")
+        reference.margin = (np.full(n, np.nan) if margin is None else margin).astype(np.float32)
+    return results, reference
+
+
+def _float32(x: np.ndarray) -> np.ndarray:
+    """As the results keep it: a float64 beyond float32's range becomes an infinity here, and is refused."""
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32)
+
+
+def _iter(values: Any) -> list:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
+
+
+def _numbers(values: Any, error: Callable[[int, Any], Exception], null: float | None = None) -> np.ndarray:
+    """Values as float64; None becomes `null` (refused when None); text, booleans and other types are refused."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        return values.astype(np.float64)
+    out = np.empty(len(values), np.float64)
+    for i, v in enumerate(_iter(values)):
+        if v is None and null is not None:
+            out[i] = null
+        elif v is None or isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise error(i, v)
+        else:
+            out[i] = float(v)
+    return out
+
+
+def _raw(v: Any) -> str:
+    return "null" if v is None else repr(v)
+
+
+def _show(x: float, raw: Any) -> str:
+    return "NaN" if math.isnan(x) else str(raw) if isinstance(raw, (int, float, str)) else str(x)
+
+
+def _read_parquet(path: Path) -> tuple[dict[str, Any], dict[str, Any], Callable[[int], str]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     meta = table.schema.metadata or {}
     if _META_KEY not in meta:
         raise ValueError("no forgetwatch key in the file's metadata")
-    cols = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
-    cols["id"] = table.column("id").to_pylist()
-    cols["prediction"] = table.column("prediction").to_pylist()
-    cols["generation"] = table.column("generation").to_pylist() if "generation" in table.column_names else None
-    cols["option_scores"] = table.column("option_scores").to_pylist() if "option_scores" in table.column_names else None
-    return json.loads(meta[_META_KEY]), ProbeResults.from_columns(cols), cols
+    missing = [c for c in ("id", "outcome", "pred_index", "prediction") if c not in table.column_names]
+    if missing:
+        raise ValueError(f"no column {', '.join(missing)}")
+    # as Python values, so that a null stays a null (to_numpy turns an int column with nulls into floats)
+    cols: dict[str, Any] = {name: table.column(name).to_pylist() for name in table.column_names}
+    ids = cols["id"]
+    return json.loads(meta[_META_KEY]), cols, lambda i: f"row {i} (probe {ids[i]!r})"
 
 
-def _read_jsonl(path: Path) -> tuple[dict[str, Any], ProbeResults, dict[str, Any]]:
+def _read_jsonl(path: Path) -> tuple[dict[str, Any], dict[str, Any], Callable[[int], str]]:
+    rows, lines = [], []
     with open(path, encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        if "forgetwatch_cache" not in header:
+        try:
+            header = json.loads(f.readline())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"line 1 is not JSON ({e.msg})") from None
+        if not isinstance(header, dict) or "forgetwatch_cache" not in header:
             raise ValueError("line 1 is not a forgetwatch cache header")
-        rows = [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, start=2):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"line {lineno} is not JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict) or "id" not in row or "outcome" not in row:
+                raise ValueError(f"line {lineno} is not a cache row (an object with `id` and `outcome`)")
+            rows.append(row)
+            lines.append(lineno)
     cols = {c: [r.get(c) for r in rows] for c in (*ProbeResults.COLUMNS, "reference_outcome", "reference_margin")}
-    if any(v is None for v in cols["reference_outcome"]):
-        cols["reference_outcome"] = None
-    cols["gold_logprob"] = [float("nan") if v is None else v for v in cols["gold_logprob"]]
-    cols["margin"] = [float("nan") if v is None else v for v in cols["margin"]]
-    return header["forgetwatch_cache"], ProbeResults.from_columns(cols), cols
+    ids = cols["id"]
+    return header["forgetwatch_cache"], cols, lambda i: f"line {lines[i]} (probe {ids[i]!r})"

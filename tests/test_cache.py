@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from forgetwatch.cache import BaseCache, CacheMismatchError, make_cache_key
+from forgetwatch.cache import BaseCache, CacheFormatError, CacheMismatchError, make_cache_key
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.results import ProbeResults
 
@@ -323,3 +323,199 @@ def test_the_fp32_reference_roundtrips(tmp_path, suffix):
     np.testing.assert_array_equal(back.reference.outcome, ref.outcome)
     np.testing.assert_array_equal(back.reference.margin, ref.margin)  # NaN rows included
     assert BaseCache.load(saved(tmp_path / "plain", suffix)[0]).reference is None
+
+
+# -- malformed values: refused naming file, column and row, never read as a plain-looking number ---------------
+
+
+def _edit_jsonl(path, row: int, **changes) -> None:
+    """Set fields of data row `row` (0-based, line row + 2) of a JSONL cache, written as Python's json writes them."""
+    import json
+
+    lines = path.read_text(encoding="utf-8").splitlines()
+    data = json.loads(lines[row + 1])
+    data.update(changes)
+    lines[row + 1] = json.dumps(data)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _edit_parquet(path, column: str, values, type_=None) -> None:
+    """Replace one column of a parquet cache, keeping the forgetwatch key in its metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    arr = pa.array(values, type=type_)
+    if column in table.column_names:
+        table = table.set_column(table.column_names.index(column), column, arr)
+    else:
+        table = table.append_column(column, arr)
+    pq.write_table(table, path)
+
+
+def _nan_outcome_cache(tmp_path, suffix):
+    """4 probes, one right at base (accuracy 0.25); the outcome of row 2 is then NaN (a float column in parquet)."""
+    probes = probe_set(4)
+    key = make_cache_key(model_key(), probes, scoring_key())
+    results = sample_results(probes.ids)
+    results.outcome[:] = [1, 0, 0, 0]
+    path = BaseCache(key, results).save(tmp_path / f"base{suffix}")
+    if suffix == ".jsonl":
+        _edit_jsonl(path, 2, outcome=float("nan"))
+    else:
+        _edit_parquet(path, "outcome", [1.0, 0.0, float("nan"), 0.0])
+    return path, key
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_nan_outcome_is_refused_naming_file_column_and_row(tmp_path, suffix):
+    """Issue 26 item 3: a NaN outcome was cast to int8 and read as 0 (wrong) with only numpy's RuntimeWarning."""
+    path, key = _nan_outcome_cache(tmp_path, suffix)
+    with pytest.raises(CacheFormatError) as e:
+        BaseCache.load(path, expect=key)
+    msg = str(e.value)
+    where = "line 4 (probe 'q2')" if suffix == ".jsonl" else "row 2 (probe 'q2')"
+    assert f"{path} {where}: column `outcome` is NaN, and it must be -1, 0 or 1" in msg, msg
+    assert "delete it and run `forgetwatch cache` again" in msg
+
+
+BAD_VALUES = [
+    # column, value, what the message says
+    ("outcome", None, "column `outcome` is null, not a number"),
+    ("outcome", 2, "column `outcome` is 2, and it must be -1, 0 or 1"),
+    ("outcome", 0.5, "column `outcome` is 0.5, and it must be -1, 0 or 1"),
+    ("outcome", "1", "column `outcome` is '1', not a number"),
+    ("outcome", True, "column `outcome` is True, not a number"),
+    ("pred_index", float("nan"), "column `pred_index` is NaN, and it must be a whole number >= -1"),
+    ("pred_index", 1.5, "column `pred_index` is 1.5, and it must be a whole number >= -1"),
+    ("pred_index", None, "column `pred_index` is null, not a number"),
+    ("n_tokens", float("inf"), "column `n_tokens` is inf, and it must be a whole number >= -1"),
+    ("n_tokens", -7, "column `n_tokens` is -7, and it must be a whole number >= -1"),
+    ("stopped", float("nan"), "column `stopped` is NaN, and it must be -1, 0 or 1"),
+    ("margin", float("inf"), "column `margin` is inf (an overflow, not a score"),
+    ("margin", "big", "column `margin` is 'big', not a number"),
+    ("gold_logprob", float("-inf"), "column `gold_logprob` is -inf (an overflow"),
+    ("gold_logprob", 1e300, "column `gold_logprob` is 1e+300 (an overflow"),  # finite in JSON, inf in float32
+    ("option_scores", [-1.0, float("nan")], "column `option_scores` holds nan at option 1"),
+    ("option_scores", [float("-inf"), -2.0], "column `option_scores` holds -inf at option 0"),
+    ("option_scores", [-1.0, None], "column `option_scores` holds null, not a number"),
+    ("option_scores", 3.0, "column `option_scores` is 3.0, not a list of numbers"),
+    ("id", None, "column `id` is None, not a probe id"),
+    ("id", "q0", "column `id` repeats probe 'q0' (first at line 2 (probe 'q0'))"),
+]
+
+
+@pytest.mark.parametrize("column, value, says", BAD_VALUES, ids=lambda v: repr(v)[:20])
+def test_malformed_jsonl_values_are_refused(tmp_path, column, value, says):
+    path, key, _ = saved(tmp_path, ".jsonl")
+    _edit_jsonl(path, 3, **{column: value})
+    with pytest.raises(CacheFormatError) as e:
+        BaseCache.load(path, expect=key)
+    msg = str(e.value)
+    assert msg.startswith(f"{path} line 5 (probe "), msg
+    assert says in msg, msg
+
+
+PARQUET_BAD = [
+    ("outcome", [1, 0, None, 0, 1], "int8", "row 2 (probe 'q2'): column `outcome` is null"),
+    ("outcome", [1.0, 0.0, 0.0, float("inf"), 1.0], None, "row 3 (probe 'q3'): column `outcome` is inf"),
+    ("pred_index", [0, 1, 0.25, 0, 1], None, "row 2 (probe 'q2'): column `pred_index` is 0.25"),
+    ("stopped", [-1, -1, -1, 5, -1], None, "row 3 (probe 'q3'): column `stopped` is 5"),
+    ("margin", [0.5, float("nan"), float("inf"), 0.1, 0.2], None, "row 2 (probe 'q2'): column `margin` is inf"),
+    ("option_scores", [[-1.0, -2.0], [], [-1.0, float("nan")], [], [-3.0, -1.0]], None,
+     "row 2 (probe 'q2'): column `option_scores` holds nan at option 1"),
+    ("reference_margin", [0.5, float("-inf"), 0.1, 0.1, 0.2], None, "row 1 (probe 'q1'): column `reference_margin` is -inf"),
+]
+
+
+@pytest.mark.parametrize("column, values, type_, says", PARQUET_BAD, ids=lambda v: repr(v)[:20])
+def test_malformed_parquet_values_are_refused(tmp_path, column, values, type_, says):
+    import pyarrow as pa
+
+    path, key, results = saved(tmp_path, ".parquet")
+    if column == "reference_margin":
+        BaseCache(key, results, results).save(path)
+    _edit_parquet(path, column, values, pa.int8() if type_ == "int8" else None)  # a nullable int column
+    with pytest.raises(CacheFormatError) as e:
+        BaseCache.load(path, expect=key)
+    assert f"{path} {says}" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_nan_scores_are_legitimate(tmp_path, suffix):
+    """NaN (or null) in margin and gold_logprob means "not scored that way": read as NaN, not refused."""
+    path, key, results = saved(tmp_path, suffix, n=6)
+    if suffix == ".jsonl":
+        _edit_jsonl(path, 0, margin=None, gold_logprob=None)
+        _edit_jsonl(path, 2, margin=float("nan"))
+    back = BaseCache.load(path, expect=key).results
+    assert np.isnan(back.margin[1]) and np.isnan(back.gold_logprob[1])  # NaN as saved
+    if suffix == ".jsonl":
+        assert np.isnan(back.margin[0]) and np.isnan(back.gold_logprob[0]) and np.isnan(back.margin[2])
+
+
+KEY_DAMAGE = [
+    (lambda key: [key], "its key (the file's forgetwatch metadata) is a JSON array, not an object"),
+    (lambda key: "a string", "its key (the file's forgetwatch metadata) is a JSON string, not an object"),
+    (lambda key: {**key, "probes": "probes.jsonl"}, "the cache key's `probes` is a JSON string, not an object"),
+    (lambda key: {**key, "model": ["a"]}, "the cache key's `model` is a JSON array, not an object"),
+    (lambda key: {k: v for k, v in key.items() if k != "scoring"}, "the cache key's `scoring` is absent, not an object"),
+    (lambda key: {**key, "probes": {**key["probes"], "n": "5"}}, "the cache key's `probes.n` is '5', not a count"),
+    (lambda key: {**key, "probes": {"n": 5}}, "the cache key's `probes.fingerprint` is None, not a string"),
+]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+@pytest.mark.parametrize("damage, says", KEY_DAMAGE, ids=lambda v: v if isinstance(v, str) else "")
+def test_a_key_of_the_wrong_json_type_is_refused(tmp_path, suffix, damage, says):
+    """Issue 26 item 8: `key.get` on a list, `.get("n")` on a string raised AttributeError tracebacks."""
+    import json
+
+    path, key, _ = saved(tmp_path, suffix)
+    bad = damage(key)
+    if suffix == ".jsonl":
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        path.write_text(json.dumps({"forgetwatch_cache": bad}) + "\n" + "".join(lines[1:]), encoding="utf-8")
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        pq.write_table(table.replace_schema_metadata({b"forgetwatch": json.dumps(bad).encode()}), path)
+    with pytest.raises(CacheFormatError) as e:
+        BaseCache.load(path)
+    assert str(e.value).startswith(str(path)) and says in str(e.value), str(e.value)
+
+
+def test_a_jsonl_row_that_is_not_an_object_is_refused(tmp_path):
+    path, key, _ = saved(tmp_path, ".jsonl")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[3] = "[1, 2]"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(CacheFormatError, match=r"line 4 is not a cache row \(an object with `id` and `outcome`\)"):
+        BaseCache.load(path)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_rows_that_are_not_the_probes_are_refused_naming_them(tmp_path, suffix):
+    """Issue 26 item 8: rows of other ids than the key's probes raised a bare KeyError from `select`."""
+    path, key, results = saved(tmp_path, suffix, n=8)
+    renamed = ProbeResults.from_columns({**results.to_columns(), "id": [f"x{i}" if i % 2 else pid for i, pid in enumerate(results.ids)]})
+    BaseCache(key, renamed).save(path)
+    cache = BaseCache.load(path, expect=key)  # the key matches: only the rows say otherwise
+    with pytest.raises(CacheMismatchError) as e:
+        cache.for_probes(probe_set(8).ids, path)
+    msg = str(e.value)
+    assert f"{path}: the cache's rows are not the probes': 4 probe(s) without a row ('q1', 'q3', 'q5', 'q7'); " \
+           "4 row(s) of no probe ('x1', 'x3', 'x5', 'x7')" in msg, msg
+    # the probes it holds, in the probes' order, reference included
+    BaseCache(key, results, results).save(path)
+    order = list(reversed(results.ids))
+    picked = BaseCache.load(path).for_probes(order, path)
+    assert picked.results.ids == order == picked.reference.ids
+
+
+def test_a_cache_row_of_many_ids_lists_the_first_five(tmp_path):
+    path, key, results = saved(tmp_path, ".parquet", n=12)
+    cache = BaseCache.load(path)
+    with pytest.raises(CacheMismatchError, match=r"12 probe\(s\) without a row \('p0', 'p1', 'p2', 'p3', 'p4', \.\.\.\)"):
+        cache.for_probes([f"p{i}" for i in range(12)], path)
