@@ -13,12 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from ._io import strict_json
+from .commands import cache_command as cache_command  # re-exported: it lived here before commands.py
+from .commands import quote
 from .probes import ProbeFormatError, ProbeSet
 from .suites import from_suites, load_probes
 
@@ -53,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("suites", nargs="+", help="suite names (see `forgetwatch probes suites`)")
     b.add_argument("--per-suite", type=int, default=None, help="probes per suite, stratified by category (default: all)")
     b.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
-    b.add_argument("-o", "--output", required=True, help="the JSONL file to write")
+    b.add_argument("-o", "--output", required=True, help="the .jsonl file to write; an existing file is kept unless --force")
+    b.add_argument("--force", action="store_true", help="replace the -o file if it exists")
     b.set_defaults(func=cmd_probes_build)
     s = probes.add_parser("show", help="summarise a probe file and print a few probes")
     s.add_argument("path", help="a probe JSONL file")
@@ -64,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cache", help="score the base model once and store its per-probe results")
     _model_args(c)
-    c.add_argument("-o", "--output", required=True, help="cache file to write (.parquet or .jsonl)")
+    c.add_argument("-o", "--output", required=True,
+                   help="cache file to write (.parquet or .jsonl), checked before anything is scored. An existing file is "
+                        "never replaced unless --force: if it already holds the cache this command would write (same "
+                        "model, probes and scoring key) nothing is scored and it is kept (exit 0); any other file is "
+                        "refused, saying what differs")
+    c.add_argument("--force", action="store_true", help="score again and replace the -o file if it exists")
     c.add_argument("--hash-weights", action="store_true", help="put a hash of the weights in the cache key (reads every weight)")
     _scoring_args(c, defaults=True)
     c.set_defaults(func=cmd_cache)
@@ -100,7 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--flips", type=int, default=10, help="flipped probes to list in the table (default 10)")
     m.add_argument("--allow-other-model", action="store_true",
                    help="compare although the model's architecture differs from the cache's base model (two different models)")
-    m.add_argument("-o", "--output", default=None, help="also write this checkpoint's per-probe results (.parquet or .jsonl)")
+    m.add_argument("-o", "--output", default=None,
+                   help="also write this checkpoint's per-probe results (.parquet or .jsonl), checked before anything is "
+                        "scored; an existing file is kept unless --force, and the --base cache is never replaced")
+    m.add_argument("--force", action="store_true", help="replace the -o file if it exists (never the --base cache)")
     m.add_argument("--metric", default=None, help="with BEFORE AFTER: the 0/1 per-sample metric to count as correct "
                    "(default per task: acc, exact_match, ... whichever it logs)")
     m.add_argument("--filter", default=None, help="with lm-eval outputs: the filter whose answers count where a task logged "
@@ -170,6 +183,8 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
 
 
 def cmd_probes_build(args: argparse.Namespace) -> int:
+    if _check_output(args.output, (".jsonl",), "probes.jsonl") and not args.force:
+        raise _exists(args.output, "a probe file")
     probes = from_suites(args.suites, per_suite=args.per_suite, seed=args.seed)
     probes.to_jsonl(args.output)
     print(f"wrote {len(probes)} probes to {args.output} (fingerprint {probes.fingerprint})")
@@ -238,15 +253,21 @@ def _load_probes(args: argparse.Namespace) -> ProbeSet:
     return load_probes(args.probes, per_suite=args.per_suite, seed=args.seed)
 
 
-def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autocast: str | None, check=None):
+def _load_model(args: argparse.Namespace, dtype: str):
+    from .models import load_model
+
+    return load_model(args.model, dtype=dtype, revision=args.revision, device=args.device)
+
+
+def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autocast: str | None, check=None, loaded=None):
+    """Load the model (unless `loaded`: a (model, tokenizer) pair), run `check(model)`, score; (model, results, key)."""
     import contextlib
 
     import torch
 
-    from .models import load_model
     from .scoring import describe_precision, score_probes
 
-    model, tokenizer = load_model(args.model, dtype=dtype, revision=args.revision, device=args.device)
+    model, tokenizer = loaded or _load_model(args, dtype)
     if check is not None:
         check(model)  # before the scoring time is spent
     device_type = next(model.parameters()).device.type
@@ -256,17 +277,101 @@ def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autoc
     return model, results, config.key(tokenizer, describe_precision(model, autocast=autocast))
 
 
+def _check_output(path: str, suffixes: tuple[str, ...], example: str, inputs: dict[str, str | None] | None = None) -> bool:
+    """Refuse an `-o` that cannot be written, before any time is spent: the file of an input (always), a directory, an
+    unsupported suffix, a parent directory that is missing, not a directory, or not writable. True if it exists (the
+    caller decides whether it may be replaced)."""
+    out = Path(path)
+    for flag, given in (inputs or {}).items():
+        if given and _same_file(out, Path(given)):
+            raise ValueError(f"-o {path} is the {flag} file itself ({given}): writing the results there would replace it. "
+                             "Choose another -o (this is refused even with --force)")
+    if out.is_dir():
+        raise ValueError(f"-o {path} is a directory; give a file in it, e.g. -o {quote(out / example)}")
+    if out.suffix not in suffixes:
+        raise ValueError(f"-o {path}: the file name must end in {' or '.join(suffixes)} (it decides the format), "
+                         f"e.g. -o {quote(out.with_suffix(suffixes[0]) if out.suffix else out.parent / example)}")
+    parent = out.parent
+    if not parent.exists():
+        raise ValueError(f"-o {path}: the directory {parent} does not exist. Create it first (mkdir -p {quote(parent)}) "
+                         "or choose another -o; it is not created for you, in case the path is mistyped")
+    if not parent.is_dir():
+        raise ValueError(f"-o {path}: {parent} is not a directory")
+    if out.exists() and not out.is_file():
+        raise ValueError(f"-o {path} exists and is not a regular file; choose another -o")
+    try:  # the real test (permissions, read-only mounts, quotas at zero): create a file where the results will go
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"-o {path}: cannot write in {parent} ({e.strerror or e}); choose another -o") from None
+    return out.exists()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)  # hard links, symlinks and other spellings of one file
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _exists(path: str, what: str) -> ValueError:
+    return ValueError(f"-o {path} exists ({what}), and forgetwatch never replaces a file without being asked: choose "
+                      "another -o, or pass --force to replace it")
+
+
+def _save(cache, path: str, replace: bool) -> None:
+    """`cache.save(path)`; when that fails (disk full, the directory gone, the file made meanwhile by another process
+    and `replace` is False) the results go to a fallback file and the OSError raised says where."""
+    try:
+        if not replace and Path(path).exists():
+            raise FileExistsError(f"{path} appeared while scoring (another process?) and is not replaced")
+        cache.save(path)
+        return
+    except OSError as e:
+        failure = e
+    out = Path(path)
+    tried = []
+    for where in dict.fromkeys([out.parent, Path(tempfile.gettempdir())]):
+        try:
+            fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}.unsaved-", suffix=out.suffix, dir=where)
+            os.close(fd)
+            cache.save(fallback)
+        except OSError as e:
+            tried.append(f"{where}: {e.strerror or e}")
+            continue
+        raise OSError(f"could not write {path} ({failure}); the results were saved to {fallback} instead. Move them into "
+                      f"place with: mv {quote(fallback)} {quote(path)}") from None
+    raise OSError(f"could not write {path} ({failure}), nor a copy elsewhere ({'; '.join(tried)}): the results are lost") from None
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from .cache import BaseCache, make_cache_key
-    from .models import model_identity
+    from .models import check_model_path, local_model_path, model_identity
     from .noise import NoiseFloor
+    from .scoring import describe_precision
 
+    exists = _check_output(args.output, (".parquet", ".jsonl"), "base.parquet", {"--probes": args.probes}) and not args.force
     probes = _load_probes(args)
+    if args.model != "smollm2":
+        check_model_path(args.model)
     config, dtype, autocast = _scoring_config(args)
-    model, results, scoring_key = _score(args, probes, config, dtype, autocast)
+    old = _existing_cache(args.output, probes) if exists else None
+    model, tokenizer = _load_model(args, dtype)
     identity = model_identity(model, weights_hash=args.hash_weights)
-    identity["name_or_path"] = args.model if args.model != "smollm2" else identity["name_or_path"]
+    # the identity as a callback computes it (`model_identity`): a local path resolved, so ./base and /work/base match
+    identity["name_or_path"] = local_model_path(args.model) if args.model != "smollm2" else identity["name_or_path"]
     identity["revision"] = args.revision or identity["revision"]
+    if old is not None:
+        # the whole key is known before scoring: the same cache again is kept, anything else is refused
+        key = make_cache_key(identity, probes, config.key(tokenizer, describe_precision(model, autocast=autocast)))
+        _same_cache_or_refuse(old, key, args.output)
+        print(f"{args.output} already holds this cache (same model, probes and scoring): nothing scored, nothing written; "
+              "pass --force to score again and replace it")
+        return 0
+    model, results, scoring_key = _score(args, probes, config, dtype, autocast, loaded=(model, tokenizer))
     reference = None
     if scoring_key["precision"] != "float32":
         # the precision noise floor: the same base in fp32 without autocast, kept with the cache
@@ -275,9 +380,45 @@ def cmd_cache(args: argparse.Namespace) -> int:
         floor = NoiseFloor.from_outcomes(results.outcome, reference.outcome)
         print(f"precision noise floor: {floor.count} of {len(probes)} probes change correctness between "
               f"{scoring_key['precision']} and float32")
-    BaseCache(make_cache_key(identity, probes, scoring_key), results, reference).save(args.output)
+    _save(BaseCache(make_cache_key(identity, probes, scoring_key), results, reference), args.output, replace=args.force)
     print(f"scored {len(probes)} probes with {args.model}: accuracy {results.accuracy:.3f}; wrote {args.output}")
     return 0
+
+
+def _existing_cache(path: str, probes: ProbeSet):
+    """The cache already at `path`, refused (before the model is loaded) unless it is a readable cache of `probes`."""
+    from .cache import BaseCache, CacheMismatchError, make_cache_key
+
+    try:
+        old = BaseCache.load(path)
+        old.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=path)
+    except CacheMismatchError as e:
+        raise ValueError(f"-o {path} exists and holds another cache ({_differences(e)}); forgetwatch never replaces a "
+                         "file without being asked: choose another -o, or pass --force to replace it") from None
+    except ValueError as e:
+        raise ValueError(f"-o {path} exists and is not a readable forgetwatch cache ({str(e).split(': ', 1)[-1]}); "
+                         "forgetwatch never replaces a file without being asked: choose another -o, or pass --force to "
+                         "replace it") from None
+    return old
+
+
+def _same_cache_or_refuse(old, key: dict[str, Any], path: str) -> None:
+    from .cache import CacheMismatchError
+
+    try:
+        old.check(key, path=path)
+    except CacheMismatchError as e:
+        raise ValueError(f"-o {path} exists and holds a cache made under another key ({_differences(e)}); forgetwatch "
+                         "never replaces a file without being asked: choose another -o, or pass --force to replace it") from None
+    if old.reference is None and str(key["scoring"].get("precision", "float32")) != "float32":
+        raise ValueError(f"-o {path} exists and holds this cache without the fp32 reference (the precision noise floor) "
+                         "this command adds; pass --force to score again and replace it")
+
+
+def _differences(e: Exception) -> str:
+    """The `name: cache has X, now Y` lines of a CacheMismatchError, on one line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.startswith("  ")]
+    return "; ".join(lines) or str(e)
 
 
 def _excluded(args: argparse.Namespace):
@@ -326,12 +467,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          "or two per-sample outputs: forgetwatch compare BEFORE AFTER")
     from .cache import BaseCache, make_cache_key
     from .metrics import compute_report
-    from .models import model_identity
+    from .models import check_model_path, model_identity
 
+    if args.output is not None:
+        inputs = {"--base": args.base, "--probes": args.probes}
+        if _check_output(args.output, (".parquet", ".jsonl"), "checkpoint.parquet", inputs) and not args.force:
+            raise _exists(args.output, "per-probe results")
     probes = _load_probes(args)
+    if args.model != "smollm2":
+        check_model_path(args.model)
     base = BaseCache.load(args.base)
     # A cache for another probe set can never match: refuse it before loading and scoring the model.
     base.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=args.base)
+    base = base.for_probes(probes.ids, args.base)  # its rows too, not only its key
     config, dtype, autocast = _scoring_config(args, base.key)
     base_model = base.key.get("model", {})
 
@@ -348,10 +496,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     model, results, scoring_key = _score(args, probes, config, dtype, autocast, check=same_architecture)
     # The checkpoint is meant to differ from the base model: compare everything but the model's identity.
     base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
+    unsaved = None
     if args.output:
-        BaseCache(make_cache_key(model_identity(model), probes, scoring_key), results).save(args.output)
+        try:
+            _save(BaseCache(make_cache_key(model_identity(model), probes, scoring_key), results), args.output, args.force)
+        except OSError as e:
+            unsaved = e  # said after the report, which is printed all the same
 
-    pre = base.results.select(probes.ids)
+    pre = base.results
     report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes],
                             probes.kind_groups())
     flips = _flips(probes, pre, results)
@@ -366,6 +518,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if behavior is not None:
             out["behavior"] = {k: v.to_dict() for k, v in behavior.items()}
         print(strict_json(out, indent=1))
+        if unsaved is not None:
+            raise unsaved
         return 0
     print(f"base: {base_model.get('name_or_path') or '?'} ({base_model.get('architecture') or 'architecture unknown'}), "
           f"cache {args.base}\nnow:  {args.model}\n")
@@ -379,6 +533,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
         for f in flips[: args.flips]:
             print(f"  {f['direction']}  {f['id']}  [{f['category']}]  base: {f['base_prediction']!r}  now: {f['prediction']!r}  gold: {f['gold']!r}")
+    if unsaved is not None:
+        raise unsaved
     return 0
 
 
@@ -473,36 +629,6 @@ def _flips(probes: ProbeSet, pre, post) -> list[dict[str, Any]]:
                 "gold": p.gold_text, "base_prediction": pre.prediction[i], "prediction": post.prediction[i],
             })
     return out
-
-
-def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: str = "base.parquet") -> str:
-    """The `forgetwatch cache` command whose cache matches `scoring_key` (what a callback expects), for messages.
-
-    Example:
-        >>> cache_command("org/model", "probes.jsonl", {"mcq_mode": "loglik", "precision": "float32+autocast-bfloat16"})
-        'forgetwatch cache --model org/model --probes probes.jsonl --dtype float32 --autocast bfloat16 -o base.parquet'
-    """
-    parts = ["forgetwatch cache", f"--model {model or '<your base model>'}", f"--probes {probes}"]
-    s = scoring_key
-    if s.get("mcq_mode", "loglik") != "loglik":
-        parts.append(f"--mcq-mode {s['mcq_mode']}")
-    if s.get("chat_template") is not None:
-        parts.append(f"--chat-template {'on' if s['chat_template'] else 'off'}")
-    if s.get("cot"):
-        parts.append("--cot")
-    if s.get("short_mode") and s["short_mode"] != ("generate" if s.get("cot") else "greedy_match"):
-        parts.append(f"--short-mode {s['short_mode']}")
-    if s.get("short_match", "exact") != "exact":
-        parts.append(f"--short-match {s['short_match']}")
-    if s.get("max_new_tokens") and s["max_new_tokens"] != (256 if s.get("cot") else 32):
-        parts.append(f"--max-new-tokens {s['max_new_tokens']}")
-    if s.get("behavior_max_new_tokens") not in (None, 256):
-        parts.append(f"--behavior-max-new-tokens {s['behavior_max_new_tokens']}")
-    dtype, _, autocast = str(s.get("precision", "float32")).partition("+autocast-")
-    parts.append(f"--dtype {dtype}")
-    if autocast:
-        parts.append(f"--autocast {autocast}")
-    return " ".join([*parts, f"-o {output}"])
 
 
 def format_report(report: dict, label: str = "category", footer: bool = True) -> str:

@@ -6,12 +6,13 @@ import importlib.util
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from ._io import file_lock
 
-__all__ = ["load_model", "smollm2_path", "model_identity", "architecture_id"]
+__all__ = ["load_model", "smollm2_path", "model_identity", "architecture_id", "check_model_path", "local_model_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +88,76 @@ def load_model(name_or_path: str, dtype: str = "float32", revision: str | None =
         raise ValueError(f"`dtype` must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     if name_or_path == "smollm2":
         name_or_path = str(smollm2_path())
-    elif not Path(name_or_path).exists() and (name_or_path.startswith((".", "/")) or name_or_path.count("/") > 1):
-        raise FileNotFoundError(f"`--model`: {name_or_path} does not exist (give a local directory or a Hub id like org/name)")
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=getattr(torch, dtype))
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    local = check_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(local or name_or_path, revision=revision, dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(local or name_or_path, revision=revision)
+    except OSError as e:
+        if local is not None:
+            raise
+        # not a local directory: transformers tried the Hub, and says only that (often "couldn't connect")
+        raise OSError(f"`--model`: {name_or_path} is no local directory (none here, in {Path.cwd()}), and loading it as a "
+                      f"Hub id failed: {e}") from None
     if device:
         model.to(device)
     elif torch.cuda.is_available():
         model.to("cuda")
     return model, tokenizer
+
+
+def check_model_path(name_or_path: str) -> Path | None:
+    """The local model directory `name_or_path` names (`~` expanded), None for a Hub id; `FileNotFoundError` for a
+    local path that does not exist, before anything is loaded or fetched.
+
+    A name is local when it exists, or looks like a path: absolute, starting with `./`, `../` or `~`, holding the
+    platform's separator where a Hub id cannot (Windows), or of a form no Hub id has (`a/b/c`). A missing `org/name`
+    stays a Hub id: it may be one.
+
+    Example:
+        >>> check_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+        True
+        >>> check_model_path("./no/such/model")
+        Traceback (most recent call last):
+        FileNotFoundError: `--model`: ./no/such/model: no such directory (a local model directory, or a Hub id like org/name)
+    """
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"`--model`: {text} is a file; give the model's directory (with config.json)")
+        return path
+    seps = {"/", os.sep, os.altsep} - {None}
+    looks_local = (
+        path.is_absolute() or text.startswith(("~", "./", "../", f".{os.sep}", f"..{os.sep}")) or text in (".", "..")
+        or (os.sep != "/" and os.sep in text)  # a Hub id never holds a backslash
+        or sum(text.count(s) for s in seps) > 1 or not _HUB_ID.match(text)
+    )
+    if looks_local:
+        raise FileNotFoundError(f"`--model`: {text}: no such directory (a local model directory, or a Hub id like org/name)")
+    return None
+
+
+# huggingface_hub's repo-id form: an optional namespace and a name of word characters, '-' and '.', 96 at most
+_HUB_ID = re.compile(r"^(?!.*(--|\.\.))(?:[\w\-.]+/)?[\w\-.]{1,96}$")
+
+
+def local_model_path(name_or_path: str) -> str:
+    """`name_or_path` as the model's identity keeps it: an existing local path as its resolved absolute path (so that
+    `./base`, `base` and `/work/base` are one model), anything else (a Hub id) unchanged.
+
+    Example:
+        >>> local_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+        'HuggingFaceTB/SmolLM2-135M-Instruct'
+    """
+    text = str(name_or_path)
+    if not text:
+        return text
+    path = Path(text).expanduser()
+    try:
+        # resolved through symlinks: `models/current -> v3` is v3, and a later v4 behind the same link is another model
+        return str(path.resolve()) if path.exists() else text
+    except OSError:  # an unreadable path component: keep the name as given
+        return text
 
 
 FSDP_SHARDS = "pytorch_model_fsdp_0"  # the Trainer's directory of an FSDP SHARDED_STATE_DICT checkpoint's weights
@@ -212,7 +274,8 @@ def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
     """
     config = getattr(model, "config", None)
     ident: dict[str, Any] = {
-        "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
+        # a local path spelled relative or absolute is one model: the cache key must not depend on the spelling
+        "name_or_path": local_model_path(str(getattr(config, "_name_or_path", "") or "")),
         "revision": getattr(config, "_commit_hash", None),
         "architecture": architecture_id(config),
     }

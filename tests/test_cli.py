@@ -224,7 +224,7 @@ def test_cache_then_compare_roundtrip(capsys, tmp_path, tiny_dirs):
     assert code == 0
     cache = BaseCache.load(base)
     assert out.strip() == f"scored {len(probes)} probes with {model_dir}: accuracy {cache.results.accuracy:.3f}; wrote {base}"
-    assert cache.key["model"]["name_or_path"] == str(model_dir)
+    assert cache.key["model"]["name_or_path"] == str(model_dir.resolve())
     assert cache.key["probes"] == {"fingerprint": probes.fingerprint, "n": len(probes)}
     assert cache.key["scoring"]["mcq_mode"] == "loglik" and cache.key["scoring"]["precision"] == "float32"
     assert cache.results.ids == probes.ids
@@ -253,7 +253,7 @@ def test_cache_then_compare_roundtrip(capsys, tmp_path, tiny_dirs):
     check_report(report["metrics"])
     check_against_caches(report, base, post, probes)
     written = BaseCache.load(post)
-    assert written.key["model"]["name_or_path"] == str(noisy_dir)
+    assert written.key["model"]["name_or_path"] == str(noisy_dir.resolve())
     written.check(cache.key, ignore=("model",))  # same probes, same scoring: only the model differs
 
     # the table
@@ -301,14 +301,55 @@ def test_nonexistent_model_path(capsys, tmp_path, tiny_dirs):
     _, _, probe_file = tiny_dirs
     missing = tmp_path / "no" / "such-model"
     code, _, err = run(capsys, "cache", "--model", missing, "--probes", probe_file, "-o", tmp_path / "c.parquet")
-    assert_usage_error(code, err, f"`--model`: {missing} does not exist")
+    assert_usage_error(code, err, f"`--model`: {missing}: no such directory")
     assert not (tmp_path / "c.parquet").exists()
     # a directory without a model, and a Hub id that cannot be fetched (offline here)
     code, _, err = run(capsys, "cache", "--model", tmp_path, "--probes", probe_file, "-o", tmp_path / "c.parquet")
     assert_usage_error(code, err, str(tmp_path))
     code, _, err = run(capsys, "cache", "--model", "no-such-org/no-such-model", "--probes", probe_file, "-o", tmp_path / "c.parquet")
-    assert_usage_error(code, err)  # transformers' own message ("couldn't connect to 'https://huggingface.co' ...")
+    # transformers' own message ("couldn't connect to 'https://huggingface.co' ..."), after what was tried first
+    assert_usage_error(code, err, "`--model`: no-such-org/no-such-model is no local directory", "as a Hub id failed")
     assert not (tmp_path / "c.parquet").exists()
+
+
+@pytest.mark.parametrize("spelling", ["./no-such-model", "../no-such-model", "~/no-such-model-fw", "models/base/v1", "my model"])
+def test_a_missing_local_model_path_is_no_such_directory(capsys, tmp_path, tiny_dirs, monkeypatch, spelling):
+    """Issue 26 item 8: a local path that does not exist was reported as a Hub connection failure."""
+    _, _, probe_file = tiny_dirs
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "cache", "--model", spelling, "--probes", probe_file, "-o", tmp_path / "c.parquet")
+    assert_usage_error(code, err, f"`--model`: {spelling}: no such directory")
+    assert "huggingface.co" not in err and "Hub id failed" not in err
+
+
+def test_a_model_given_as_a_relative_path_or_a_file(capsys, tmp_path, tiny_dirs, monkeypatch):
+    model_dir, _, probe_file = tiny_dirs
+    monkeypatch.chdir(model_dir.parent)
+    base = tmp_path / "base.jsonl"
+    code, _, err = run(capsys, "cache", "--model", model_dir.name, "--probes", probe_file, "-o", base)  # `tiny`: no ./
+    assert code == 0, err
+    code, _, err = run(capsys, "cache", "--model", model_dir / "config.json", "--probes", probe_file, "-o", tmp_path / "c.jsonl")
+    assert_usage_error(code, err, f"`--model`: {model_dir / 'config.json'} is a file; give the model's directory")
+
+
+def test_relative_and_absolute_model_paths_are_one_model_in_the_cache_key(capsys, tmp_path, tiny_dirs, monkeypatch):
+    """Issue 26 item 9: `--model ./tiny` made a cache whose key said "./tiny", and a training run loading /abs/tiny (or the
+    callback's identity of it) did not match it, so the base was scored again."""
+    from transformers import AutoModelForCausalLM
+
+    from forgetwatch.cache import make_cache_key
+    from forgetwatch.models import model_identity
+
+    model_dir, _, probe_file = tiny_dirs
+    monkeypatch.chdir(model_dir.parent)
+    base = tmp_path / "base.jsonl"
+    assert run(capsys, "cache", "--model", f"./{model_dir.name}", "--probes", probe_file, "-o", base)[0] == 0
+    cache = BaseCache.load(base)
+    assert cache.key["model"]["name_or_path"] == str(model_dir.resolve())
+    for spelling in (str(model_dir), model_dir.name, f"./{model_dir.name}", f"../{model_dir.parent.name}/{model_dir.name}"):
+        identity = model_identity(AutoModelForCausalLM.from_pretrained(spelling))
+        # the model's part of the key is what the callback compares with its own model: it matches, whatever the spelling
+        cache.check(make_cache_key(identity, ProbeSet.from_jsonl(probe_file), cache.key["scoring"]), ignore=("scoring",))
 
 
 def test_missing_or_corrupt_base_cache(capsys, tmp_path, tiny_dirs):
