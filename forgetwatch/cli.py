@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -335,12 +336,16 @@ def _save(cache, path: str, replace: bool) -> None:
     out = Path(path)
     tried = []
     for where in dict.fromkeys([out.parent, Path(tempfile.gettempdir())]):
+        fallback = None
         try:
-            fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}.unsaved-", suffix=out.suffix, dir=where)
+            fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}.unsaved-", suffix=out.suffix, dir=where)  # a new name
             os.close(fd)
             cache.save(fallback)
         except OSError as e:
             tried.append(f"{where}: {e.strerror or e}")
+            if fallback is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(fallback)  # the empty placeholder: no file that looks like results but is not
             continue
         raise OSError(f"could not write {path} ({failure}); the results were saved to {fallback} instead. Move them into "
                       f"place with: mv {quote(fallback)} {quote(path)}") from None
@@ -547,8 +552,15 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
     if given:
         raise ValueError(f"{', '.join(given)} score a model; with two per-sample outputs (BEFORE AFTER) nothing is scored: drop them")
     cmp = compare_samples(args.runs[0], args.runs[1], metric=args.metric, filter=args.filter, match=args.match)
+    # acc_norm ranks the options by log-likelihood per character, another figure than acc: the header's "counted" list
+    # is easy to read past, so a task counted that way without being asked for says so in a note of its own
+    switched = [f"{t}: counted {m} (length-normalised), not acc: the task logs no 0/1 `acc` on every sample; pass "
+                f"--metric to choose the metric yourself" for t, m in sorted(cmp.before.metric.items())
+                if args.metric is None and t in cmp.match_by and m.endswith("acc_norm")]
     if args.json:
-        print(strict_json(cmp.to_dict(), indent=1, ensure_ascii=False))
+        out = cmp.to_dict()
+        out["notes"] = [*out.get("notes", []), *switched]
+        print(strict_json(out, indent=1, ensure_ascii=False))
         return 0
     for label, side in (("before", cmp.before), ("after", cmp.after)):
         what = f"{side.format} {side.version}" if side.version else side.format
@@ -556,7 +568,7 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
     hows = sorted(set(cmp.match_by.values()))
     print(f"matched {len(cmp.matched)} samples of {len(cmp.match_by)} task(s) by {' / '.join(hows)}; "
           f"counted: {', '.join(f'{t} {m}' for t, m in sorted(cmp.before.metric.items()) if t in cmp.match_by)}")
-    for note in dict.fromkeys(cmp.before.notes + cmp.after.notes + cmp.notes):
+    for note in dict.fromkeys(switched + cmp.before.notes + cmp.after.notes + cmp.notes):
         print(f"  note: {note}")
     for label, tasks in (("before", cmp.tasks_only_before), ("after", cmp.tasks_only_after)):
         if tasks:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import transformers
 
 from forgetwatch import models
@@ -14,3 +17,32 @@ def test_the_smollm2_checkpoint_is_kept_per_transformers_major_version(tmp_path,
     assert five == tmp_path / "SmolLM2-135M-Instruct"  # where transformers 5 users already have it
     assert four == tmp_path / "SmolLM2-135M-Instruct-transformers4"
     assert models._smollm2_dir() == (five if transformers.__version__.startswith("5.") else four)
+
+
+def test_a_local_path_is_one_identity_however_spelled(tmp_path, monkeypatch):
+    """./base, base, ../here/base and /abs/base name one model, so they must give one cache key; Hub ids stay as given."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "current").symlink_to(tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    whole = str((tmp_path / "base").resolve())
+    for spelling in ("base", "./base", f"../{tmp_path.name}/base", str(tmp_path / "base"), "current"):
+        assert models.local_model_path(spelling) == whole, spelling
+    for hub_id in ("HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "org/not-here", ""):
+        assert models.local_model_path(hub_id) == hub_id
+
+
+def test_what_counts_as_a_local_model_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "model").mkdir()
+    (tmp_path / "weights.bin").write_bytes(b"")
+    assert models.check_model_path("org/model") == Path("org/model")  # an existing directory wins, as in transformers
+    for hub_id in ("gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct", "org/other", "a.b/c-d_e"):
+        assert models.check_model_path(hub_id) is None, hub_id  # tried on the Hub
+    for path in ("./x", "../x", "~/no-such-forgetwatch-model", "/no/such", "a/b/c", "has space", "org/", "x--y/z", "."):
+        if Path(path).expanduser().exists():
+            continue
+        with pytest.raises(FileNotFoundError, match="no such directory"):
+            models.check_model_path(path)
+    with pytest.raises(NotADirectoryError, match="weights.bin is a file; give the model's directory"):
+        models.check_model_path("weights.bin")
