@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import read_jsonl
+from ._io import read_json, read_jsonl
 from .metrics import ForgettingMetrics, compute_report
 
 __all__ = ["Sample", "SampleSet", "SampleComparison", "SamplesFormatError", "read_samples", "compare_samples"]
@@ -50,6 +50,8 @@ _QUESTION_FIELDS = ("question", "query", "problem", "Question", "ctx", "sentence
 # 0/1 metrics tried first when a task logs several (lm-eval lists a task's metrics in its config order)
 _PREFERRED = ("acc", "exact_match", "loglikelihood_acc", "em", "pass@1", "acc_norm",
               "prompt_level_strict_acc")  # lm-eval's ifeval: every instruction of the prompt followed, as generated
+# those that are 0/1 by definition (pass@1 over several samples is a fraction)
+_STRICT01 = frozenset(_PREFERRED) - {"pass@1"}
 
 
 class SamplesFormatError(ValueError):
@@ -174,7 +176,7 @@ def _latest_per_task(path: Path, files: list[Path], pattern: re.Pattern, notes: 
 def _read_lm_eval(path: Path, files: list[Path], metric: str | None, filter: str | None) -> SampleSet:
     notes: list[str] = []
     chosen = _latest_per_task(path, files, _LM_EVAL_FILE, notes)
-    configs, model, version, subtasks = _lm_eval_results(chosen.values())
+    configs, model, version, subtasks = _lm_eval_results(chosen.values(), notes)
     samples: list[Sample] = []
     metrics: dict[str, str] = {}
     filters: dict[str, str] = {}
@@ -235,26 +237,79 @@ def _jsonl(f: Path) -> Iterable[tuple[int, dict]]:
         if not isinstance(row, dict) or "doc_id" not in row or not ({"filtered_resps", "resps"} & row.keys()):
             raise SamplesFormatError(f"{f} line {i}: not an lm-eval sample (needs `doc_id` and `filtered_resps`); "
                                      f"forgetwatch reads {FORMATS}")
+        _check_lm_eval_fields(f"{f} line {i}", row)
         yield i, row
 
 
-def _lm_eval_results(files: Iterable[Path]) -> tuple[dict[str, dict], str | None, str | None, dict[str, list[str]]]:
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# lm-eval's fields that forgetwatch reads, each with the JSON types lm-eval writes and what a value must be
+_LM_EVAL_FIELDS: dict[str, tuple[Any, str]] = {
+    "doc_id": (lambda v: v is None or (isinstance(v, (int, str)) and not isinstance(v, bool)), "a number or a string"),
+    "doc_hash": (lambda v: v is None or isinstance(v, str), "a string"),
+    "prompt_hash": (lambda v: v is None or isinstance(v, str), "a string"),
+    "filter": (lambda v: isinstance(v, str), "a string (the filter's name)"),
+    "metrics": (_is_str_list, "a list of metric names"),
+    "doc": (lambda v: isinstance(v, dict), "an object (the document)"),
+    "filtered_resps": (lambda v: isinstance(v, list), "a list (one response per request)"),
+    "resps": (lambda v: isinstance(v, list), "a list (one response per request)"),
+    "arguments": (lambda v: isinstance(v, (list, dict)), "a list or an object of requests"),
+}
+
+
+def _check_lm_eval_fields(where: str, row: dict) -> None:
+    """The fields forgetwatch reads are of the types lm-eval writes: a file edited or made by another tool is refused
+    here, naming the field, rather than failing later with a traceback or counting a wrong figure."""
+    for name, (ok, what) in _LM_EVAL_FIELDS.items():
+        if name in row and not ok(row[name]):
+            raise SamplesFormatError(f"{where}: field `{name}` must be {what}, got {_short(row[name])}; forgetwatch reads "
+                                     f"lm-eval's --log_samples files as lm-eval writes them")
+    args = row.get("arguments")
+    if isinstance(args, dict):  # lm-eval 0.4.4+: {"gen_args_0": {"arg_0": ..., "arg_1": ...}, ...}
+        for k, a in args.items():
+            inner = list(a) if isinstance(a, dict) else []
+            if not _numbered(k) or not (isinstance(a, (list, dict))) or not all(_numbered(x) for x in inner):
+                raise SamplesFormatError(f"{where}: field `arguments`: {k!r}: {_short(a)} is not one of lm-eval's requests "
+                                         "(`gen_args_<n>`: {`arg_<n>`: ...}); forgetwatch reads lm-eval's --log_samples files "
+                                         "as lm-eval writes them")
+
+
+def _numbered(key: Any) -> bool:
+    return isinstance(key, str) and key.rsplit("_", 1)[-1].isdigit()
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _lm_eval_results(files: Iterable[Path], notes: list[str]) -> tuple[dict[str, dict], str | None, str | None,
+                                                                      dict[str, list[str]]]:
     """Task configs (for `output_type`), model, lm-eval version and groups (`group_subtasks`) from the results_*.json
-    beside the samples."""
+    beside the samples. The samples carry the outcomes; a results file only adds names and each task's output type,
+    so one that cannot be read is said in `notes` and left out, not fatal."""
     configs: dict[str, dict] = {}
     subtasks: dict[str, list[str]] = {}
     model = version = None
     for stamp_dir in sorted({f.parent for f in files}):
         for res in sorted(stamp_dir.glob("results_*.json")):
             try:
-                data = json.loads(res.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                continue  # the samples carry everything needed; the results file only adds names
-            configs.update(data.get("configs") or {})
-            subtasks.update({g: list(m) for g, m in (data.get("group_subtasks") or {}).items() if m})
-            model = data.get("model_name") or (data.get("config") or {}).get("model_args") or model
-            version = data.get("lm_eval_version") or version
-    return configs, (str(model) if model else None), version, subtasks
+                data = read_json(res, "lm-eval's results file", SamplesFormatError)
+            except (OSError, SamplesFormatError) as e:
+                notes.append(f"{e}: left out (it only adds task configurations, groups and the model's name)")
+                continue
+            cfgs, groups, config = data.get("configs"), data.get("group_subtasks"), data.get("config")
+            if isinstance(cfgs, dict):
+                configs.update({t: c for t, c in cfgs.items() if isinstance(c, dict)})
+            if isinstance(groups, dict):
+                subtasks.update({g: [str(t) for t in m] for g, m in groups.items() if isinstance(m, list) and m})
+            name = data.get("model_name") or (config.get("model_args") if isinstance(config, dict) else None)
+            model = name if isinstance(name, str) and name else model
+            v = data.get("lm_eval_version")
+            version = v if isinstance(v, str) and v else version
+    return configs, model, version, subtasks
 
 
 def _task_from_results(f: Path, configs: dict[str, dict]) -> str | None:
@@ -265,16 +320,35 @@ def _is01(v: Any) -> bool:
     return isinstance(v, (bool, int, float)) and not (isinstance(v, float) and math.isnan(v)) and float(v) in (0.0, 1.0)
 
 
-def _pick_metric(task: str, f: Path, rows: list[tuple[int, dict]], metric: str | None) -> str:
+def _is_hole(v: Any) -> bool:
+    """A value that is no score at all: missing, null, NaN, infinite, or not a number (text, a list, an object)."""
+    if isinstance(v, (bool, int)):
+        return False
+    return not isinstance(v, float) or not math.isfinite(v)
+
+
+def _pick_metric(task: str, f: Path, rows: list[tuple[int, dict]], metric: str | None, unit: str = "line") -> str:
     logged = rows[0][1].get("metrics") or [k for k in rows[0][1] if _is01(rows[0][1][k]) and k not in ("doc_id",)]
     binary = [m for m in logged if all(_is01(r.get(m)) for _, r in rows)]
+    # 0/1 wherever there is a value, but NaN, null or missing somewhere: counting those documents as 0 (or leaving the
+    # metric for another) would report a figure that looks plain and is not; they are refused, naming the first
+    # (acc, exact_match, ... are 0/1 by definition: any other value there is a damaged file, said the same way)
+    holed = [m for m in logged if m not in binary
+             and (m in _STRICT01 or all(_is01(r.get(m)) or _is_hole(r.get(m)) for _, r in rows))]
     if metric is not None and metric in logged:
         if metric not in binary:
             line, row = next((ln, r) for ln, r in rows if not _is01(r.get(metric)))
-            raise SamplesFormatError(f"{f} line {line}: metric {metric!r} of task {task} is not 0/1 per sample "
+            raise SamplesFormatError(f"{f} {unit} {line}: metric {metric!r} of task {task} is not 0/1 per sample "
                                      f"({row.get(metric)!r}); sample-wise forgetting needs a 0/1 metric (this task has: {', '.join(binary) or 'none'})")
         return metric
-    for m in (*_PREFERRED, *binary):
+    for m in (*_PREFERRED, *logged):
+        if m in holed:
+            line, row = next((ln, r) for ln, r in rows if not _is01(r.get(m)))
+            n = sum(not _is01(r.get(m)) for _, r in rows)
+            raise SamplesFormatError(f"{f} {unit} {line}: metric {m!r} of task {task} is {row.get(m, 'missing')!r}, not 0 or 1 "
+                                     f"({n} of {len(rows)} documents): NaN, null or no value is a document the harness could "
+                                     "not score, another value a damaged file; counting them as right or wrong would make "
+                                     "the figures up: rerun the evaluation, or choose another metric with --metric")
         if m in binary:
             return m
     raise SamplesFormatError(f"{f}: task {task} logs no 0/1 metric per sample (it logs: {', '.join(logged) or 'nothing'}); "
@@ -354,7 +428,7 @@ def _gold_choice(target: Any, continuations: Sequence[str]) -> str:
     for t in target if isinstance(target, list) else [target]:
         try:
             out.append(options[int(t)])
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):  # OverflowError: an infinite target
             if str(t).strip() not in options:
                 return _text(target)
             out.append(str(t).strip())
@@ -390,13 +464,16 @@ def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> Sample
     for _, f in sorted(chosen.items()):
         try:
             table = pq.read_table(f)
+            # decoded here: a damaged file can pass the reading and fail in the decoding (a name that is not UTF-8)
+            pylist = table.to_pylist()
         except Exception as e:  # pyarrow raises several types for a file that is not parquet
-            raise SamplesFormatError(f"{f}: not a readable parquet file ({e}); forgetwatch reads {FORMATS}") from None
+            raise SamplesFormatError(f"{f}: not a readable parquet file ({type(e).__name__}: {e}); forgetwatch reads "
+                                     f"{FORMATS}") from None
         columns = set(table.column_names)
         if {"doc", "metric"} <= columns:
-            rows = [(i, r) for i, r in enumerate(table.to_pylist(), 1)]
+            rows = [(i, r) for i, r in enumerate(pylist, 1)]
         elif {"example", "metrics"} <= columns:  # lighteval before 0.10: flat columns, no document id
-            rows = [(i, _old_lighteval_row(r)) for i, r in enumerate(table.to_pylist(), 1)]
+            rows = [(i, _old_lighteval_row(f"{f} row {i}", r)) for i, r in enumerate(pylist, 1)]
             if not old_said:
                 notes.append(f"{path}: lighteval details from before 0.10 (no document ids): matched by a hash of each "
                              "document's query, choices and gold")
@@ -407,10 +484,11 @@ def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> Sample
         by_task: dict[str, list[tuple[int, dict]]] = defaultdict(list)
         named = m["task"] if (m := _LIGHTEVAL_FILE.match(f.name)) else f.stem
         for i, r in rows:
+            _check_lighteval_row(f"{f} row {i}", r)
             by_task[str((r.get("doc") or {}).get("task_name") or named)].append((i, r))
         for task, trows in by_task.items():
             flat = [(i, {**(r.get("metric") or {}), "metrics": list((r.get("metric") or {}).keys())}) for i, r in trows]
-            name = _pick_metric(task, f, flat, metric)
+            name = _pick_metric(task, f, flat, metric, unit="row")
             metrics[task] = name
             for (i, r), (_, m) in zip(trows, flat, strict=True):
                 samples.append(_lighteval_sample(task, f"{f} row {i}", r, int(float(m[name]))))
@@ -423,9 +501,12 @@ def _read_lighteval(path: Path, files: list[Path], metric: str | None) -> Sample
     return SampleSet(str(path), "lighteval", samples, metrics, {}, model, None, notes)
 
 
-def _old_lighteval_row(r: dict) -> dict:
+def _old_lighteval_row(where: str, r: dict) -> dict:
     """A row of lighteval's details before 0.10 (`example`, `choices`, `gold_index`, `predictions`, `metrics`, `gold`) in
     the shape of today's (`doc`, `metric`, `model_response`)."""
+    for name in ("choices", "predictions", "gold"):
+        if r.get(name) is not None and not isinstance(r[name], list):
+            raise _lighteval_field(where, name, "a list", r[name])
     choices = list(r.get("choices") or [])
     preds = list(r.get("predictions") or [])
     if choices:  # multiple choice: one (log-likelihood, is-greedy) pair per option
@@ -435,6 +516,47 @@ def _old_lighteval_row(r: dict) -> dict:
         doc = {"query": r.get("example"), "choices": list(r.get("gold") or []), "gold_index": 0, "sampling_methods": ["GENERATIVE"]}
         response = {"text": preds}
     return {"doc": doc, "metric": r.get("metrics") or {}, "model_response": response}
+
+
+def _lighteval_field(where: str, name: str, what: str, got: Any) -> SamplesFormatError:
+    return SamplesFormatError(f"{where}: field `{name}` must be {what}, got {_short(got)}; forgetwatch reads lighteval's "
+                              "details files as lighteval writes them")
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_lighteval_row(where: str, row: dict) -> None:
+    """The fields forgetwatch reads are of the types lighteval writes (see `_check_lm_eval_fields`)."""
+    doc, metric, resp = row.get("doc"), row.get("metric"), row.get("model_response")
+    if not isinstance(doc, dict):
+        raise _lighteval_field(where, "doc", "an object (the document)", doc)
+    if not isinstance(metric, dict):
+        raise _lighteval_field(where, "metric", "an object (metric name: value)", metric)
+    if resp is not None and not isinstance(resp, dict):
+        raise _lighteval_field(where, "model_response", "an object", resp)
+    if not isinstance(doc.get("query"), str):
+        raise _lighteval_field(where, "doc.query", "a string (the question)", doc.get("query"))
+    choices = doc.get("choices")
+    if choices is not None and not _is_str_list(choices):
+        raise _lighteval_field(where, "doc.choices", "a list of strings", choices)
+    for name in ("id", "task_name"):
+        v = doc.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
+            raise _lighteval_field(where, f"doc.{name}", "a string", v)
+    if doc.get("sampling_methods") is not None and not _is_str_list(doc["sampling_methods"]):
+        raise _lighteval_field(where, "doc.sampling_methods", "a list of strings", doc["sampling_methods"])
+    gold = doc.get("gold_index")
+    golds = gold if isinstance(gold, list) else [gold]
+    if not golds or not all(isinstance(g, int) and not isinstance(g, bool) for g in golds):
+        raise _lighteval_field(where, "doc.gold_index", "an index or a list of indices into `doc.choices`", gold)
+    if choices and not all(0 <= g < len(choices) for g in golds):
+        raise SamplesFormatError(f"{where}: field `doc.gold_index`: {gold} is out of range for {len(choices)} choices "
+                                 f"(0..{len(choices) - 1})")
+    lls = (resp or {}).get("logprobs")
+    if lls is not None and not (isinstance(lls, list) and all(v is None or _is_num(v) for v in lls)):
+        raise _lighteval_field(where, "model_response.logprobs", "a list of numbers", lls)
 
 
 def _lighteval_sample(task: str, where: str, row: dict, outcome: int) -> Sample:
@@ -448,7 +570,9 @@ def _lighteval_sample(task: str, where: str, row: dict, outcome: int) -> Sample:
     k = len(choices) if not generative and len(choices) >= 2 else 0
     if k:
         lls = resp.get("logprobs") or []
-        prediction = choices[int(np.argmax(lls))].strip() if len(lls) == k else ""
+        # the prediction shown in the flips list; none when a log-probability is missing or NaN (argmax would pick it)
+        known = len(lls) == k and all(_is_num(v) and math.isfinite(v) for v in lls)
+        prediction = choices[int(np.argmax(lls))].strip() if known else ""
     else:
         text = resp.get("text_post_processed") or resp.get("text") or []
         prediction = _text(text) if text else ""

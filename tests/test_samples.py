@@ -519,3 +519,101 @@ def test_lm_eval_ifeval_outputs_compare_by_prompt_level_strict_accuracy(tmp_path
     assert gold == {"punctuation:no_comma", "change_case:english_lowercase"}
     assert main(["compare", str(root / "out-base"), str(root / "out-after")]) == 0
     assert "prompt_level_strict_acc" in capsys.readouterr().out
+
+
+# -- what a damaged or hand-made file does (issue 26: a named refusal, never a traceback nor a made-up figure) --------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), None, "1"])
+def test_a_score_that_is_not_0_or_1_is_refused_naming_the_line_not_counted_nor_switched(runs, tmp_path, value):
+    # fw_mc logs acc, acc_norm and acc_mutual_info: a NaN acc once made `after` count acc_norm without a word (then
+    # refused as "before counts 'acc' but after counts 'acc_norm'", which names no file and misleads)
+    bad = _copy(runs["after"], tmp_path / "bad")
+    _edit_samples(bad, "fw_mc", lambda rows: [{**r, "acc": value} if r["doc_id"] == 4 else r for r in rows])
+    (f,) = bad.rglob("samples_fw_mc_*.jsonl")
+    line = next(i for i, r in enumerate(map(json.loads, f.read_text().splitlines()), 1) if r["doc_id"] == 4)
+    with pytest.raises(SamplesFormatError, match=rf"{f} line {line}: metric 'acc' of task fw_mc is {value!r}, not 0 or 1 "
+                                                 r"\(1 of 30 documents\)"):
+        compare_samples(runs["base"], bad)
+
+
+def test_non_utf8_bytes_in_samples_name_the_file_and_line(runs, tmp_path, capsys):
+    bad = _copy(runs["after"], tmp_path / "bad")
+    (f,) = bad.rglob("samples_fw_qa_*.jsonl")
+    lines = f.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b'"doc_id"', b'"doc_\xe9id"', 1)
+    f.write_bytes(b"\n".join(lines))
+    assert main(["compare", str(runs["base"]), str(bad)]) == 2  # was a UnicodeDecodeError naming no file
+    err = capsys.readouterr().err
+    assert err.startswith(f"forgetwatch: error: {f} line 3: not UTF-8 text (byte 0xe9 at column ")
+
+
+LM_EVAL_ROW = {"doc_id": 0, "doc": {"question": "q0", "choices": ["a", "b"]}, "target": "0",
+               "arguments": {"gen_args_0": {"arg_0": "q0", "arg_1": " a"}, "gen_args_1": {"arg_0": "q0", "arg_1": " b"}},
+               "resps": [[["-1.0", "False"]], [["-2.0", "False"]]], "filtered_resps": [["-1.0", "False"], ["-2.0", "False"]],
+               "filter": "none", "metrics": ["acc"], "doc_hash": "h0", "prompt_hash": "p", "target_hash": "t", "acc": 1.0}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("metrics", 5), ("metrics", "acc"), ("arguments", {"x": {"y": 1}}), ("arguments", {"gen_args_x": {"arg_0": "q"}}),
+    ("doc_id", [0]), ("doc_hash", 7), ("filter", ["none"]), ("doc", [1]), ("filtered_resps", 5), ("arguments", "x"),
+])
+def test_lm_eval_fields_of_the_wrong_type_are_refused_naming_line_and_field(tmp_path, field, value):
+    # before: TypeError / ValueError tracebacks (metrics 5, arguments keys), or a value taken as something else
+    # (doc_id [0] became the id "[0]", filter ["none"] the filter "['none']")
+    f = tmp_path / "samples_t_2026-01-01T00-00-00.jsonl"
+    f.write_text(json.dumps(LM_EVAL_ROW) + "\n" + json.dumps({**LM_EVAL_ROW, "doc_id": 1, "doc_hash": "h1", field: value}) + "\n")
+    with pytest.raises(SamplesFormatError, match=rf"{f} line 2: field `{field}`"):
+        read_samples(f)
+
+
+def test_lm_eval_results_file_that_cannot_be_read_is_said_and_left_out(runs, tmp_path):
+    bad = _copy(runs["base"], tmp_path / "bad")
+    (res,) = bad.rglob("results_*.json")
+    res.write_bytes(b'{"configs": {"fw_mc": \xff}}')  # was a UnicodeDecodeError naming no file
+    s = read_samples(bad)
+    assert Counter(x.task for x in s.samples) == {"fw_mc": 30, "fw_qa": 8} and s.model is None
+    assert any(n.startswith(f"{res} line 1: not UTF-8 text") and n.endswith("left out (it only adds task configurations, "
+                                                                              "groups and the model's name)") for n in s.notes)
+    res.write_text('{"configs": [1], "group_subtasks": {"g": 5}, "model_name": ["x"]}')  # was an AttributeError
+    assert len(read_samples(bad).samples) == 38
+
+
+def _lighteval_edit(run: Path, task: str, edit) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (f,) = run.rglob(f"details_{task}|0_*.parquet")
+    pq.write_table(pa.Table.from_pylist(edit(pq.read_table(f).to_pylist())), f)
+    return f
+
+
+@pytest.mark.parametrize("path, value, says", [
+    (("doc",), "x", "field `doc` must be an object"),
+    (("metric",), [1], "field `metric` must be an object"),
+    (("model_response",), 5, "field `model_response` must be an object"),
+    (("doc", "choices"), 5, "field `doc.choices` must be a list of strings"),
+    (("doc", "gold_index"), "x", "field `doc.gold_index` must be an index"),
+    (("doc", "gold_index"), 9, "field `doc.gold_index`: 9 is out of range"),
+    (("model_response", "logprobs"), 2.5, "field `model_response.logprobs` must be a list of numbers"),
+    (("doc", "sampling_methods"), 5, "field `doc.sampling_methods` must be a list of strings"),
+    (("metric", "acc"), float("nan"), "metric 'acc' of task probe_mc|0 is nan, not 0 or 1"),
+    (("metric", "acc"), None, "metric 'acc' of task probe_mc|0 is None, not 0 or 1"),
+])
+def test_lighteval_rows_of_the_wrong_shape_are_refused_naming_the_row(tmp_path, path, value, says):
+    # before: AttributeError / TypeError tracebacks, or (gold 9) a document silently unmatched
+    base = _lighteval_run(tmp_path, "base", "2026-11-24T01-50-06.042509")
+    after = _lighteval_run(tmp_path, "after", "2026-11-24T01-50-16.387675")
+
+    def edit(rows):
+        for r in rows:  # every row: a parquet column holds one type
+            target = r
+            for k in path[:-1]:
+                target = target[k]
+            target[path[-1]] = value
+        return rows
+
+    f = _lighteval_edit(after, "probe_mc", edit)
+    with pytest.raises(SamplesFormatError) as e:
+        compare_samples(base, after)
+    assert str(e.value).startswith(f"{f} row 1: ") and says in str(e.value)
