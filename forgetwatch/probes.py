@@ -129,6 +129,10 @@ class Probe:
         if not isinstance(record, Mapping):
             raise ProbeFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
         ifeval = "kind" not in record and "instruction_id_list" in record
+        if "kind" not in record and not ifeval and {"key", "prompt"} & set(record):
+            # IFEval's fields without its list of instructions: say that, not that `key` is an unknown probe field
+            raise fail("instruction_id_list", "missing (an IFEval line needs `prompt` and `instruction_id_list`; a probe "
+                                              "of forgetwatch's own format needs `kind`)")
         if ifeval:
             record = _from_ifeval(record, where)
         unknown = set(record) - set(_FIELDS)

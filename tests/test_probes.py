@@ -149,3 +149,12 @@ def test_an_ifeval_key_must_be_a_number_or_a_string(tmp_path, key):
         ProbeSet.from_jsonl(path)
     path = write(tmp_path, [{"key": 1001, "prompt": "Say hi.", "instruction_id_list": ["change_case:english_lowercase"]}])
     assert ProbeSet.from_jsonl(path).ids == ["ifeval/1001"]
+
+
+def test_an_ifeval_line_without_its_instructions_says_so(tmp_path):
+    # it was read as a probe of forgetwatch's own format: "field `key`: unknown field"
+    path = write(tmp_path, [{"key": 7, "prompt": "Say hi.", "kwargs": [{}]}])
+    with pytest.raises(ProbeFormatError, match=rf"{path} line 1: field `instruction_id_list`: missing \(an IFEval line "
+                                               "needs `prompt` and `instruction_id_list`; a probe of forgetwatch's own "
+                                               "format needs `kind`\\)"):
+        ProbeSet.from_jsonl(path)
