@@ -7,6 +7,7 @@ can open the file at the fault: `probes.jsonl line 7: not valid JSON (Expecting 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import logging
 import os
@@ -205,7 +206,9 @@ class JsonlLines:
 
     def _lines(self) -> Iterator[tuple[int, Any]]:
         offset = 0  # of the line's first byte in the file, for the byte offset of a bad byte
-        with open(self.path, "rb") as f:
+        # a .gz file is read as its text (offsets are then of the uncompressed text)
+        opener = gzip.open if str(self.path).endswith(".gz") else open
+        with opener(self.path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
                 start, offset = offset, offset + len(raw)
                 last = not raw.endswith(b"\n")
@@ -257,7 +260,7 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, hin
     infinities, or a cut last line.
 
     Args:
-        path: the file.
+        path: the file; one ending in `.gz` is decompressed as it is read.
         error: the exception type raised (a `ValueError` subclass, so that the command line reports it).
         hint: said after every error, e.g. "one probe per line".
         objects: refuse a line whose value is not a JSON object (`{...}`), naming its type.

@@ -210,7 +210,7 @@ def pool_probes(pool: Any, exclude: Any = None) -> list[Probe]:
     if isinstance(pool, (str, os.PathLike)):
         path = Path(pool)
         if path.is_file():
-            rows = [(f"{path} line {i}", r) for i, r in read_jsonl(path, hint="one prompt or probe per line")]
+            rows = [(f"{path} line {i}", r) for i, r in read_jsonl(path, hint="one prompt or probe per line", objects=True)]
             if rows and "kind" in rows[0][1]:
                 pool = load_probes(str(path))
             else:

