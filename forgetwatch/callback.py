@@ -23,6 +23,7 @@ from .budgets import Breach, Budget, check_options, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
+from .lock import RecordInUseError, acquire
 from .loggers import make_loggers
 from .models import model_identity
 from .monitor import PREFIX, Monitor
@@ -245,6 +246,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._progress = True
         self._mix_written: list = []
         self._mixers: list = []  # replay streams this run steers (`mix_replay`); never part of the saved state
+        self._locks: list = []  # the record's writer locks (main process), held from train begin to train end
 
     @classmethod
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
@@ -306,6 +308,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         own_cache = record.root / "base.parquet"
         cache_path = Path(self.base_cache) if self.base_cache else own_cache
         resuming = state.global_step > 0
+        # One training (and one scorer) per record, decided before an earlier record is moved aside: a second run into a
+        # live run's output_dir would move its record away under it and interleave their steps. Refused on every rank.
+        busy = broadcast_from_main(self._take_locks(args) if self._is_main else None)
+        if busy is not None:
+            raise RecordInUseError(busy)
         # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
         # see, a cache written while another reads) would score apart and the others wait forever.
         cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
@@ -393,6 +400,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self.scoring == "sidecar":
             if self._is_main:
                 self._write_sidecar({"finished": True, "final_step": state.global_step})
+                self._release_locks()
             return
         if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
@@ -400,6 +408,27 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._write_mix()
         if self._is_main:
             self.monitor.finish()
+            self._release_locks()
+
+    # -- one writer per record ---------------------------------------------------------------------------------
+    def _take_locks(self, args) -> str | None:
+        """Take the record's training lock (and, scoring inline, its scoring lock); the refusal's text when another live
+        process holds one."""
+        self._release_locks()
+        run = f"{args.run_name or Path(args.output_dir).name} (training)"
+        roles = ("training",) if self.scoring == "sidecar" else ("training", "scoring")
+        try:
+            for role in roles:
+                self._locks.append(acquire(args.output_dir, role, run=run))
+        except RecordInUseError as e:
+            self._release_locks()
+            return str(e)
+        return None
+
+    def _release_locks(self) -> None:
+        for lock in getattr(self, "_locks", []):
+            lock.release()
+        self._locks = []
 
     # -- sidecar mode: the training process scores nothing -----------------------------------------------------
     def _start_sidecar(self, args, state, cache: BaseCache, record: RunRecord, precision: str, model, tokenizer) -> None:

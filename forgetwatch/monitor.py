@@ -46,11 +46,16 @@ class Monitor:
         risk_rule: which probes count as at risk.
         log_table: log the flips and at-risk tables to the loggers that take tables.
         replay: keep `replay.jsonl` (forgotten probes as training examples) up to date.
+        strict: raise when the record cannot be written (the watcher: it can stop and be restarted), instead of saying
+            so and going on (the callback: training must go on).
     """
 
     def __init__(self, probes: ProbeSet, budget: Budget | None = None, risk_rule: RiskRule | None = None,
-                 log_table: bool = True, replay: bool = False):
+                 log_table: bool = True, replay: bool = False, strict: bool = False):
         self.probes, self.budget, self.log_table, self.replay = probes, budget, log_table, replay
+        self.strict = strict
+        self._said_missing = False
+        self._unjudged_before: set[str] = set()
         self.risk_rule = risk_rule or RiskRule()
         self.evaluated_steps: list[int] = []
         self.record: RunRecord | None = None
@@ -89,6 +94,7 @@ class Monitor:
                            "again (`forgetwatch cache`) to include them", unmeasured)
         record.root.mkdir(parents=True, exist_ok=True)
         self.probes.to_jsonl(record.root / "probes.jsonl")
+        record.recover()  # a crash mid-evaluation: its partial files set aside, the step scored again
         record.truncate_after(resume_step if resume_step is not None else -1)
         self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
         self.budget_state = BudgetState()
@@ -100,7 +106,9 @@ class Monitor:
                 self.tracker.update(step, last.outcome)
             if self.budget is not None:  # the budget's state as an uninterrupted run would have it
                 try:
-                    self.budget_state.update(step, self.budget.check(self.figures(last)[2]) if step > 0 else [])
+                    rows = self.figures(last)[2]
+                    self.budget_state.update(step, self.budget.check(rows) if step > 0 else [],
+                                             unjudged=self._unjudged(rows) if step > 0 else [])
                 except Exception:  # never end a resumed run over a record it cannot read back
                     logger.exception("forgetwatch: could not recompute the budget at recorded step %d; training goes on", step)
         if last is not None and self.evaluated_steps[-1] > 0:
@@ -136,7 +144,33 @@ class Monitor:
                 row["forgetting_excl_noise"] = clean[name].forgetting if name in clean else float("nan")
                 row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
             rows["overall"].update(noise_probes=self.noise.count, min_detectable_forgetting=self.noise.min_detectable())
+        bad = self.base.nonfinite_mask() | results.nonfinite_mask()
+        if bad.any():
+            self._mark_missing(rows, bad)
         return report, drift, rows
+
+    def _members(self, name: str) -> np.ndarray:
+        """The probes a figure's group holds: all of them, a category's, or a kind group's."""
+        if name == "overall":
+            return np.ones(len(self.probes), bool)
+        if name in self._groups:
+            return np.asarray(self._groups[name], bool)
+        return np.array([c == name for c in self._categories])
+
+    def _mark_missing(self, rows: dict[str, dict[str, Any]], bad: np.ndarray) -> None:
+        """Every figure of a group holding a probe scored NaN / inf becomes missing (null in metrics.jsonl, not logged),
+        with the reason: a count over a NaN is not a number, and argmax over NaN picks an option as if it were one."""
+        ids = [self.probes[int(i)].id for i in np.flatnonzero(bad)]
+        for name, row in rows.items():
+            n_bad = int((bad & self._members(name)).sum())
+            if not n_bad:
+                continue
+            for k, v in row.items():
+                if k != "n" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    row[k] = float("nan")
+            row["missing"] = (f"{n_bad} of {row.get('n', '?')} probes scored NaN or inf (first: "
+                              f"{', '.join(ids[:3])}): the model's outputs overflowed or are not numbers")
+        rows["overall"]["nonfinite_probes"] = len(ids)
 
     def category_forgetting(self) -> dict[str, float]:
         """Each category's forgetting at the last evaluation, as replay weighs it: chance-adjusted (a rate net of
@@ -150,9 +184,12 @@ class Monitor:
 
     # -- one evaluation -----------------------------------------------------------------------------------------
     def report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> list[Breach]:
-        """Record and log one evaluation, and check the budget; never raises into training.
+        """Record and log one evaluation, and check the budget; never raises into training (unless `strict`, when the
+        record cannot be written).
 
-        Returns the budget limits newly exceeded at this evaluation."""
+        The record's files of this step are written first and its `metrics.jsonl` line last: that line commits the
+        evaluation, so a crash anywhere before it leaves the step unfinished (`RunRecord.recover` sets its files aside
+        and the step is scored again), never half in the record. Returns the budget limits newly exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
         try:
@@ -164,19 +201,23 @@ class Monitor:
         self.evaluated_steps.append(step)
         if step > 0:
             self.tracker.update(step, results.outcome)
-        flips, at_risk = [], []
+        self._say_missing(rows, step)
+        flips, at_risk, breaches = [], [], []
         try:
-            self.record.write_eval(step, results)
-            self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
+            self.record.write_eval(step, results, self.probes.fingerprint)
             flips = self.flips(prev, results, step)
             self.record.append_flips(flips)
             at_risk = self.at_risk(results, step)
             self.record.append_at_risk(at_risk)
             if self.replay:
                 self.record.write_replay(self.tracker.lines())
+            breaches = self._check_budget(step, rows) if self.budget is not None else []
+            self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
         except Exception:
-            logger.exception("forgetwatch: could not write the local record at step %d; training goes on", step)
-        breaches = self._check_budget(step, rows) if self.budget is not None else []
+            if self.strict:
+                raise
+            logger.exception("forgetwatch: could not write the local record at step %d (the step is left out of it); "
+                             "training goes on", step)
         scalars = scalars_of(report, drift, rows)
         scalars[f"{PREFIX}/probe_seconds"] = seconds
         for lg in self.loggers:
@@ -187,6 +228,15 @@ class Monitor:
                     cols = list(table[0])
                     lg.log_table(f"{PREFIX}/{name}", cols, [[r[c] for c in cols] for r in table], step)
         return breaches
+
+    def _say_missing(self, rows: dict[str, dict[str, Any]], step: int) -> None:
+        """Once a run: figures are missing because probes scored NaN / inf, and why."""
+        missing = [name for name, row in rows.items() if row.get("missing")]
+        if missing and not self._said_missing:
+            self._said_missing = True
+            logger.warning("forgetwatch: at step %d %s; the figures of %s are missing (NaN in metrics.jsonl with the reason in "
+                           "`missing`; not logged) wherever that happens, and a budget on them cannot judge. Lower the learning rate, or train "
+                           "in bf16 rather than fp16.", step, rows[missing[0]]["missing"], ", ".join(missing))
 
     def finish(self) -> None:
         """The run summary (`forgetwatch/final/...`, the budget's outcome) to every logger, then close them."""
@@ -209,8 +259,20 @@ class Monitor:
         """Compare this evaluation with the budget; alert on each limit newly exceeded. Never raises."""
         assert self.budget is not None and self.record is not None
         try:
-            new = self.budget_state.update(step, self.budget.check(rows) if step > 0 else [])
+            unjudged = self._unjudged(rows) if step > 0 else []
+            new = self.budget_state.update(step, self.budget.check(rows) if step > 0 else [], unjudged=unjudged)
             within = self.within_budget()
+            new_unjudged, self._unjudged_before = [k for k in unjudged if k not in self._unjudged_before], set(unjudged)
+            if new_unjudged:  # said when it starts, like a limit exceeded: not at every evaluation it lasts
+                unjudged = new_unjudged
+                reason = next(row["missing"] for row in rows.values() if row.get("missing"))
+                text = (f"Step {step}: cannot judge {', '.join(unjudged)}: {reason}. This step does not count as within "
+                        "budget.")
+                logger.warning("forgetwatch: budget. %s", text)
+                self.record.append_event({"step": step, "event": "budget_cannot_judge", "keys": unjudged,
+                                          "reason": reason, "last_within_budget": within})
+                for lg in self.loggers:
+                    lg.alert("forgetwatch: budget cannot judge", text)
             for b in new:
                 where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
                 text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
@@ -225,6 +287,11 @@ class Monitor:
         except Exception:
             logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
             return []
+
+    def _unjudged(self, rows: dict[str, dict[str, Any]]) -> list[str]:
+        """The budget's keys whose figure is missing at this evaluation (probes scored NaN / inf)."""
+        assert self.budget is not None
+        return [lim.key for lim in self.budget.limits if (rows.get(lim.group) or {}).get("missing")]
 
     def within_budget(self) -> dict[str, Any]:
         """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
@@ -271,6 +338,8 @@ def scalars_of(report, drift, rows) -> dict[str, float]:
     each metric another, with every category side by side in it (not ~60 panels in one section)."""
     out = {}
     for name, m in report.items():
+        if rows.get(name, {}).get("missing"):
+            continue  # not a number: left out of this step (the record says why)
         figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {}), **behavior_scalars(rows.get(name, {}))}
         if name == "overall":
             out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
@@ -279,6 +348,9 @@ def scalars_of(report, drift, rows) -> dict[str, float]:
     if "noise_probes" in rows.get("overall", {}):  # the precision noise floor, overall
         out[f"{PREFIX}/noise_probes"] = rows["overall"]["noise_probes"]
         out[f"{PREFIX}/forgetting_excl_noise"] = rows["overall"]["forgetting_excl_noise"]
+    if "nonfinite_probes" in rows.get("overall", {}):
+        out[f"{PREFIX}/nonfinite_probes"] = rows["overall"]["nonfinite_probes"]
+        out = {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v)) or k.endswith("nonfinite_probes")}
     return out
 
 

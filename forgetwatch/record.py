@@ -16,17 +16,23 @@
     replay_mix.json       with `mix_replay`: the ratio, strategy, and from which stream position each evaluation's
                           category weights were drawn (what the closed loop decided; a resume reads it back)
 
-Every file is written atomically or appended a whole line at a time, so a crash leaves a readable record.
+Every file is written atomically or appended a whole line at a time, so a crash leaves a readable record. An
+evaluation is committed by its `metrics.jsonl` line, written last: its npz, flips, at-risk rows, replay file and budget
+events come first, so an evaluation without its line is unfinished, whatever else of it exists. `RunRecord.recover`
+(run when a writer opens the record) sets a line cut short by a crash aside, with the files of unfinished evaluations,
+under `recovered/<time>/`, and the writer scores those steps again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import re
 import time
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write
+from ._io import atomic_write, read_json, read_jsonl, repair_cut_tail, split_cut_tail
 from .results import ProbeResults, pack_ragged, unpack_ragged
 
-__all__ = ["RunRecord", "load_record"]
+__all__ = ["RunRecord", "RecordError", "load_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +52,30 @@ MODEL_FILES = "model"  # the record's directory of a sidecar-mode run's config a
 # what a resume from step N cuts back to N: the scoring's per-step files (the trainer log is the training process's own:
 # the watcher, which scores beside training, never touches it)
 _STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
+# the JSON-lines files an evaluation appends to (its scorer's: the watcher never touches the trainer's log)
+_EVAL_LINES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
+RECOVERED = "recovered"  # what `recover` set aside: <record>/recovered/<time>/
 
 
-def _append_line(path: Path, obj: dict[str, Any], sync: bool = True) -> None:
+_DAMAGED = ("forgetwatch writes whole lines, so the file was changed by hand or by another program: restore it, or move "
+            "the record away")
+
+
+class RecordError(ValueError):
+    """A record file that cannot be read as forgetwatch wrote it; the message names the file and what is wrong."""
+
+
+def _append(path: Path, text: str, sync: bool = True) -> None:
+    """Every append to a record file: whole lines in one write, synced (the record's only other writes are atomic)."""
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        f.write(text)
         f.flush()
         if sync:
             os.fsync(f.fileno())
+
+
+def _append_line(path: Path, obj: dict[str, Any], sync: bool = True) -> None:
+    _append(path, json.dumps(obj, ensure_ascii=False) + "\n", sync)
 
 
 @dataclass
@@ -69,17 +91,23 @@ class RunRecord:
     def evals_dir(self) -> Path:
         return self.root / "evals"
 
-    def write_eval(self, step: int, results: ProbeResults) -> None:
-        """The per-probe results of the evaluation at `step` (option scores packed flat with offsets)."""
+    def eval_path(self, step: int) -> Path:
+        return self.evals_dir / f"step-{step:08d}.npz"
+
+    def write_eval(self, step: int, results: ProbeResults, fingerprint: str = "") -> None:
+        """The per-probe results of the evaluation at `step` (option scores packed flat with offsets), with the probe
+        set's fingerprint, so that a file from another probe set is never read as this one's."""
         self.evals_dir.mkdir(parents=True, exist_ok=True)
         flat, offsets = pack_ragged(results.option_scores)
-        with atomic_write(self.evals_dir / f"step-{step:08d}.npz", "wb") as f:
+        with atomic_write(self.eval_path(step), "wb") as f:
             np.savez(f, outcome=results.outcome.astype(np.int8), pred_index=results.pred_index.astype(np.int32),
                      margin=results.margin.astype(np.float32), gold_logprob=results.gold_logprob.astype(np.float32),
                      option_scores=flat, option_offsets=offsets, n_tokens=results.n_tokens.astype(np.int32),
-                     stopped=results.stopped.astype(np.int8), detail=np.asarray(results.detail, dtype=str))
+                     stopped=results.stopped.astype(np.int8), detail=np.asarray(results.detail, dtype=str),
+                     nonfinite=results.nonfinite.astype(np.int8), fingerprint=np.asarray(fingerprint))
 
     def append_metrics(self, row: dict[str, Any]) -> None:
+        """The evaluation's commit point: written after every other file of it."""
         _append_line(self.root / "metrics.jsonl", row)
 
     def append_flips(self, rows: list[dict[str, Any]]) -> None:
@@ -88,10 +116,7 @@ class RunRecord:
     def _append_lines(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        with open(self.root / name, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-            f.flush()
-            os.fsync(f.fileno())
+        _append(self.root / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
     def append_at_risk(self, rows: list[dict[str, Any]]) -> None:
         self._append_lines("at_risk.jsonl", rows)
@@ -119,8 +144,7 @@ class RunRecord:
         return _read_jsonl(self.root / "at_risk.jsonl")
 
     def read_budget(self) -> dict[str, Any] | None:
-        path = self.root / "budget.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        return _read_json(self.root / "budget.json")
 
     def write_replay(self, lines: Iterable[str]) -> Path:
         """Replace replay.jsonl with these JSONL lines (`ReplayTracker.lines()`)."""
@@ -134,18 +158,40 @@ class RunRecord:
             f.write(json.dumps(state, ensure_ascii=False, indent=1) + "\n")
 
     def read_mix(self) -> dict[str, Any] | None:
-        path = self.root / "replay_mix.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        return _read_json(self.root / "replay_mix.json")
 
-    def eval_steps(self) -> list[int]:
+    def _npz_steps(self) -> list[int]:
         if not self.evals_dir.is_dir():
             return []
         return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
 
+    def eval_steps(self) -> list[int]:
+        """The committed evaluations, in step order: an npz with its `metrics.jsonl` line (the commit point)."""
+        files = self._npz_steps()
+        if not files:
+            return []
+        done = {r.get("step") for r in self.read_metrics()}
+        return [s for s in files if s in done]
+
     def read_eval(self, step: int) -> dict[str, np.ndarray]:
-        """The arrays of one evaluation: outcome, pred_index, margin, gold_logprob, option_scores, option_offsets."""
-        with np.load(self.evals_dir / f"step-{step:08d}.npz") as z:
-            return {k: z[k] for k in z.files}
+        """The arrays of one evaluation: outcome, pred_index, margin, gold_logprob, option_scores, option_offsets, ...
+
+        A file that is not such an evaluation (empty, cut short, another format) raises `RecordError` naming it."""
+        path = self.eval_path(step)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                out = {k: z[k] for k in z.files}
+        except FileNotFoundError:
+            raise RecordError(f"{path}: no such evaluation file (step {step} is not in this record)") from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+            # never "load it with allow_pickle": a forgetwatch evaluation holds no Python objects, and unpickling a file
+            # runs code
+            raise RecordError(f"{path}: not a readable forgetwatch evaluation ({type(e).__name__}: {e}); it is damaged or "
+                              "not forgetwatch's: move it away and score that step again (`forgetwatch watch` does, for "
+                              "a sidecar run)") from None
+        if "outcome" not in out:
+            raise RecordError(f"{path}: not a forgetwatch evaluation (no `outcome` array; it holds {sorted(out)})")
+        return out
 
     def read_results(self, step: int, ids: list[str]) -> ProbeResults:
         """One evaluation as `ProbeResults` (predictions and generations are not kept per step; answer lengths, stops and
@@ -159,6 +205,8 @@ class RunRecord:
             r.option_scores = unpack_ragged(z["option_scores"], z["option_offsets"])
         if "n_tokens" in z:  # records written before behaviour probes have none
             r.n_tokens, r.stopped, r.detail = z["n_tokens"], z["stopped"], [str(d) for d in z["detail"]]
+        if "nonfinite" in z:
+            r.nonfinite = z["nonfinite"].astype(bool)
         return r
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -201,6 +249,81 @@ class RunRecord:
             return [], np.zeros((0, 0), np.int8)
         return steps, np.stack([self.read_eval(s)["outcome"] for s in steps])
 
+    # -- faults ---------------------------------------------------------------------------------------------------
+    def recover(self) -> list[str]:
+        """Make the record whole again after a crash, before writing to it: a line cut short by the crash, and every
+        file of an evaluation without its commit line (npz, flips, at-risk rows, events), move to
+        `recovered/<time>/`; nothing is deleted. Returns what was done (also said in one warning)."""
+        aside = self.root / RECOVERED / time.strftime("%Y%m%d-%H%M%S")
+        notes: list[str] = []
+        for name in _EVAL_LINES:
+            _, cut = split_cut_tail(self.root / name)
+            if cut:
+                aside.mkdir(parents=True, exist_ok=True)
+                repair_cut_tail(self.root / name, aside / f"{name}.cut")
+                notes.append(f"{name}: its last line was cut short ({len(cut)} bytes)")
+        committed = set(self.eval_steps())
+        unfinished = [s for s in self._npz_steps() if s not in committed]
+        for step in unfinished:
+            aside.mkdir(parents=True, exist_ok=True)
+            self.eval_path(step).rename(aside / self.eval_path(step).name)
+        for name in _EVAL_LINES:
+            path = self.root / name
+            if not path.is_file():
+                continue
+            rows = self._read_lines(path)
+            keep = [r for r in rows if r.get("step") in committed]
+            if len(keep) < len(rows):
+                unfinished += [r.get("step") for r in rows if r.get("step") not in committed]
+                aside.mkdir(parents=True, exist_ok=True)
+                with open(aside / name, "a", encoding="utf-8") as f:
+                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows if r.get("step") not in committed))
+                with atomic_write(path) as f:
+                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+        if unfinished:
+            notes.append(f"step(s) {', '.join(str(s) for s in sorted(set(unfinished), key=str))} were not finished (no "
+                         "metrics.jsonl line, its commit point)")
+        if notes:
+            logger.warning("forgetwatch: %s was left mid-write (a crash or a kill?): %s. Set aside in %s; unfinished steps "
+                           "are scored again where the model still exists (a checkpoint, or a resumed run).",
+                           self.root, "; ".join(notes), aside)
+        return notes
+
+    def check(self, fingerprint: str | None = None, n: int | None = None) -> list[str]:
+        """What is wrong with this record, for `forgetwatch report`: steps repeated or out of order, evaluations without
+        their commit line or the other way round, npz files of another probe count or probe set. Empty when whole."""
+        problems = []
+        steps = [r.get("step") for r in self.read_metrics()]
+        repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
+        if repeated:
+            problems.append(f"metrics.jsonl holds step(s) {', '.join(map(str, repeated))} more than once (two writers, or "
+                            "an evaluation written twice): flips and curves count them twice")
+        if any(isinstance(a, int) and isinstance(b, int) and b < a for a, b in zip(steps, steps[1:], strict=False)):
+            problems.append(f"metrics.jsonl's steps are out of order ({', '.join(map(str, steps[:12]))}"
+                            f"{', ...' if len(steps) > 12 else ''}): two runs wrote into one record?")
+        files = self._npz_steps()
+        if missing := sorted({s for s in steps if isinstance(s, int)} - set(files)):
+            problems.append(f"step(s) {', '.join(map(str, missing))} have a metrics.jsonl line but no evals/ file")
+        if unfinished := [s for s in files if s not in set(steps)]:
+            problems.append(f"step(s) {', '.join(map(str, unfinished))} have an evals/ file but no metrics.jsonl line "
+                            "(unfinished: the writer stopped mid-evaluation)")
+        for s in files:
+            try:
+                z = self.read_eval(s)
+            except RecordError as e:
+                problems.append(str(e))
+                continue
+            if n is not None and len(z["outcome"]) != n:
+                problems.append(f"{self.eval_path(s)}: {len(z['outcome'])} probes, but the record's probes.jsonl has {n}")
+            found = str(z["fingerprint"]) if "fingerprint" in z else ""
+            if fingerprint and found and found != fingerprint:
+                problems.append(f"{self.eval_path(s)}: scored on probe set {found}, but the record's probes.jsonl is "
+                                f"{fingerprint}")
+        return problems
+
+    def _read_lines(self, path: Path) -> list[dict[str, Any]]:
+        return _read_jsonl(path)
+
     def set_aside(self) -> Path | None:
         """Move an earlier run's record out of the way (to `forgetwatch.<time>/` beside it), never overwriting it.
 
@@ -239,18 +362,25 @@ class RunRecord:
 
 
 def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:
+    """The rows of a record's JSON-lines file; a last line cut short by a crash is not a record (`recover` sets it
+    aside). A damaged line elsewhere raises `RecordError` with the file and line, unless `skip_bad` (the trainer's log,
+    written without fsync: after a power loss a line may be garbage)."""
     if not path.is_file():
         return []
+    if not skip_bad:
+        return [row for _, row in read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")]
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.endswith("\n"):  # a line cut short by a crash is not a record
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    if not skip_bad:
-                        raise
+    for line in path.read_bytes().split(b"\n")[:-1]:  # the part after the last newline is cut
+        with contextlib.suppress(UnicodeDecodeError, ValueError):
+            row = json.loads(line.decode("utf-8")) if line.strip() else None
+            if isinstance(row, dict):
+                rows.append(row)
     return rows
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A record's JSON file (written whole, atomically), or None when absent; damage raises `RecordError` with the line."""
+    return read_json(path, "a forgetwatch record file", RecordError, objects=True) if path.is_file() else None
 
 
 def load_record(output_dir: str | os.PathLike) -> RunRecord:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import os
 import re
@@ -35,6 +36,8 @@ from .probes import ProbeSet
 from .record import RunRecord, load_record
 
 __all__ = ["make_report"]
+
+logger = logging.getLogger(__name__)
 
 OVERALL = "overall"
 MAX_ROWS = 200
@@ -85,7 +88,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     """
     if max_rows < 0:
         raise ValueError(f"`max_rows` must be >= 0, got {max_rows}")
-    record, probes, rows = _load(output_dir)
+    record, probes, rows, problems = _load(output_dir)
     figure_cls, canvas_cls = _matplotlib()  # fail before writing anything
     out = Path(out_dir) if out_dir is not None else record.root / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +121,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
 
     forgotten, learned = _final_flips(record, probes, rows[-1]["step"])
     page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows, train_source)
+    page = page.replace("<!--problems-->", _problems(problems))
     page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
     path = out / "report.html"
     with atomic_write(path) as f:
@@ -126,7 +130,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
 
 
 # -- the record ---------------------------------------------------------------------------------------------
-def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]]]:
+def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]], list[str]]:
     how = ("run training with `ForgetWatchCallback` (it writes the record under <output_dir>/forgetwatch/), "
            "then pass that output_dir")
     if not Path(output_dir).is_dir():
@@ -142,7 +146,10 @@ def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict
             "the callback writes the first one (the base model, step 0) when training starts"
         )
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
-    return record, probes, rows
+    problems = record.check(probes.fingerprint, len(probes))
+    for problem in problems:  # the page shows them too: a figure from a mixed record is not the run's
+        logger.warning("forgetwatch report: %s", problem)
+    return record, probes, rows, problems
 
 
 # the trainer's log keys drawn beside the forgetting curves: loss panel, then reward panel (GRPO)
@@ -577,6 +584,14 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _problems(problems: list[str]) -> str:
+    if not problems:
+        return ""
+    items = "".join(f"<li>{_e(p)}</li>" for p in problems)
+    return (f'<div class="problems"><p><b>This record is not consistent</b>: its figures may count steps twice or mix '
+            f"runs.</p><ul>{items}</ul></div>\n")
+
+
 def _f(value: float) -> str:
     return f"{value:.3f}"
 
@@ -766,7 +781,7 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
 </head>
 <body>
 <h1>{_e(title)}</h1>
-<dl class="meta">
+<!--problems--><dl class="meta">
 {"".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in meta)}
 </dl>
 <p class="summary">{_e(summary)}</p>

@@ -6,7 +6,13 @@ nothing. The watcher, in another process (another GPU, or the CPU), follows the 
 until each is complete (the Trainer writes `trainer_state.json` last), scores it with the same probes, scoring options
 and precision, and hands the results to the same `Monitor` as the callback: `metrics.jsonl`, `evals/`, `flips.jsonl`,
 replay, budget alerts, keyed by the trainer's global step. Checkpoints already in the record are skipped, so a
-restarted watcher picks up where it stopped.
+restarted watcher picks up where it stopped; an evaluation it was killed in the middle of is set aside and scored
+again (`RunRecord.recover`). One watcher writes a record at a time (`forgetwatch.lock`).
+
+What watching trusts: the watcher loads the checkpoints in the output_dir as resuming from them would. Full weights are
+read from safetensors (or a `.bin` with torch's weights-only loader); FSDP's sharded checkpoints carry a `.metadata`
+file that torch unpickles, which can run code: the watcher reads one only when it belongs to the user running the
+watcher (or to root), and skips it with a warning otherwise.
 
 Example:
     >>> Watcher("outputs/run").run(once=True)  # doctest: +SKIP
@@ -23,9 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._io import read_json
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, make_cache_key
 from .drift import RiskRule
+from .lock import acquire
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
 from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
@@ -67,8 +75,13 @@ class Watcher:
         path = record_dir / "sidecar.json"
         if not path.is_file():
             raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
-        self.manifest = json.loads(path.read_text(encoding="utf-8"))
-        self.probes = ProbeSet.from_jsonl(record_dir / self.manifest["probes"])
+        self.manifest = read_json(path, "a forgetwatch sidecar manifest", SidecarError)
+        probes_path = record_dir / str(self.manifest.get("probes", "probes.jsonl"))
+        if not probes_path.is_file():
+            raise SidecarError(f"{probes_path}: the record's probe set is missing (the training process writes it when "
+                               "training starts, and the record's evaluations are of exactly those probes: a new probe set "
+                               "would not match them). Restore that file, or start the run again")
+        self.probes = ProbeSet.from_jsonl(probes_path)
         cache_path = record_dir / self.manifest["base_cache"]
         cache = BaseCache.load(cache_path)
         # a cache for other probes can never match (as `compare` refuses it)
@@ -82,14 +95,24 @@ class Watcher:
         self.config = ScoringConfig(**{**self.manifest["scoring_config"], **({"batch_size": batch_size} if batch_size else {})})
         self.precision = self.manifest["precision"]
         self.device = device
+        # strict: a record the watcher cannot write stops it (restarted, it scores that step again)
         self.monitor = Monitor(self.probes, budget, RiskRule(opts["at_risk_margin"], opts["at_risk_drop"]),
-                               log_table=opts["log_table"], replay=opts["replay"])
+                               log_table=opts["log_table"], replay=opts["replay"], strict=True)
         if into_trainer_run and not self.manifest.get("finished"):
             raise SidecarError("--into-trainer-run appends to the trainer's W&B run, which two processes cannot write while "
                                "it is live: wait until training has ended, or leave the flag out (a run of its own beside it)")
-        loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []), into_trainer_run)
-        done = RunRecord(record_dir).eval_steps()
-        self.monitor.open(self.output_dir, cache, self.precision, loggers, resume_step=max(done) if done else None)
+        # one watcher per record: a second would score every step again into the same files
+        self._lock = acquire(self.output_dir, "scoring", run=f"forgetwatch watch {self.output_dir}")
+        try:
+            record = RunRecord(record_dir)
+            record.recover()  # killed mid-evaluation: that step's files set aside, and it is pending again
+            done = record.eval_steps()
+            loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
+                                    into_trainer_run)
+            self.monitor.open(self.output_dir, cache, self.precision, loggers, resume_step=max(done) if done else None)
+        except BaseException:
+            self._lock.release()
+            raise
         self._failed: dict[int, int] = {}  # step -> failed attempts
         self._gone: set[int] = set()
         self._stale: set[int] = set()
@@ -158,11 +181,16 @@ class Watcher:
         t0 = time.perf_counter()
         model = None
         try:
+            _check_trusted(path)
             model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device,
                                                model_files=self.output_dir / PREFIX / MODEL_FILES)
             with precision_context(model, self.precision):
                 results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
-        except Exception as e:  # not loadable (yet), deleted meanwhile, out of memory: skip it, keep watching
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        # not loadable (yet), deleted meanwhile, out of memory, untrusted: skip it, keep watching. BaseException: torch's
+        # CheckpointException (a corrupt sharded checkpoint) is not an Exception
+        except BaseException as e:
             self._failed[step] = self._failed.get(step, 0) + 1
             last = self._failed[step] >= MAX_ATTEMPTS
             logger.warning("forgetwatch watch: could not score %s (%s: %s); %s", path, type(e).__name__, e,
@@ -218,6 +246,7 @@ class Watcher:
                 time.sleep(poll_seconds)
         finally:
             self.monitor.finish()
+            self._lock.release()
             if self._own_wandb is not None:
                 self._own_wandb.finish()  # the watcher's run (or its turn on the trainer's): the trainer's callback ends its own
             if self._own_trackio:
@@ -243,8 +272,8 @@ class Watcher:
 
     def _refresh_manifest(self) -> None:
         try:
-            self.manifest = json.loads((self.output_dir / PREFIX / "sidecar.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            self.manifest = read_json(self.output_dir / PREFIX / "sidecar.json", "a forgetwatch sidecar manifest")
+        except (OSError, ValueError):
             pass  # being rewritten: the previous one holds
 
     # -- loggers --------------------------------------------------------------------------------------------------
@@ -294,6 +323,19 @@ class Watcher:
                                            "eval_steps": self.eval_steps}})
         self._own_wandb = wandb.init(**kwargs)
         return self._own_wandb
+
+
+def _check_trusted(path: Path) -> None:
+    """Refuse a sharded checkpoint whose pickled metadata another user could have written (see the module's note)."""
+    from .models import FSDP_SHARDS
+
+    meta = path / FSDP_SHARDS / ".metadata"
+    if not meta.is_file() or not hasattr(os, "getuid"):
+        return
+    owner, me = meta.stat().st_uid, os.getuid()
+    if owner not in (me, 0):
+        raise PermissionError(f"{meta} belongs to another user (uid {owner}; you are {me}), and torch unpickles it to read "
+                              "the shards, which can run code: not loaded. Run the watcher as the user who trains")
 
 
 def _mtime(path: Path) -> float:
