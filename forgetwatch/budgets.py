@@ -105,16 +105,17 @@ class BudgetState:
     """What the budget saw so far in a run: which limits are over now, and the last evaluation within budget.
 
     `update` returns the breaches that are new at this evaluation (a limit that stays over trips once; one that
-    recovers and is exceeded again trips again)."""
+    recovers and is exceeded again trips again). Keys in `unjudged` had no figure at this evaluation (probes scored
+    NaN / inf): a limit over before stays over, and the step is not within budget, since nobody can say it was."""
 
     over: set[str] = field(default_factory=set)
     last_within: int | None = None
 
-    def update(self, step: int, breaches: Sequence[Breach]) -> list[Breach]:
-        keys = {b.key for b in breaches}
+    def update(self, step: int, breaches: Sequence[Breach], unjudged: Sequence[str] = ()) -> list[Breach]:
+        keys = {b.key for b in breaches} | (self.over & set(unjudged))
         new = [b for b in breaches if b.key not in self.over]
         self.over = keys
-        if not keys:
+        if not keys and not unjudged:
             self.last_within = step
         return new
 

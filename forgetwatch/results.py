@@ -36,6 +36,9 @@ class ProbeResults:
             `max_new_tokens` (a runaway), -1 when nothing was generated.
         detail: behaviour probes only: what the checks found, as JSON (each instruction's strict and loose
             verdict; for harmless requests, the refusal rule that matched), else "".
+        nonfinite: True where the model's scores for the probe were NaN or infinite (a low-precision overflow):
+            its outcome means nothing, and no figure over it can be computed (`nonfinite_mask` adds any NaN/inf
+            found in the score columns themselves).
 
     Example:
         >>> r = ProbeResults.empty(["a", "b"]); r.outcome[:] = [1, 0]; r.accuracy
@@ -53,9 +56,10 @@ class ProbeResults:
     n_tokens: np.ndarray | None = None
     stopped: np.ndarray | None = None
     detail: list[str] = field(default_factory=list)
+    nonfinite: np.ndarray | None = None
 
     COLUMNS = ("id", "outcome", "pred_index", "prediction", "gold_logprob", "margin", "generation", "option_scores",
-               "n_tokens", "stopped", "detail")
+               "n_tokens", "stopped", "detail", "nonfinite")
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -68,12 +72,15 @@ class ProbeResults:
         self.stopped = np.full(n, -1, np.int8) if self.stopped is None else np.asarray(self.stopped, dtype=np.int8)
         if not self.detail:
             self.detail = [""] * n
+        self.nonfinite = (np.zeros(n, bool) if self.nonfinite is None
+                          else np.asarray([bool(v) if v is not None else False for v in self.nonfinite], dtype=bool))
         self.outcome = np.asarray(self.outcome, dtype=np.int8)
         self.pred_index = np.asarray(self.pred_index, dtype=np.int32)
         self.gold_logprob = np.asarray(self.gold_logprob, dtype=np.float32)
         self.margin = np.asarray(self.margin, dtype=np.float32)
         lengths = {len(self.outcome), len(self.pred_index), len(self.prediction), len(self.gold_logprob), len(self.margin),
-                   len(self.generation), len(self.option_scores), len(self.n_tokens), len(self.stopped), len(self.detail)}
+                   len(self.generation), len(self.option_scores), len(self.n_tokens), len(self.stopped), len(self.detail),
+                   len(self.nonfinite)}
         if lengths != {n}:
             raise ValueError(f"ProbeResults columns have different lengths: ids {n}, others {sorted(lengths)}")
 
@@ -94,6 +101,19 @@ class ProbeResults:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def nonfinite_mask(self) -> np.ndarray:
+        """Probes whose scores hold NaN or infinity: flagged while scoring, or found in margin, gold log-probability or
+        option scores (NaN there alone means "not scored that way" and is fine; NaN among option scores is not).
+
+        Example:
+            >>> r = ProbeResults.empty(["a", "b"]); r.margin[1] = float("inf"); r.nonfinite_mask().tolist()
+            [False, True]
+        """
+        bad = self.nonfinite.copy()
+        bad |= np.isinf(self.margin) | np.isinf(self.gold_logprob)
+        bad |= np.array([len(x) > 0 and not np.isfinite(x).all() for x in self.option_scores], dtype=bool)
+        return bad
+
     @property
     def accuracy(self) -> float:
         return float((self.outcome == CORRECT).mean()) if len(self) else float("nan")
@@ -111,6 +131,7 @@ class ProbeResults:
             "n_tokens": self.n_tokens,
             "stopped": self.stopped,
             "detail": self.detail,
+            "nonfinite": self.nonfinite.astype(np.int8),
         }
 
     @classmethod
@@ -128,6 +149,7 @@ class ProbeResults:
             n_tokens=_column(cols, "n_tokens", -1),
             stopped=_column(cols, "stopped", -1),
             detail=[] if cols.get("detail") is None else ["" if d is None else str(d) for d in cols["detail"]],
+            nonfinite=cols.get("nonfinite"),  # caches before it have none: every probe scored finite
         )
 
     def select(self, ids: Sequence[str]) -> ProbeResults:
@@ -153,6 +175,7 @@ class ProbeResults:
             n_tokens=self.n_tokens[idx],
             stopped=self.stopped[idx],
             detail=[self.detail[i] for i in idx],
+            nonfinite=self.nonfinite[idx],
         )
 
     @classmethod
@@ -170,11 +193,12 @@ class ProbeResults:
             n_tokens=np.concatenate([p.n_tokens for p in parts]) if parts else np.zeros(0, np.int32),
             stopped=np.concatenate([p.stopped for p in parts]) if parts else np.zeros(0, np.int8),
             detail=[x for p in parts for x in p.detail],
+            nonfinite=np.concatenate([p.nonfinite for p in parts]) if parts else np.zeros(0, bool),
         )
 
     def set_row(self, i: int, other: ProbeResults, j: int) -> None:
         """Row i takes `other`'s row j (every column)."""
-        for name in ("outcome", "pred_index", "gold_logprob", "margin", "n_tokens", "stopped"):
+        for name in ("outcome", "pred_index", "gold_logprob", "margin", "n_tokens", "stopped", "nonfinite"):
             getattr(self, name)[i] = getattr(other, name)[j]
         for name in ("prediction", "generation", "option_scores", "detail"):
             getattr(self, name)[i] = getattr(other, name)[j]

@@ -387,6 +387,8 @@ def _scatter(results: ProbeResults, idx: list[int], part: ProbeResults) -> None:
 
 def _decide(results: ProbeResults, i: int, probe: Probe, scores: np.ndarray, gold_logprob: float) -> None:
     """Fill row i from per-option scores: argmax (exact ties go to the lowest index, like np.argmax)."""
+    # NaN / inf scores (an overflow in low precision): np.argmax would pick the first NaN, a plain-looking answer
+    results.nonfinite[i] = not np.isfinite(scores).all()
     pred = int(np.argmax(scores))
     others = np.delete(scores, probe.gold)
     results.pred_index[i] = pred
@@ -631,6 +633,7 @@ def _score_greedy_match(model, tokenizer, probes: list[Probe], config: ScoringCo
             if best is None or (matched, lp.sum()) > best[:2]:
                 best = (matched, float(lp.sum()), j)
         results.gold_logprob[pi] = max(float(lp.sum()) for lp in scored.logprobs[pi])
+        results.nonfinite[pi] = not all(np.isfinite(lp).all() for lp in scored.logprobs[pi])
         if correct is not None:
             results.outcome[pi] = CORRECT
             results.prediction[pi] = continuations[pi][correct].strip()
@@ -770,6 +773,21 @@ class _Answer:
     text: str
     n_tokens: int  # up to the end of turn, not counting it (a stop string that cut the answer is counted)
     stopped: bool  # False: it ran to max_new_tokens
+    nonfinite: bool = False  # a NaN / inf among the logits it was decoded from: the text means nothing
+
+
+class _NonFinite:
+    """A logits processor that only watches: which rows ever had a NaN or infinite logit (greedy decoding would pick
+    token 0 or the first NaN and carry on, producing a plain-looking answer). No host sync per step."""
+
+    def __init__(self):
+        self.bad: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        # -inf is how processors mask tokens (none run here, but keep to NaN and +inf, which no processor writes)
+        now = torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)
+        self.bad = now if self.bad is None else self.bad | now
+        return scores
 
 
 def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: int, stops: list[str], config: ScoringConfig,
@@ -793,17 +811,22 @@ def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: in
     out_answers: list[_Answer] = [_Answer("", 0, False)] * len(texts)
 
     def run(batch: list[_Prompt], keep: bool = True) -> None:
+        from transformers import LogitsProcessorList
+
         input_ids, mask = _left_pad(batch, pad_id)
+        watch = _NonFinite()
         out = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=mask.to(device),
             generation_config=gen_config,
             tokenizer=tokenizer if stops else None,
+            logits_processor=LogitsProcessorList([watch]),
             # ZeRO-3 / FSDP: every rank must keep stepping until all have finished
             synced_gpus=sync_ranks,
         )
         if not keep:
             return
+        bad = watch.bad.cpu().tolist() if watch.bad is not None else [False] * len(batch)
         new = out[:, input_ids.shape[1] :].cpu().tolist()
         for b, p in enumerate(batch):
             tokens = new[b]
@@ -815,7 +838,7 @@ def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: in
             text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
             cut = min((text.find(s) for s in stops if s in text), default=-1)
             stopped = end < max_new_tokens or cut >= 0
-            out_answers[p.probe_index] = _Answer(text[:cut] if cut >= 0 else text, end, stopped)
+            out_answers[p.probe_index] = _Answer(text[:cut] if cut >= 0 else text, end, stopped, bool(bad[b]))
 
     _run_batches(prompts, config.batch_size, run, bar, sync_ranks)
     return out_answers
@@ -829,6 +852,7 @@ def _keep_answers(results: ProbeResults, generated: list[_Answer], rows: list[in
         results.generation[i] = a.text
         results.n_tokens[i] = a.n_tokens
         results.stopped[i] = int(a.stopped)
+        results.nonfinite[i] = a.nonfinite
 
 
 def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig, bar, sync_ranks: bool = False) -> ProbeResults:
