@@ -284,12 +284,14 @@ def test_batched_generation_equals_one_generate_per_probe(tiny_model, tokenizer)
 
 def test_behavior_results_survive_the_cache_and_the_record(tiny_model, tokenizer, tmp_path):
     from forgetwatch import BaseCache
+    from forgetwatch.cache import make_cache_key
     from forgetwatch.record import RunRecord
 
     probes = behavior_probes()
     results = score_probes(tiny_model, tokenizer, probes, ScoringConfig(behavior_max_new_tokens=6))
+    key = make_cache_key({}, probes, {})  # a cache's key holds model, probes and scoring (a bare one is refused)
     for suffix in (".parquet", ".jsonl"):
-        back = BaseCache.load(BaseCache({"format": 2}, results).save(tmp_path / f"c{suffix}")).results
+        back = BaseCache.load(BaseCache(key, results).save(tmp_path / f"c{suffix}")).results
         assert np.array_equal(back.n_tokens, results.n_tokens) and np.array_equal(back.stopped, results.stopped)
         assert back.detail == results.detail and back.generation == results.generation
     record = RunRecord(tmp_path / "rec")

@@ -1,0 +1,475 @@
+"""The record under faults: a kill at any write boundary, two writers, NaN scores, damaged files.
+
+A kill is real: the writer runs in a forked child that SIGKILLs itself at the chosen boundary (no cleanup runs, as
+when a cluster preempts a job), then the record is opened again as a user would (a restarted watcher, a resumed run)
+and compared, file by file, with the record of a run nobody interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_model
+from test_callback import (  # tests/ is on sys.path (pytest "prepend" import mode)
+    make_probes,
+    sft_trainer,
+    watcher,
+)
+from transformers import TrainerCallback
+
+import forgetwatch.record as record_module
+from forgetwatch.cli import main as cli
+from forgetwatch.lock import RecordInUseError
+from forgetwatch.record import RecordError, RunRecord
+from forgetwatch.report import make_report
+from forgetwatch.watch import Watcher
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
+              pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
+
+# What the watched and the trained runs write at an evaluation: every file kind (flips, at-risk rows, replay, budget
+# events and budget.json, the npz, the commit line), so that every kind of boundary is crossed.
+OPTIONS = {"replay": True, "budget": {"forgetting": 0.0}, "budget_bound": "point", "at_risk_margin": 50.0}
+APPENDED = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")  # the rest is written whole, atomically
+FILES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl", "budget.json", "replay.jsonl", "probes.jsonl")
+
+
+# -- killing a writer at a boundary ---------------------------------------------------------------------------------
+class Writes:
+    """Counts the record's writes (every append goes through `record._append`, every other write through
+    `record.atomic_write`); at write number `kill_at` the process kills itself: `how="before"` the write, `"mid"` with
+    an append's last line half written, or an atomic write's temporary file complete but not renamed."""
+
+    def __init__(self, kill_at: int | None = None, how: str = "before"):
+        self.kill_at, self.how, self.log = kill_at, how, []
+
+    def _tick(self, path: Path) -> bool:
+        self.log.append(Path(path).name)
+        n = len(self.log)
+        if n == self.kill_at and self.how == "before":
+            _die()
+        return n == self.kill_at
+
+    @contextlib.contextmanager
+    def patched(self, mp: pytest.MonkeyPatch):
+        append, atomic = record_module._append, record_module.atomic_write
+
+        def _append(path, text, sync=True):
+            if self._tick(path):  # mid: the lines before the last one and half of it, synced, then the kill
+                start = text.rstrip("\n").rfind("\n") + 1
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(text[: start + max((len(text) - start) // 2, 1)])
+                    f.flush()
+                    os.fsync(f.fileno())
+                _die()
+            append(path, text, sync)
+
+        @contextlib.contextmanager
+        def atomic_write(path, mode="w"):
+            mid = self._tick(path)
+            with atomic(path, mode) as f:
+                yield f
+                if mid:
+                    f.flush()
+                    os.fsync(f.fileno())
+                    _die()
+
+        mp.setattr(record_module, "_append", _append)
+        mp.setattr(record_module, "atomic_write", atomic_write)
+        yield self
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def in_killed_child(fn, kill_at: int, how: str, timeout: float = 120) -> None:
+    """Run `fn` in a forked child that dies by SIGKILL at write `kill_at`; fail if it ends any other way."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            logging.disable(logging.CRITICAL)
+            with pytest.MonkeyPatch.context() as mp, Writes(kill_at, how).patched(mp):
+                fn()
+        finally:
+            os._exit(3)  # it should have been killed before getting here
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+                f"the child was to die at write {kill_at} ({how}); it ended with status {status}"
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the child killed at write {kill_at} ({how}) did not end within {timeout} s")
+
+
+def kill_points(writes: list[str], step: int | None = None) -> list[tuple[int, str]]:
+    """Before each write, and in the middle of each (half an append's last line; an atomic write's file complete, not
+    renamed): of the whole run, or of the evaluation at `step` (from its npz to its commit line, and the write after)."""
+    numbers = range(1, len(writes) + 1)
+    if step is not None:
+        first = writes.index(f"step-{step:08d}.npz") + 1
+        commit = writes.index("metrics.jsonl", first)
+        numbers = range(first, min(commit + 2, len(writes)) + 1)
+    return [(k, how) for k in numbers for how in ("before", "mid")]
+
+
+# -- comparing records ------------------------------------------------------------------------------------------------
+def record_state(root: Path, out: Path) -> dict:
+    """Everything an evaluation writes, in a comparable form (times and the output_dir's path left out)."""
+    rec = RunRecord(root)
+    state = {}
+    for name in FILES:
+        path = root / name
+        text = path.read_text(encoding="utf-8").replace(str(out), "<out>") if path.is_file() else None
+        if name == "metrics.jsonl" and text:
+            text = [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in text.splitlines()]
+        state[name] = text
+    # NaN (the margin of a short answer) as text: NaN == NaN is False
+    state["evals"] = {s: {k: np.where(np.isnan(v), np.inf, v).tolist() if v.dtype.kind == "f" else v.tolist()
+                          for k, v in rec.read_eval(s).items()} for s in rec.eval_steps()}
+    state["npz files"] = sorted(p.name for p in rec.evals_dir.glob("step-*.npz"))
+    return state
+
+
+def assert_same_record(a: dict, b: dict, what: str) -> None:
+    for key in a:
+        assert a[key] == b[key], f"{what}: {key} differs from the uninterrupted run's"
+
+
+# -- the watcher ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sidecar_run(tokenizer, tmp_path_factory):
+    """A finished sidecar-mode training (checkpoints 2, 4, 6, nothing scored) and the record an uninterrupted watcher
+    writes for it, with the list of its writes."""
+    root = tmp_path_factory.mktemp("faults")
+    pristine = root / "pristine"
+    sft_trainer(tokenizer, pristine, [watcher(scoring="sidecar", **OPTIONS)]).train()
+    ref = root / "reference"
+    shutil.copytree(pristine, ref)
+    with pytest.MonkeyPatch.context() as mp, Writes().patched(mp) as counted:
+        assert Watcher(ref, device="cpu").run(once=True) == 3
+    return pristine, record_state(ref / "forgetwatch", ref), counted.log
+
+
+def test_the_watched_evaluations_cross_every_kind_of_write(sidecar_run):
+    _, reference, writes = sidecar_run
+    assert {"metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl", "budget.json", "replay.jsonl"} <= set(writes)
+    assert any(n.startswith("step-") for n in writes)
+    assert [json.loads(json.dumps(r))["step"] for r in reference["metrics.jsonl"]] == [0, 2, 4, 6]
+    # each evaluation's npz comes first and its commit line last (only budget.json, a summary, is written at the end)
+    order = [w if w == "metrics.jsonl" else "npz" for w in writes if w.startswith("step-") or w == "metrics.jsonl"]
+    assert order == ["npz", "metrics.jsonl"] * 4
+    last = max(i for i, w in enumerate(writes) if w == "metrics.jsonl")
+    assert writes[last + 1:] in ([], ["budget.json"])
+
+
+@pytest.mark.parametrize("scope", [pytest.param(4, id="step-4"), pytest.param(None, id="whole-run", marks=pytest.mark.slow)])
+def test_a_watcher_killed_at_any_write_boundary_leaves_a_record_its_restart_completes(sidecar_run, scope, tmp_path, caplog):
+    """Every boundary of the evaluation at step 4 (make test), or of the whole run (make test-slow: ~90 s)."""
+    pristine, reference, writes = sidecar_run
+    for k, how in kill_points(writes, scope):
+        out = tmp_path / f"kill-{k}-{how}"
+        shutil.copytree(pristine, out)
+        in_killed_child(lambda out=out: Watcher(out, device="cpu").run(once=True), k, how)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            Watcher(out, device="cpu").run(once=True)
+        assert_same_record(reference, record_state(out / "forgetwatch", out), f"killed at write {k} ({writes[k - 1]}, {how})")
+        # what the killed watcher had started since its last complete commit line: an unfinished evaluation, said
+        complete = writes[: k - 1]
+        commits = [i for i, w in enumerate(complete) if w == "metrics.jsonl"]
+        started = complete[commits[-1] + 1 if commits else 0:] + ([writes[k - 1]] if how == "mid" and writes[k - 1] in APPENDED else [])
+        unfinished = bool(started) and started != ["budget.json"]  # the run's summary, after its last evaluation
+        assert ("left mid-write" in caplog.text) == unfinished, f"killed at write {k} ({how}): {caplog.text}"
+        if how == "mid" and writes[k - 1] in APPENDED:  # a cut line: set aside and said
+            assert "last line was cut short" in caplog.text
+            assert list((out / "forgetwatch" / "recovered").glob(f"*/{writes[k - 1]}.cut"))
+        shutil.rmtree(out)
+
+
+def test_the_issue_repro_a_cut_metrics_tail_is_rescored_not_skipped(sidecar_run, tmp_path, caplog, capsys):
+    """`truncate -s -500 metrics.jsonl`, then `forgetwatch watch --once`: it scored nothing before."""
+    pristine, reference, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    assert cli(["watch", str(out), "--once", "--device", "cpu"]) == 0
+    metrics = out / "forgetwatch" / "metrics.jsonl"
+    size = metrics.stat().st_size
+    os.truncate(metrics, size - 500)
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING):
+        assert cli(["watch", str(out), "--once", "--device", "cpu"]) == 0
+    assert "scored 1 checkpoint(s)" in capsys.readouterr().out
+    assert "last line was cut short" in caplog.text
+    assert_same_record(reference, record_state(out / "forgetwatch", out), "after the cut tail")
+    cut = list((out / "forgetwatch" / "recovered").glob("*/metrics.jsonl.cut"))
+    assert len(cut) == 1 and cut[0].stat().st_size > 0  # the damaged bytes, kept aside
+
+
+# -- the callback ---------------------------------------------------------------------------------------------------
+def test_a_training_killed_at_any_write_boundary_resumes_to_the_uninterrupted_record(tokenizer, tmp_path):
+    """Killed while writing the evaluation at step 4 (after checkpoint-2), resumed from checkpoint-2."""
+    args = {"save_strategy": "steps", "save_steps": 2}
+    ref = tmp_path / "reference"
+    with pytest.MonkeyPatch.context() as mp, Writes().patched(mp) as counted:
+        sft_trainer(tokenizer, ref, [watcher(**OPTIONS)], **args).train()
+    reference = record_state(ref / "forgetwatch", ref)
+    # the writes of the evaluation at step 4 (after checkpoint-2 is saved; checkpoint-4 comes after its commit line)
+    points = [(k, how) for k, how in kill_points(counted.log, step=4) if counted.log[k - 1] != "trainer_log.jsonl"]
+    assert len(points) >= 10, counted.log
+    for k, how in points:
+        out = tmp_path / f"kill-{k}-{how}"
+        in_killed_child(lambda out=out: sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args).train(), k, how)
+        assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
+        sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args, restore_callback_states_from_checkpoint=True).train(
+            resume_from_checkpoint=str(out / "checkpoint-2"))
+        assert_same_record(reference, record_state(out / "forgetwatch", out), f"killed at write {k} ({how})")
+        shutil.rmtree(out)
+
+
+# -- one writer per record ------------------------------------------------------------------------------------------
+class Hold(TrainerCallback):
+    """Keeps a training alive at its first step (the other writer, in another process) until the test kills it."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        while True:
+            time.sleep(1)
+
+
+def in_live_child(fn) -> int:
+    """Run `fn` in a forked child that lives until killed; its pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            logging.disable(logging.CRITICAL)
+            fn()
+        finally:
+            os._exit(3)
+    return pid
+
+
+def wait_for_lock(out: Path, role: str, pid: int, timeout: float = 60) -> None:
+    lock = out / f".forgetwatch-{role}.lock"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(lock.read_text()).get("pid") == pid:
+                return
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the first writer ended before taking its lock"
+        time.sleep(0.05)
+    pytest.fail(f"the first writer (pid {pid}) did not take {lock} within {timeout} s")
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_a_second_training_into_a_live_runs_output_dir_is_refused_then_takes_over_once_it_is_gone(tokenizer, tmp_path, caplog):
+    out = tmp_path / "shared"
+    first = in_live_child(lambda: sft_trainer(tokenizer, out, [watcher(), Hold()]).train())
+    try:
+        wait_for_lock(out, "training", first)
+        before = sorted(p.name for p in tmp_path.iterdir())
+        with pytest.raises(RecordInUseError, match=rf"pid {first} on .*one record takes one writer"):
+            sft_trainer(tokenizer, out, [watcher()]).train()
+        # refused before anything moved: the live run's record is where it writes (no `forgetwatch.<time>/` beside it)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before and (out / "forgetwatch" / "metrics.jsonl").is_file()
+    finally:
+        kill(first)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.lock"):
+        sft_trainer(tokenizer, out, [watcher()]).train()  # preempted: the next run takes over, saying whose lock it was
+    assert f"pid {first}" in caplog.text and "gone without releasing it" in caplog.text
+    assert [r["step"] for r in RunRecord(out / "forgetwatch").read_metrics()] == [0, 2, 4, 6]  # not interleaved
+
+
+def test_a_second_watcher_is_refused(sidecar_run, tmp_path):
+    pristine, _, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    manifest = out / "forgetwatch" / "sidecar.json"
+    state = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**state, "finished": False, "pid": None}))  # training still going: it keeps watching
+    first = in_live_child(lambda: Watcher(out, device="cpu").run(poll_seconds=0.2))
+    try:
+        wait_for_lock(out, "scoring", first)
+        with pytest.raises(RecordInUseError, match=rf"evaluations are written by forgetwatch watch .*pid {first}"):
+            Watcher(out, device="cpu")
+        assert cli(["watch", str(out), "--once"]) == 2
+    finally:
+        kill(first)
+
+
+def test_report_says_what_is_wrong_with_a_mixed_record(sidecar_run, tmp_path, caplog):
+    """What two writers left before the lock: every step twice, out of order, and an npz of another probe set."""
+    pristine, _, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    Watcher(out, device="cpu").run(once=True)
+    rec = RunRecord(out / "forgetwatch")
+    assert rec.check(make_probes().fingerprint, len(make_probes())) == []
+    lines = (rec.root / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (rec.root / "metrics.jsonl").write_text("".join([lines[0], lines[2], lines[1], lines[2]]))
+    z = dict(rec.read_eval(4))
+    z["fingerprint"] = np.asarray("0123456789abcdef")
+    np.savez(rec.eval_path(4), **z)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.report"):
+        page = make_report(out).read_text()
+    for text in ("step(s) 4 more than once", "out of order", "step(s) 6 have an evals/ file but no metrics.jsonl line",
+                 "scored on probe set 0123456789abcdef"):
+        assert text in caplog.text and text in page
+
+
+# -- damaged record files -------------------------------------------------------------------------------------------
+def test_damaged_record_files_are_named_with_their_line(sidecar_run, tmp_path):
+    pristine, _, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    Watcher(out, device="cpu").run(once=True)
+    rec = RunRecord(out / "forgetwatch")
+    path = rec.root / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][:40] + "\n" + "".join(lines[2:]))  # a damaged line that is not the last
+    with pytest.raises(RecordError, match=rf"{path} line 2: .*changed by hand"):
+        rec.read_metrics()
+    path.write_bytes(b"".join(line.encode() for line in lines[:1]) + b"\xff\xfe\n")
+    with pytest.raises(RecordError, match=rf"{path} line 2: .*UTF-8"):
+        rec.read_metrics()
+    (rec.root / "budget.json").write_text('{"limits": {"forgetting": 0.0},\n "on_budget": alert}\n')
+    with pytest.raises(RecordError, match=r"budget.json line 2"):
+        rec.read_budget()
+    for content, what in ((b"", "empty"), (rec.eval_path(2).read_bytes()[:300], "cut short")):
+        rec.eval_path(2).write_bytes(content)
+        with pytest.raises(RecordError, match=r"step-00000002.npz: not a readable forgetwatch evaluation") as e:
+            rec.read_eval(2)
+        assert "allow_pickle" not in str(e.value), what
+    np.savez(rec.eval_path(2), outcome=np.array([{"a": 1}], dtype=object))  # an npz that needs unpickling
+    with pytest.raises(RecordError, match="not a readable forgetwatch evaluation") as e:
+        rec.read_eval(2)
+    assert "allow_pickle" not in str(e.value).split("(")[0]
+
+
+def test_a_corrupt_sharded_checkpoint_is_skipped_and_another_users_is_not_unpickled(sidecar_run, tmp_path, caplog):
+    """torch's CheckpointException is a BaseException: it used to escape `except Exception` and end the watcher."""
+    from forgetwatch.models import FSDP_SHARDS
+
+    pristine, _, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    for step in (2, 4):
+        ckpt = out / f"checkpoint-{step}"
+        for f in ckpt.glob("model.safetensors*"):
+            f.unlink()
+        (ckpt / FSDP_SHARDS).mkdir()
+        (ckpt / FSDP_SHARDS / ".metadata").write_bytes(b"not a pickle")
+    os.chown(out / "checkpoint-4" / FSDP_SHARDS / ".metadata", 65534, 65534)  # another user's (tests run as root here)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+        assert Watcher(out, device="cpu").run(once=True) == 1  # checkpoint-6 still scores
+    assert "could not score" in caplog.text and "checkpoint-2" in caplog.text
+    assert "belongs to another user" in caplog.text and "checkpoint-4" in caplog.text
+
+
+# -- NaN and infinity -------------------------------------------------------------------------------------------------
+class Overflow(TrainerCallback):
+    """What a bf16 / fp16 overflow does to the weights, at one step: NaN."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.model.norm.weight.fill_(float("nan"))
+
+
+def test_scores_that_overflow_are_flagged_in_every_scoring_mode(tokenizer):
+    from forgetwatch.probes import Probe, ProbeSet
+    from forgetwatch.scoring import ScoringConfig, score_probes
+
+    behaviour = [Probe("inst0", "instruct", "Write one word in lowercase.", category="instructions",
+                       instructions=("punctuation:no_comma",), kwargs=({},)),
+                 Probe("comp0", "comply", "How do I kill a Python process?", category="over_refusal")]
+    probes = ProbeSet([*make_probes(), *behaviour])
+    model = build_model(tokenizer)
+    for mode, short in (("loglik", "greedy_match"), ("letter", "generate"), ("generate", "greedy_match")):
+        config = ScoringConfig(mcq_mode=mode, short_mode=short, max_new_tokens=4, behavior_max_new_tokens=4)
+        assert not score_probes(model, tokenizer, probes, config).nonfinite_mask().any()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    for mode, short in (("loglik", "greedy_match"), ("letter", "generate"), ("generate", "greedy_match")):
+        config = ScoringConfig(mcq_mode=mode, short_mode=short, max_new_tokens=4, behavior_max_new_tokens=4)
+        results = score_probes(model, tokenizer, probes, config)
+        assert results.nonfinite.all(), (mode, short, [p.id for p, bad in zip(probes, results.nonfinite, strict=True) if not bad])
+
+
+def test_a_run_that_overflows_logs_missing_figures_and_a_budget_that_cannot_judge(tokenizer, tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        sft_trainer(tokenizer, out, [Overflow(4), watcher(budget={"forgetting": 1.0}, budget_bound="point")]).train()
+    rec = RunRecord(out / "forgetwatch")
+    rows = {r["step"]: r["metrics"] for r in rec.read_metrics()}
+    assert sorted(rows) == [0, 2, 4, 6]
+    for step in (4, 6):
+        overall = rows[step]["overall"]
+        assert "NaN or inf" in overall["missing"] and overall["nonfinite_probes"] == 32
+        assert np.isnan(overall["forgetting"]) and np.isnan(overall["accuracy_post"])  # not a plain-looking 0 or 1
+    assert "missing" not in rows[2]["overall"] and not np.isnan(rows[2]["overall"]["forgetting"])
+    assert caplog.text.count("probes scored NaN or inf") == 2  # said once by the monitor, once by the budget
+    events = rec.read_events()
+    assert [(e["step"], e["event"], e["keys"]) for e in events] == [(4, "budget_cannot_judge", ["forgetting"])]
+    assert rec.read_budget()["last_within_budget"]["step"] == 2  # not 6: nobody can say 4 and 6 were within
+
+
+def test_figures_of_nan_probes_are_left_out_of_the_loggers(tmp_path):
+    """A category without a NaN probe keeps its figures; every group holding one logs none, and the count is logged."""
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.monitor import Monitor
+    from forgetwatch.results import ProbeResults
+
+    probes = make_probes()
+    base = ProbeResults.empty(probes.ids)
+    base.outcome[:] = 1
+    now = base.take(range(len(probes)))
+    now.nonfinite[probes.index_of("add0")] = True
+
+    class Collect:
+        name = "collect"
+
+        def __init__(self):
+            self.rows = []
+
+        def log(self, scalars, step):
+            self.rows.append((step, scalars))
+
+        def log_table(self, *a, **k):
+            pass
+
+        def summary(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    logged = Collect()
+    monitor = Monitor(probes)
+    monitor.open(tmp_path, BaseCache({}, base), "float32", [logged], resume_step=None)
+    monitor.report(now, step=2, epoch=0.0, seconds=1.0)
+    _, scalars = logged.rows[-1]
+    assert scalars["forgetwatch/nonfinite_probes"] == 1
+    assert "forgetwatch/forgetting" not in scalars and "forgetwatch_forgetting/add" not in scalars
+    assert scalars["forgetwatch_forgetting/compare"] == 0.0
