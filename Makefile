@@ -11,9 +11,11 @@ LOCK    := requirements/locked.txt
 OLDEST  := requirements/oldest.txt
 # What a new release of transformers / TRL / accelerate / wandb breaks first: scoring (forward and cache
 # arguments), the callback in real Trainer runs, DDP and FSDP, LoRA, the W&B run files, generation (behaviour probes),
-# and the KL anchor (it overrides Trainer.compute_loss and Trainer.log).
+# the KL anchor (it overrides Trainer.compute_loss and Trainer.log), and the record under faults (kills mid-write in
+# a real Trainer, NaN logits in generate).
 COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.py tests/test_distributed.py \
-                tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py
+                tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py \
+                tests/test_faults.py
 
 .PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean
 

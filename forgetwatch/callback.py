@@ -503,9 +503,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                                    "accepts: %s", path, self._cache_command(key))
                 continue
             try:
-                cache = BaseCache.load(path, expect=key)
-                ref = cache.reference.select(self.probes.ids) if cache.reference is not None else None
-                return BaseCache(cache.key, cache.results.select(self.probes.ids), ref), None
+                # rows checked against the probes too: a key can match while rows edited by hand do not
+                return BaseCache.load(path, expect=key).for_probes(self.probes.ids, path), None
             except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
                 problems.append(str(e))
                 mismatched = True

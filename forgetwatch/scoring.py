@@ -380,6 +380,22 @@ def _most_over_ranks(n: int) -> int:
     return int(t.item())
 
 
+def _check_context(model, ids: Sequence[str] | None, lengths: Sequence[int], what: str) -> None:
+    """Refuse, before any forward, a probe whose tokens (with what is generated after them) pass the model's context:
+    past it, learned positions fail with an index error and rotary ones read positions never trained, so the answer
+    would mean nothing."""
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not isinstance(limit, int) or ids is None:
+        return
+    over = [(pid, n) for pid, n in zip(ids, lengths, strict=True) if pid is not None and n > limit]
+    if over:
+        listed = ", ".join(f"{pid} ({n} tokens)" for pid, n in over[:5])
+        raise ValueError(f"{len(over)} probe(s) do not fit the model's context of {limit} tokens with {what}: {listed}"
+                         f"{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or shorten their text "
+                         "(or lower max_new_tokens / behavior_max_new_tokens)")
+
+
 def _scatter(results: ProbeResults, idx: list[int], part: ProbeResults) -> None:
     for j, i in enumerate(idx):
         results.set_row(i, part, j)
@@ -425,7 +441,7 @@ class _Continuations:
 
 def _score_continuations(model, tokenizer, contexts: Sequence[str], continuations: Sequence[Sequence[str]], chat: bool,
                          config: ScoringConfig, bar, sync_ranks: bool = False, read_next: bool = False,
-                         shared: str | None = None) -> _Continuations:
+                         shared: str | None = None, ids: Sequence[str] | None = None) -> _Continuations:
     """Teacher-force every continuation after its context: per token, its log-probability and the greedy argmax.
 
     With `read_next`, the argmax right after each continuation's last token is read too (is it a boundary?).
@@ -436,6 +452,11 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
     ctx_ids = _encode(tokenizer, list(contexts), chat)
     flat = [c + o for c, opts in zip(contexts, continuations, strict=True) for o in opts]
     whole_ids = _encode(tokenizer, flat, chat)
+    ends, k = [], 0
+    for opts in continuations:  # each option's last position (packed or not, options start where the context ends)
+        ends.append(max(len(w) for w in whole_ids[k : k + len(opts)]) + int(read_next))
+        k += len(opts)
+    _check_context(model, ids, ends, "their answers")
     pack = config.pack_choices if config.pack_choices is not None else _accepts_custom_masks(model)
     device = _device(model)
     prefix = _shared_prefix(tokenizer, shared, ctx_ids, chat) if shared else []
@@ -547,7 +568,8 @@ def _score_loglik(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
                   sync_ranks: bool = False) -> ProbeResults:
     chat = config.uses_chat(tokenizer, generative=False)
     contexts, continuations = zip(*(loglik_request(p, tokenizer, chat, config.system_prompt) for p in probes), strict=True)
-    scored = _score_continuations(model, tokenizer, contexts, continuations, chat, config, bar, sync_ranks)
+    scored = _score_continuations(model, tokenizer, contexts, continuations, chat, config, bar, sync_ranks,
+                                  ids=[p.id for p in probes])
     results = ProbeResults.empty([p.id for p in probes])
     for pi, p in enumerate(probes):
         # Options with the same tokens get the first one's score, so that they tie exactly and the lowest index wins;
@@ -619,6 +641,7 @@ def _score_greedy_match(model, tokenizer, probes: list[Probe], config: ScoringCo
     continuations = [_answer_continuations(p, chat) for p in probes]
     shared = short_answer_prefix(tokenizer, chat, config.system_prompt)
     scored = _score_continuations(model, tokenizer, contexts, continuations, chat, config, bar, sync_ranks, read_next=True,
+                                  ids=[p.id for p in probes],
                                   shared=shared)
     boundary = _Boundaries(tokenizer, _eos_ids(model, tokenizer))
     results = ProbeResults.empty([p.id for p in probes])
@@ -731,6 +754,7 @@ def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
             raise ValueError("`mcq_mode='letter'` needs one token per option letter, which this tokenizer lacks; use `mcq_mode='loglik'`")
     letter_ids = torch.tensor(letters)
     ids = _encode(tokenizer, contexts, chat)
+    _check_context(model, [p.id for p in probes], [len(x) + 1 for x in ids], "the answer's letter")
 
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
@@ -791,11 +815,12 @@ class _NonFinite:
 
 
 def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: int, stops: list[str], config: ScoringConfig,
-              bar, sync_ranks: bool = False) -> list[_Answer]:
+              bar, sync_ranks: bool = False, probe_ids: Sequence[str | None] | None = None) -> list[_Answer]:
     """Greedy answers to `texts` (batched, longest first, left-padded), in the order of `texts`."""
     from transformers import GenerationConfig
 
     ids = _encode(tokenizer, texts, chat)
+    _check_context(model, probe_ids, [len(x) + max_new_tokens for x in ids], f"{max_new_tokens} generated tokens")
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
     pad_id = _pad_id(tokenizer)
@@ -861,7 +886,7 @@ def _score_generate(model, tokenizer, probes: list[Probe], config: ScoringConfig
     chat = config.uses_chat(tokenizer, generative=probes[0].kind == "mcq" or config.cot)
     texts = [generation_prompt(p, tokenizer, chat, config.cot, config.system_prompt) for p in probes]
     generated = _generate(model, tokenizer, texts, chat, config.new_tokens, _stop_strings(chat, config.cot), config, bar,
-                          sync_ranks)
+                          sync_ranks, probe_ids=[p.id for p in probes])
     _keep_answers(results, generated)
     for i, (p, a) in enumerate(zip(probes, generated, strict=True)):
         _judge_generation(results, i, p, a.text, config)
@@ -884,7 +909,8 @@ def _score_behavior(model, tokenizer, probes: list[Probe], config: ScoringConfig
         if not idx:
             continue
         texts = [behavior_prompt(probes[i], tokenizer, chat, config.system_prompt) for i in idx]
-        generated = _generate(model, tokenizer, texts, chat, budget, [], config, bar, sync_ranks)
+        generated = _generate(model, tokenizer, texts, chat, budget, [], config, bar, sync_ranks,
+                              probe_ids=[probes[i].id if i >= 0 else None for i in idx])
         _keep_answers(results, generated, idx)
         for i, a in zip(idx, generated, strict=True):
             if i < 0:

@@ -86,8 +86,7 @@ class Watcher:
         cache = BaseCache.load(cache_path)
         # a cache for other probes can never match (as `compare` refuses it)
         cache.check(make_cache_key({}, self.probes, {}), ignore=("format", "model", "scoring"), path=cache_path)
-        ref = cache.reference.select(self.probes.ids) if cache.reference is not None else None
-        cache = BaseCache(cache.key, cache.results.select(self.probes.ids), ref)
+        cache = cache.for_probes(self.probes.ids, cache_path)
         opts = self.manifest["callback"]
         budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
                   if opts.get("budget") else None)

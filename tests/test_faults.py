@@ -473,3 +473,21 @@ def test_figures_of_nan_probes_are_left_out_of_the_loggers(tmp_path):
     assert scalars["forgetwatch/nonfinite_probes"] == 1
     assert "forgetwatch/forgetting" not in scalars and "forgetwatch_forgetting/add" not in scalars
     assert scalars["forgetwatch_forgetting/compare"] == 0.0
+
+
+def test_a_probe_longer_than_the_models_context_is_refused_before_scoring_with_its_id(tokenizer):
+    """The tiny model has 512 positions; rotary models would go past them silently, learned ones with an IndexError."""
+    from forgetwatch.probes import Probe, ProbeSet
+    from forgetwatch.scoring import ScoringConfig, score_probes
+
+    model = build_model(tokenizer)
+    long = "the quick brown fox " * 200
+    probes = ProbeSet([*make_probes(), Probe("too-long-mcq", "mcq", long, ("a", "b"), 0, category="long"),
+                       Probe("too-long-short", "short", long, answers=("fox",), category="long")])
+    for mode, short in (("loglik", "greedy_match"), ("letter", "generate"), ("generate", "greedy_match")):
+        with pytest.raises(ValueError, match=r"do not fit the model's context of 512 tokens .*too-long-"):
+            score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode=mode, short_mode=short, max_new_tokens=4))
+    near = ProbeSet([Probe("fits", "short", "the quick brown fox " * 50, answers=("fox",), category="long")])
+    with pytest.raises(ValueError, match=r"fits \(\d+ tokens\).*lower max_new_tokens"):  # fits alone, not with 300 more
+        score_probes(model, tokenizer, near, ScoringConfig(short_mode="generate", max_new_tokens=300))
+    assert len(score_probes(model, tokenizer, near, ScoringConfig(short_mode="generate", max_new_tokens=4))) == 1
