@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +33,8 @@ __all__ = ["atomic_write", "file_lock", "read_jsonl", "JsonlLines", "split_cut_t
 STALE_TMP_DEAD_S = 10 * 60
 STALE_TMP_ANY_S = 24 * 60 * 60
 # the host name as it goes into a temporary file's name: no dots (they separate the name's parts), at most 16 characters
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:16] or "host"
+# a hash of the whole host name: cluster nodes often share a long prefix (a cut name would make them one host here)
+_HOST = hashlib.sha1(socket.gethostname().encode("utf-8")).hexdigest()[:12]
 
 
 @contextlib.contextmanager
@@ -67,7 +69,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator:
         raise
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with this pid exists (another user's counts as alive)."""
     if pid <= 0:
         return False
     try:
@@ -100,7 +103,7 @@ def _remove_stale_tmp(path: Path) -> list[Path]:
             age = now - entry.stat(follow_symlinks=False).st_mtime
         except OSError:
             continue  # gone already (its writer renamed it into place)
-        dead_here = m is not None and m["host"] == _HOST and not _pid_alive(int(m["pid"]))
+        dead_here = m is not None and m["host"] == _HOST and not pid_alive(int(m["pid"]))
         if age > STALE_TMP_ANY_S or (dead_here and age > STALE_TMP_DEAD_S):
             with contextlib.suppress(OSError):  # cleaning up must never fail the write itself
                 os.unlink(entry.path)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write, file_lock
+from ._io import atomic_write, file_lock, read_jsonl
 from .commands import quote
 from .results import ProbeResults
 
@@ -251,13 +251,25 @@ def _validated(path: Path, cols: dict[str, Any], where: Callable[[int], str]) ->
             i = int(np.argmax(wrong))
             raise bad(i, name, f"is {_show(x[i], values[i])}, and it must be {_MEANING[allowed]}")
         cols[name] = x.astype(np.int32)
+    # rows scoring flagged as NaN / inf (an overflow, kept as it was so that its figures are reported missing): their
+    # scores may be anything; every other row's must be numbers
+    flags = cols.get("nonfinite")
+    if flags is not None and all(v is None for v in _iter(flags)):
+        flags = cols["nonfinite"] = None  # written before the column existed
+    if flags is not None:
+        x = _numbers(flags, lambda i, v: bad(i, "nonfinite", f"is {_raw(v)}, not 0 or 1"), null=0.0)
+        if not np.isin(x, (0, 1)).all():
+            i = int(np.argmax(~np.isin(x, (0, 1))))
+            raise bad(i, "nonfinite", f"is {_show(x[i], flags[i])}, and it must be 0 or 1")
+        cols["nonfinite"] = flags = x.astype(bool)
+    flagged = flags if flags is not None else np.zeros(n, bool)
     for name in _SCORES:
         values = cols.get(name)
         if values is None:
             continue
         x = _float32(_numbers(values, lambda i, v, name=name: bad(i, name, f"is {_raw(v)}, not a number"), null=float("nan")))
-        if np.isinf(x).any():
-            i = int(np.argmax(np.isinf(x)))
+        if (np.isinf(x) & ~flagged).any():
+            i = int(np.argmax(np.isinf(x) & ~flagged))
             raise bad(i, name, f"is {values[i]!r} (an overflow, not a score; NaN or null means not scored that way)")
         cols[name] = x
     scores = cols.get("option_scores")
@@ -267,8 +279,9 @@ def _validated(path: Path, cols: dict[str, Any], where: Callable[[int], str]) ->
                 continue
             if isinstance(row, (str, bytes, dict)) or not isinstance(row, (Sequence, np.ndarray)):
                 raise bad(i, "option_scores", f"is {row!r}, not a list of numbers")
-            x = _float32(_numbers(row, lambda _, v, i=i: bad(i, "option_scores", f"holds {_raw(v)}, not a number")))
-            if not np.isfinite(x).all():
+            x = _float32(_numbers(row, lambda _, v, i=i: bad(i, "option_scores", f"holds {_raw(v)}, not a number"),
+                                  null=float("nan") if flagged[i] else None))
+            if not np.isfinite(x).all() and not flagged[i]:
                 j = int(np.argmax(~np.isfinite(x)))
                 raise bad(i, "option_scores", f"holds {x[j]} at option {j} (every option has a finite score)")
     if cols.get("outcome") is None or cols.get("pred_index") is None:
@@ -336,25 +349,20 @@ def _read_parquet(path: Path) -> tuple[dict[str, Any], dict[str, Any], Callable[
 
 
 def _read_jsonl(path: Path) -> tuple[dict[str, Any], dict[str, Any], Callable[[int], str]]:
-    rows, lines = [], []
-    with open(path, encoding="utf-8") as f:
-        try:
-            header = json.loads(f.readline())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"line 1 is not JSON ({e.msg})") from None
-        if not isinstance(header, dict) or "forgetwatch_cache" not in header:
-            raise ValueError("line 1 is not a forgetwatch cache header")
-        for lineno, line in enumerate(f, start=2):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"line {lineno} is not JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict) or "id" not in row or "outcome" not in row:
-                raise ValueError(f"line {lineno} is not a cache row (an object with `id` and `outcome`)")
-            rows.append(row)
-            lines.append(lineno)
+    rows, lines, header = [], [], None
+    # the one reader: a bad byte or line is named by its line, not a position in a string
+    for lineno, row in read_jsonl(path, ValueError, objects=True):
+        if header is None:
+            if "forgetwatch_cache" not in row:
+                raise ValueError(f"line {lineno} is not a forgetwatch cache header")
+            header = row
+            continue
+        if "id" not in row or "outcome" not in row:
+            raise ValueError(f"line {lineno} is not a cache row (an object with `id` and `outcome`)")
+        rows.append(row)
+        lines.append(lineno)
+    if header is None:
+        raise ValueError("empty: no forgetwatch cache header")
     cols = {c: [r.get(c) for r in rows] for c in (*ProbeResults.COLUMNS, "reference_outcome", "reference_margin")}
     ids = cols["id"]
     return header["forgetwatch_cache"], cols, lambda i: f"line {lines[i]} (probe {ids[i]!r})"

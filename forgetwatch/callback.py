@@ -416,13 +416,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         process holds one."""
         self._release_locks()
         run = f"{args.run_name or Path(args.output_dir).name} (training)"
-        roles = ("training",) if self.scoring == "sidecar" else ("training", "scoring")
         try:
-            for role in roles:
+            for role in ("training", "scoring"):
                 self._locks.append(acquire(args.output_dir, role, run=run))
-        except RecordInUseError as e:
+            if self.scoring == "sidecar":
+                # the watcher scores this run: free its lock, having made sure that no watcher of an earlier run still
+                # writes here (moving the record aside would hand it this run's record)
+                self._locks.pop().release()
+        except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
             self._release_locks()
-            return str(e)
+            return f"{type(e).__name__}: {e}" if not isinstance(e, RecordInUseError) else str(e)
         return None
 
     def _release_locks(self) -> None:
@@ -608,8 +611,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                            " + ".join(was), step, " + ".join(now) or "no replay")
 
     def _steer_mixers(self, step: int) -> None:
-        """Hand each category's forgetting at this evaluation to the replay streams (the same on every rank)."""
-        forgetting = broadcast_from_main(self.monitor.category_forgetting() if self._is_main else None)
+        """Hand each category's forgetting at this evaluation to the replay streams (the same on every rank); none when
+        figures are missing (probes scored NaN / inf): the weights in force stay."""
+        forgetting = broadcast_from_main((None if self.monitor.figures_missing else self.monitor.category_forgetting())
+                                         if self._is_main else None)
+        if forgetting is None:
+            return
         for mixer in self._mixers:
             mixer.publish(step, forgetting)
 

@@ -386,8 +386,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"precision noise floor: {floor.count} of {len(probes)} probes change correctness between "
               f"{scoring_key['precision']} and float32")
     _save(BaseCache(make_cache_key(identity, probes, scoring_key), results, reference), args.output, replace=args.force)
+    bad = results.nonfinite_mask()
+    if bad.any():  # kept, flagged: every comparison against this base reports their groups' figures as missing
+        print(f"forgetwatch: warning: {int(bad.sum())} of {len(probes)} probes scored NaN or inf with {args.model} under "
+              f"{scoring_key['precision']} (first: {', '.join(_first_ids(probes, bad))}); the figures of their groups "
+              "will be missing in every comparison with this cache. Score in float32: --dtype float32 --autocast none",
+              file=sys.stderr)
+        print(f"scored {len(probes)} probes with {args.model}; wrote {args.output}")
+        return 0
     print(f"scored {len(probes)} probes with {args.model}: accuracy {results.accuracy:.3f}; wrote {args.output}")
     return 0
+
+
+def _first_ids(probes: ProbeSet, mask, n: int = 3) -> list[str]:
+    return [probes[int(i)].id for i in mask.nonzero()[0][:n]]
 
 
 def _existing_cache(path: str, probes: ProbeSet):
@@ -509,6 +521,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             unsaved = e  # said after the report, which is printed all the same
 
     pre = base.results
+    bad = pre.nonfinite_mask() | results.nonfinite_mask()
+    if bad.any():  # argmax over NaN picks an option as if it were an answer: no figure is better than a wrong one
+        if unsaved is not None:
+            raise unsaved
+        raise ValueError(f"{int(bad.sum())} of {len(probes)} probes scored NaN or inf (first: "
+                         f"{', '.join(_first_ids(probes, bad))}): {'the base cache' if pre.nonfinite_mask().any() else args.model}"
+                         "'s outputs overflowed or are not numbers, so the comparison cannot be computed. Score in float32 "
+                         "(--dtype float32 --autocast none), or check the model's weights")
     report = compute_report(pre.outcome, results.outcome, [p.num_choices for p in probes], [p.category for p in probes],
                             probes.kind_groups())
     flips = _flips(probes, pre, results)

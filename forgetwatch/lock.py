@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ._io import pid_alive
 
 __all__ = ["RecordInUseError", "RecordLock", "acquire", "ROLES"]
 
@@ -107,12 +110,13 @@ def acquire(output_dir: str | os.PathLike, role: str, run: str | None = None) ->
         mine.release()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        prev = _read_info(fd)
-        if not _flock(fd):
+        locked = _flock(fd)
+        prev = _read_info(fd)  # after the flock: a holder that released meanwhile has said so
+        if locked is False:
             raise RecordInUseError(_refusal(output_dir, role, prev))
+        # a free flock is the answer on this host; elsewhere (or where flock does not work) pid and heartbeat decide
         if prev and not prev.get("released"):
-            alive = _maybe_alive(prev, path)
-            if alive:
+            if not (locked and prev.get("host") == socket.gethostname()) and _maybe_alive(prev, path):
                 raise RecordInUseError(_refusal(output_dir, role, prev))
             logger.warning("forgetwatch: %s: taking over the %s lock of %s, which is gone without releasing it (killed or "
                            "preempted?); the record continues from what it finished", output_dir, role, _describe(prev))
@@ -125,25 +129,44 @@ def acquire(output_dir: str | os.PathLike, role: str, run: str | None = None) ->
     lock = RecordLock(path, info, fd)
     with _HELD_GUARD:
         _HELD[_key(path)] = lock
+        if not _HELD_AT_FORK:
+            _HELD_AT_FORK.append(True)
+            os.register_at_fork(after_in_child=_forget_in_child)
     threading.Thread(target=lock._beat, name=f"forgetwatch-{role}-lock", daemon=True).start()
     return lock
+
+
+_HELD_AT_FORK: list[bool] = []
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) shares the parent's open lock files, and an flock lasts while any process
+    has one open: close the child's copies, so that the lock ends with its holder, not with its last worker."""
+    for lock in list(_HELD.values()):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing a copy keeps the parent's flock
+    _HELD.clear()
 
 
 def _key(path: Path) -> str:
     return str(path.resolve())
 
 
-def _flock(fd: int) -> bool:
-    """True when this process now holds the lock; False when another holds it. Without fcntl (Windows) the holder's
-    pid and heartbeat decide alone."""
+def _flock(fd: int) -> bool | None:
+    """True when this process now holds the lock; False when another holds it; None where there is no flock (Windows,
+    a file system that refuses it): then the holder's pid and heartbeat decide alone."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on the platforms we test
-        return True
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError:  # ENOLCK and the like: no locks on this file system
+        return None
     return True
 
 
@@ -151,16 +174,10 @@ def _maybe_alive(prev: dict[str, Any], path: Path) -> bool:
     """Whether an unreleased holder might still run, although its flock is free (a file system that keeps no locks)."""
     if prev.get("host") == socket.gethostname():
         pid = prev.get("pid")
-        if not isinstance(pid, int) or pid == os.getpid():
+        if not isinstance(pid, int) or pid == os.getpid() or not pid_alive(pid):
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            pass  # exists, another user's
-        # a live pid with a free flock: the pid was reused by another program, or flock does not work here; the
-        # heartbeat tells them apart
+        # a live pid and no flock to ask: the pid was reused by another program, or it is the holder; the heartbeat
+        # tells them apart
     try:
         age = time.time() - path.stat().st_mtime
     except OSError:

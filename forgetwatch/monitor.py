@@ -99,9 +99,12 @@ class Monitor:
         self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
         self.budget_state = BudgetState()
         last = None
-        for step in record.eval_steps():
-            last = record.read_results(step, self.probes.ids)
+        with_files = set(record.eval_steps())
+        for step in record.committed_steps():
             self.evaluated_steps.append(step)
+            if step not in with_files:  # its npz was removed by hand: the step is done, its probes unknown
+                continue
+            last = record.read_results(step, self.probes.ids)
             if step > 0:
                 self.tracker.update(step, last.outcome)
             if self.budget is not None:  # the budget's state as an uninterrupted run would have it
@@ -119,6 +122,13 @@ class Monitor:
             except Exception:
                 logger.exception("forgetwatch: could not recompute the figures of recorded step %d; the next evaluation's "
                                  "flips are counted against the base; training goes on", self.evaluated_steps[-1])
+        try:  # files rewritten whole, as they stood at the last committed evaluation (a killed one may have gone on)
+            if self.budget is not None and self.evaluated_steps:
+                self.write_budget()
+            if self.replay and self.evaluated_steps:
+                record.write_replay(self.tracker.lines())
+        except OSError:
+            logger.exception("forgetwatch: could not rewrite budget.json / replay.jsonl on opening the record")
         if resume_step is None:
             self.report(self.base, step=0, epoch=0.0, seconds=0.0)
             _warn_nothing_to_forget(self.last_report)
@@ -158,7 +168,7 @@ class Monitor:
         return np.array([c == name for c in self._categories])
 
     def _mark_missing(self, rows: dict[str, dict[str, Any]], bad: np.ndarray) -> None:
-        """Every figure of a group holding a probe scored NaN / inf becomes missing (null in metrics.jsonl, not logged),
+        """Every figure of a group holding a probe scored NaN / inf becomes missing (NaN in metrics.jsonl, not logged),
         with the reason: a count over a NaN is not a number, and argmax over NaN picks an option as if it were one."""
         ids = [self.probes[int(i)].id for i in np.flatnonzero(bad)]
         for name, row in rows.items():
@@ -172,12 +182,18 @@ class Monitor:
                               f"{', '.join(ids[:3])}): the model's outputs overflowed or are not numbers")
         rows["overall"]["nonfinite_probes"] = len(ids)
 
+    @property
+    def figures_missing(self) -> bool:
+        """Some figure of the last evaluation is missing (probes scored NaN / inf)."""
+        return any(row.get("missing") for row in self.last_rows.values())
+
     def category_forgetting(self) -> dict[str, float]:
         """Each category's forgetting at the last evaluation, as replay weighs it: chance-adjusted (a rate net of
-        lucky guesses), raw where there is no chance term (short answers)."""
+        lucky guesses), raw where there is no chance term (short answers). Categories whose figures are missing are
+        left out (see `figures_missing`)."""
         out = {}
         for name, m in self.last_report.items():
-            if name in self._replayable:
+            if name in self._replayable and not self.last_rows.get(name, {}).get("missing"):
                 value = m.forgetting_adjusted
                 out[name] = m.forgetting if value is None or math.isnan(value) else value
         return out
@@ -197,22 +213,31 @@ class Monitor:
         except Exception:  # a figure that cannot be computed must not end a training run
             logger.exception("forgetwatch: could not compute the figures at step %d; training goes on", step)
             return []
-        self.last, self.last_report, self.last_drift, self.last_rows = results, report, drift, rows
-        self.evaluated_steps.append(step)
-        if step > 0:
-            self.tracker.update(step, results.outcome)
+        self.last_report, self.last_drift, self.last_rows = report, drift, rows
         self._say_missing(rows, step)
+        # A probe scored NaN / inf has no answer: it neither flips nor counts as forgotten for replay, and keeps the
+        # outcome it had (argmax over NaN would pick an option as if it were one)
+        bad = self.base.nonfinite_mask() | results.nonfinite_mask()
+        held = results
+        if bad.any():
+            held = results.take(range(len(results)))
+            held.outcome[bad] = prev.outcome[bad]
+        if step > 0:
+            self.tracker.update(step, held.outcome)
         flips, at_risk, breaches = [], [], []
         try:
             self.record.write_eval(step, results, self.probes.fingerprint)
-            flips = self.flips(prev, results, step)
+            flips = self.flips(prev, held, step)
             self.record.append_flips(flips)
-            at_risk = self.at_risk(results, step)
+            at_risk = [r for r in self.at_risk(results, step) if not bad[self.probes.index_of(r["id"])]]
             self.record.append_at_risk(at_risk)
             if self.replay:
                 self.record.write_replay(self.tracker.lines())
             breaches = self._check_budget(step, rows) if self.budget is not None else []
             self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
+            # committed: the next evaluation's flips are against this one (never against one the record lacks)
+            self.last = held
+            self.evaluated_steps.append(step)
         except Exception:
             if self.strict:
                 raise

@@ -66,12 +66,19 @@ class RecordError(ValueError):
 
 
 def _append(path: Path, text: str, sync: bool = True) -> None:
-    """Every append to a record file: whole lines in one write, synced (the record's only other writes are atomic)."""
+    """Every append to a record file: whole lines in one write, synced (the record's only other writes are atomic). A
+    write that fails part way (a full disk) is cut back, so that the next append never lands on half a line."""
     with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
+        size = f.tell()
+        try:
+            f.write(text)
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                f.truncate(size)
+            raise
 
 
 def _append_line(path: Path, obj: dict[str, Any], sync: bool = True) -> None:
@@ -165,12 +172,16 @@ class RunRecord:
             return []
         return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
 
+    def committed_steps(self) -> list[int]:
+        """The evaluations committed, in the order written: those with a `metrics.jsonl` line (the commit point)."""
+        return [r["step"] for r in self.read_metrics() if isinstance(r.get("step"), int)]
+
     def eval_steps(self) -> list[int]:
-        """The committed evaluations, in step order: an npz with its `metrics.jsonl` line (the commit point)."""
+        """The committed evaluations whose per-probe file is there, in step order (the probe x evaluation matrix)."""
         files = self._npz_steps()
         if not files:
             return []
-        done = {r.get("step") for r in self.read_metrics()}
+        done = set(self.committed_steps())
         return [s for s in files if s in done]
 
     def read_eval(self, step: int) -> dict[str, np.ndarray]:
@@ -254,7 +265,10 @@ class RunRecord:
         """Make the record whole again after a crash, before writing to it: a line cut short by the crash, and every
         file of an evaluation without its commit line (npz, flips, at-risk rows, events), move to
         `recovered/<time>/`; nothing is deleted. Returns what was done (also said in one warning)."""
-        aside = self.root / RECOVERED / time.strftime("%Y%m%d-%H%M%S")
+        aside = self.root / RECOVERED / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        n = 1
+        while aside.exists():  # a second recovery in the same second never replaces what the first set aside
+            aside, n = aside.with_name(f"{aside.name.split('.')[0]}.{n}"), n + 1
         notes: list[str] = []
         for name in _EVAL_LINES:
             _, cut = split_cut_tail(self.root / name)
@@ -262,7 +276,8 @@ class RunRecord:
                 aside.mkdir(parents=True, exist_ok=True)
                 repair_cut_tail(self.root / name, aside / f"{name}.cut")
                 notes.append(f"{name}: its last line was cut short ({len(cut)} bytes)")
-        committed = set(self.eval_steps())
+        # a metrics line without its npz (evals/ pruned by hand) is committed all the same: a crash cannot make one
+        committed = set(self.committed_steps())
         unfinished = [s for s in self._npz_steps() if s not in committed]
         for step in unfinished:
             aside.mkdir(parents=True, exist_ok=True)

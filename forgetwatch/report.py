@@ -514,13 +514,20 @@ def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
     budget = record.read_budget()
     if budget is not None:
         within = budget.get("last_within_budget") or {}
-        lines = "".join(f"<li>step {_e(e['step'])}: {_e(e['key'])} = {_f(e['measured'])} (compared: {_f(e['value'])}) "
-                        f"&gt; {_e(e['limit'])}; action {_e(e['action'])}</li>" for e in events)
+        lines = "".join(_event(e) for e in events)
         limits, action = _e(budget.get("limits")), _e(budget.get("on_budget"))
         parts.append(f'<h3 id="budget">Budget {limits}, on_budget={action}</h3>'
                      f"<ul>{lines or '<li>never exceeded</li>'}</ul><p>Last evaluation within budget: step "
                      f"{_e(within.get('step'))}{', checkpoint ' + _e(within['checkpoint']) if within.get('checkpoint') else ''}.</p>")
     return ('<h2 id="drift">Drift, risk and budget</h2>\n' + "\n".join(parts)) if parts else ""
+
+
+def _event(e: dict[str, Any]) -> str:
+    """One budget event of events.jsonl as a list item: a limit exceeded, or figures the budget could not judge."""
+    if e.get("event") == "budget_cannot_judge":
+        return f"<li>step {_e(e.get('step'))}: cannot judge {_e(', '.join(map(str, e.get('keys') or [])))}: {_e(e.get('reason'))}</li>"
+    return (f"<li>step {_e(e.get('step'))}: {_e(e.get('key'))} = {_f(e.get('measured', math.nan))} (compared: "
+            f"{_f(e.get('value', math.nan))}) &gt; {_e(e.get('limit'))}; action {_e(e.get('action'))}</li>")
 
 
 def _grid(n: int) -> tuple[int, int]:

@@ -380,7 +380,11 @@ def _most_over_ranks(n: int) -> int:
     return int(t.item())
 
 
-def _check_context(model, ids: Sequence[str] | None, lengths: Sequence[int], what: str) -> None:
+class ProbeSetError(ValueError):
+    """The probe set cannot be scored with this model at all (not one checkpoint's problem)."""
+
+
+def _check_context(model, ids: Sequence[str] | None, lengths: Sequence[int], what: str, sync_ranks: bool = False) -> None:
     """Refuse, before any forward, a probe whose tokens (with what is generated after them) pass the model's context:
     past it, learned positions fail with an index error and rotary ones read positions never trained, so the answer
     would mean nothing."""
@@ -389,9 +393,13 @@ def _check_context(model, ids: Sequence[str] | None, lengths: Sequence[int], wha
     if not isinstance(limit, int) or ids is None:
         return
     over = [(pid, n) for pid, n in zip(ids, lengths, strict=True) if pid is not None and n > limit]
+    # every rank decides alike (a rank that raised alone would leave the others waiting in a collective forward)
+    if sync_ranks and _most_over_ranks(len(over)) and not over:
+        raise ProbeSetError(f"a probe on another rank does not fit the model's context of {limit} tokens with {what} (that "
+                            "rank names it)")
     if over:
         listed = ", ".join(f"{pid} ({n} tokens)" for pid, n in over[:5])
-        raise ValueError(f"{len(over)} probe(s) do not fit the model's context of {limit} tokens with {what}: {listed}"
+        raise ProbeSetError(f"{len(over)} probe(s) do not fit the model's context of {limit} tokens with {what}: {listed}"
                          f"{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or shorten their text "
                          "(or lower max_new_tokens / behavior_max_new_tokens)")
 
@@ -456,7 +464,7 @@ def _score_continuations(model, tokenizer, contexts: Sequence[str], continuation
     for opts in continuations:  # each option's last position (packed or not, options start where the context ends)
         ends.append(max(len(w) for w in whole_ids[k : k + len(opts)]) + int(read_next))
         k += len(opts)
-    _check_context(model, ids, ends, "their answers")
+    _check_context(model, ids, ends, "their answers", sync_ranks)
     pack = config.pack_choices if config.pack_choices is not None else _accepts_custom_masks(model)
     device = _device(model)
     prefix = _shared_prefix(tokenizer, shared, ctx_ids, chat) if shared else []
@@ -754,7 +762,7 @@ def _score_letter(model, tokenizer, probes: list[Probe], config: ScoringConfig, 
             raise ValueError("`mcq_mode='letter'` needs one token per option letter, which this tokenizer lacks; use `mcq_mode='loglik'`")
     letter_ids = torch.tensor(letters)
     ids = _encode(tokenizer, contexts, chat)
-    _check_context(model, [p.id for p in probes], [len(x) + 1 for x in ids], "the answer's letter")
+    _check_context(model, [p.id for p in probes], [len(x) + 1 for x in ids], "the answer's letter", sync_ranks)
 
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
@@ -820,7 +828,8 @@ def _generate(model, tokenizer, texts: list[str], chat: bool, max_new_tokens: in
     from transformers import GenerationConfig
 
     ids = _encode(tokenizer, texts, chat)
-    _check_context(model, probe_ids, [len(x) + max_new_tokens for x in ids], f"{max_new_tokens} generated tokens")
+    _check_context(model, probe_ids, [len(x) + max_new_tokens for x in ids], f"{max_new_tokens} generated tokens",
+                   sync_ranks)
     prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
     device = _device(model)
     pad_id = _pad_id(tokenizer)

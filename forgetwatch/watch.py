@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._io import read_json
+from ._io import pid_alive, read_json
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, make_cache_key
 from .drift import RiskRule
@@ -38,7 +38,7 @@ from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger
 from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
-from .scoring import ScoringConfig
+from .scoring import ProbeSetError, ScoringConfig
 
 __all__ = ["Watcher", "SidecarError"]
 
@@ -185,8 +185,8 @@ class Watcher:
                                                model_files=self.output_dir / PREFIX / MODEL_FILES)
             with precision_context(model, self.precision):
                 results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
-        except (KeyboardInterrupt, SystemExit):
-            raise
+        except (KeyboardInterrupt, SystemExit, ProbeSetError):
+            raise  # a probe set that cannot be scored fails on every checkpoint: said once, not retried
         # not loadable (yet), deleted meanwhile, out of memory, untrusted: skip it, keep watching. BaseException: torch's
         # CheckpointException (a corrupt sharded checkpoint) is not an Exception
         except BaseException as e:
@@ -200,9 +200,10 @@ class Watcher:
             free_memory()
         seconds = time.perf_counter() - t0
         self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds)
-        overall = self.monitor.last_report["overall"]
-        print(f"scored {path.name} ({len(self.probes)} probes, {seconds:.1f} s): forgetting {overall.forgetting:.3f}, "
-              f"adjusted {overall.forgetting_adjusted:.3f}", flush=True)
+        overall = self.monitor.last_rows["overall"]  # as recorded: missing where probes scored NaN / inf
+        missing = f" (missing: {overall['missing']})" if overall.get("missing") else ""
+        print(f"scored {path.name} ({len(self.probes)} probes, {seconds:.1f} s): forgetting {overall['forgetting']:.3f}, "
+              f"adjusted {overall['forgetting_adjusted']:.3f}{missing}", flush=True)
         return True
 
     def poll(self) -> int:
@@ -261,13 +262,7 @@ class Watcher:
         pid = self.manifest.get("pid")
         if not pid or self.manifest.get("host") != socket.gethostname():
             return True
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            return True  # exists, owned by another user
-        return True
+        return pid_alive(int(pid))
 
     def _refresh_manifest(self) -> None:
         try:
@@ -325,16 +320,22 @@ class Watcher:
 
 
 def _check_trusted(path: Path) -> None:
-    """Refuse a sharded checkpoint whose pickled metadata another user could have written (see the module's note)."""
+    """Refuse a sharded checkpoint that another user could have written (see the module's note): torch unpickles its
+    `.metadata` and may unpickle byte items of its shards, so every file there must be the watching user's (or root's)
+    and writable by nobody else."""
     from .models import FSDP_SHARDS
 
-    meta = path / FSDP_SHARDS / ".metadata"
-    if not meta.is_file() or not hasattr(os, "getuid"):
+    shards = path / FSDP_SHARDS
+    if not shards.is_dir() or not hasattr(os, "getuid"):
         return
-    owner, me = meta.stat().st_uid, os.getuid()
-    if owner not in (me, 0):
-        raise PermissionError(f"{meta} belongs to another user (uid {owner}; you are {me}), and torch unpickles it to read "
-                              "the shards, which can run code: not loaded. Run the watcher as the user who trains")
+    me = os.getuid()
+    for f in [shards, *shards.iterdir()]:
+        st = f.stat()
+        if st.st_uid not in (me, 0) or st.st_mode & 0o022:
+            who = f"belongs to another user (uid {st.st_uid}; you are {me})" if st.st_uid not in (me, 0) else \
+                "can be written by other users"
+            raise PermissionError(f"{f} {who}, and torch unpickles sharded checkpoints to read them, which can run "
+                                  "code: not loaded. Run the watcher as the user who trains, on files only they can write")
 
 
 def _mtime(path: Path) -> float:

@@ -491,7 +491,7 @@ def test_a_jsonl_row_that_is_not_an_object_is_refused(tmp_path):
     lines = path.read_text(encoding="utf-8").splitlines()
     lines[3] = "[1, 2]"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with pytest.raises(CacheFormatError, match=r"line 4 is not a cache row \(an object with `id` and `outcome`\)"):
+    with pytest.raises(CacheFormatError, match=r"base.jsonl line 4: expected a JSON object"):
         BaseCache.load(path)
 
 
@@ -519,3 +519,26 @@ def test_a_cache_row_of_many_ids_lists_the_first_five(tmp_path):
     cache = BaseCache.load(path)
     with pytest.raises(CacheMismatchError, match=r"12 probe\(s\) without a row \('p0', 'p1', 'p2', 'p3', 'p4', \.\.\.\)"):
         cache.for_probes([f"p{i}" for i in range(12)], path)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_cache_with_overflowed_probes_reads_back_with_them_flagged(tmp_path, suffix):
+    """Scoring keeps NaN / inf scores on rows it flags `nonfinite` (their figures are then missing): such a cache, as
+    forgetwatch writes it, must load; the same values on a row not flagged are refused."""
+    from forgetwatch.cache import CacheFormatError, make_cache_key
+    from forgetwatch.probes import Probe, ProbeSet
+    from forgetwatch.results import ProbeResults
+
+    probes = ProbeSet([Probe(f"q{i}", "mcq", f"{i}?", ("a", "b"), 0) for i in range(2)])
+    r = ProbeResults.empty(probes.ids)
+    r.outcome[:] = [1, 1]
+    r.option_scores = [np.array([0.0, -1.0], np.float32), np.array([np.nan, np.nan], np.float32)]
+    r.margin[:] = [1.0, np.inf]
+    r.nonfinite[:] = [False, True]
+    path = BaseCache(make_cache_key({}, probes, {}), r).save(tmp_path / f"c{suffix}")
+    back = BaseCache.load(path).results
+    assert back.nonfinite.tolist() == [False, True] and back.nonfinite_mask().tolist() == [False, True]
+    r.nonfinite[:] = False
+    BaseCache(make_cache_key({}, probes, {}), r).save(path)
+    with pytest.raises(CacheFormatError, match="q1"):
+        BaseCache.load(path)

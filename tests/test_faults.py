@@ -222,7 +222,7 @@ def test_the_issue_repro_a_cut_metrics_tail_is_rescored_not_skipped(sidecar_run,
 
 
 # -- the callback ---------------------------------------------------------------------------------------------------
-def test_a_training_killed_at_any_write_boundary_resumes_to_the_uninterrupted_record(tokenizer, tmp_path):
+def test_a_training_killed_at_any_write_boundary_resumes_to_the_uninterrupted_record(tokenizer, tmp_path, caplog):
     """Killed while writing the evaluation at step 4 (after checkpoint-2), resumed from checkpoint-2."""
     args = {"save_strategy": "steps", "save_steps": 2}
     ref = tmp_path / "reference"
@@ -236,9 +236,14 @@ def test_a_training_killed_at_any_write_boundary_resumes_to_the_uninterrupted_re
         out = tmp_path / f"kill-{k}-{how}"
         in_killed_child(lambda out=out: sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args).train(), k, how)
         assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
-        sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args, restore_callback_states_from_checkpoint=True).train(
-            resume_from_checkpoint=str(out / "checkpoint-2"))
+        with caplog.at_level(logging.WARNING, logger="forgetwatch.record"):
+            caplog.clear()
+            sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args, restore_callback_states_from_checkpoint=True).train(
+                resume_from_checkpoint=str(out / "checkpoint-2"))
         assert_same_record(reference, record_state(out / "forgetwatch", out), f"killed at write {k} ({how})")
+        # the step-4 files it had begun are set aside and said (not merely cut away by the resume)
+        begun = k > points[0][0] or (how == "mid" and counted.log[k - 1] in APPENDED)
+        assert ("left mid-write" in caplog.text) == begun, (k, how, caplog.text)
         shutil.rmtree(out)
 
 
@@ -298,7 +303,7 @@ def test_a_second_training_into_a_live_runs_output_dir_is_refused_then_takes_ove
     assert [r["step"] for r in RunRecord(out / "forgetwatch").read_metrics()] == [0, 2, 4, 6]  # not interleaved
 
 
-def test_a_second_watcher_is_refused(sidecar_run, tmp_path):
+def test_a_second_watcher_is_refused(sidecar_run, tokenizer, tmp_path):
     pristine, _, _ = sidecar_run
     out = tmp_path / "run"
     shutil.copytree(pristine, out)
@@ -311,6 +316,9 @@ def test_a_second_watcher_is_refused(sidecar_run, tmp_path):
         with pytest.raises(RecordInUseError, match=rf"evaluations are written by forgetwatch watch .*pid {first}"):
             Watcher(out, device="cpu")
         assert cli(["watch", str(out), "--once"]) == 2
+        # nor may a new training move the record aside under that watcher (it would score into the new one)
+        with pytest.raises(RecordInUseError, match=rf"pid {first}"):
+            sft_trainer(tokenizer, out, [watcher(scoring="sidecar")]).train()
     finally:
         kill(first)
 
@@ -433,6 +441,9 @@ def test_a_run_that_overflows_logs_missing_figures_and_a_budget_that_cannot_judg
     events = rec.read_events()
     assert [(e["step"], e["event"], e["keys"]) for e in events] == [(4, "budget_cannot_judge", ["forgetting"])]
     assert rec.read_budget()["last_within_budget"]["step"] == 2  # not 6: nobody can say 4 and 6 were within
+    assert not [f for f in rec.read_flips() if f["step"] > 2]  # an answer picked by argmax over NaN is no flip
+    page = make_report(out).read_text()
+    assert "cannot judge forgetting" in page
 
 
 def test_figures_of_nan_probes_are_left_out_of_the_loggers(tmp_path):
@@ -491,3 +502,37 @@ def test_a_probe_longer_than_the_models_context_is_refused_before_scoring_with_i
     with pytest.raises(ValueError, match=r"fits \(\d+ tokens\).*lower max_new_tokens"):  # fits alone, not with 300 more
         score_probes(model, tokenizer, near, ScoringConfig(short_mode="generate", max_new_tokens=300))
     assert len(score_probes(model, tokenizer, near, ScoringConfig(short_mode="generate", max_new_tokens=4))) == 1
+
+
+def test_a_forked_child_does_not_keep_its_parents_lock(tmp_path):
+    """DataLoader workers are forked while the lock is held: the lock must end with its holder, not its last worker."""
+    from forgetwatch.lock import acquire
+
+    lock = acquire(tmp_path, "scoring", run="parent")
+    started = tmp_path / "child-started"
+    child = in_live_child(lambda: (started.touch(), time.sleep(60)))
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:  # past the fork hooks
+            time.sleep(0.01)
+        lock.release()
+        acquire(tmp_path, "scoring", run="again").release()  # refused while the child lived, before the fix
+    finally:
+        kill(child)
+
+
+def test_compare_refuses_a_checkpoint_that_overflows(tokenizer, tiny_model_dir, tmp_path, capsys):
+    probes = tmp_path / "probes.jsonl"
+    make_probes().to_jsonl(probes)
+    assert cli(["cache", "--model", str(tiny_model_dir), "--probes", str(probes), "-o", str(tmp_path / "base.parquet"),
+                "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    model = build_model(tokenizer)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(tmp_path / "nan")
+    tokenizer.save_pretrained(tmp_path / "nan")
+    capsys.readouterr()
+    assert cli(["compare", "--model", str(tmp_path / "nan"), "--probes", str(probes), "--base", str(tmp_path / "base.parquet"),
+                "--device", "cpu"]) == 2
+    out = capsys.readouterr()
+    assert "32 of 32 probes scored NaN or inf" in out.err and "forgetting" not in out.out.lower()
