@@ -1,4 +1,4 @@
-"""What recipes/sft.py and recipes/grpo.py share: model path, data + callback, W&B mode, the closing summary."""
+"""What recipes/sft.py, grpo.py and dpo.py share: model path, data + callback, W&B mode, the closing summary."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_pa
         raise ValueError("forgetwatch_replay_targets=base and forgetwatch_anchor_beta are SFT options: GRPO already anchors "
                          "to its reference model with `beta`, and replays prompts (forgetwatch_replay_mix, gold targets) "
                          "that its rewards check")
+    if stage == "dpo" and fw_args.forgetwatch_replay_mix:
+        raise ValueError("forgetwatch_replay_mix mixes examples into SFT or GRPO data; DPO trains on preference pairs: "
+                         "set it to 0 for recipes/dpo.py")
     if fw_args.needs_base_outputs() and not fw_args.forgetwatch_probes:
         raise ValueError("forgetwatch_replay_targets=base and forgetwatch_anchor_beta need forgetwatch_probes: the pool "
                          "is held out from the monitored probes, and the loop follows what they measure")

