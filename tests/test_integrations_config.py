@@ -68,3 +68,13 @@ def test_yaml_key_lines_on_a_file_that_is_not_a_mapping(tmp_path):
     (tmp_path / "b.yaml").write_text("a: [\n")
     assert yaml_key_lines(tmp_path / "a.yaml") == {} and yaml_key_lines(tmp_path / "b.yaml") == {}
     assert yaml_key_lines(tmp_path / "missing.yaml") == {}
+
+
+def test_a_key_given_elsewhere_than_the_file_is_named_there():
+    """A front-end's command-line override: `lines` maps the key to where it was given, and the message says that."""
+    lines = {"forgetwatch_probes": 3, "forgetwatch_eval_steps": "the command line (forgetwatch_eval_steps=two)"}
+    with pytest.raises(ConfigKeyError, match=r"^the command line \(forgetwatch_eval_steps=two\): forgetwatch_eval_steps "
+                                             r"must be an integer"):
+        parse_keys({"forgetwatch_probes": "sciq", "forgetwatch_eval_steps": "two"}, source="cfg.yaml", lines=lines)
+    with pytest.raises(ConfigKeyError, match=r"^the command line \(forgetwach_seed=1\): unknown key 'forgetwach_seed'"):
+        split_keys({"forgetwach_seed": 1}, source="cfg.yaml", lines={"forgetwach_seed": "the command line (forgetwach_seed=1)"})

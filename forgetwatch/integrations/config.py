@@ -44,8 +44,10 @@ class ConfigKeyError(ValueError):
     """A `forgetwatch_*` key of a front-end's config is unknown, of the wrong type, or refused; the message says which."""
 
 
-def _where(source: str, lines: Mapping[str, int] | None, key: str) -> str:
+def _where(source: str, lines: Mapping[str, int | str] | None, key: str) -> str:
     line = (lines or {}).get(key)
+    if isinstance(line, str):  # given elsewhere than the file, e.g. "the command line (`forgetwatch_seed=1`)"
+        return line
     return f"{source}, line {line}" if line else source
 
 
@@ -59,8 +61,12 @@ def _looks_like_ours(key: str) -> bool:
         difflib.get_close_matches(low, KEYS, n=1, cutoff=0.9))
 
 
-def check_keys(config: Mapping[str, Any], *, source: str = "config", lines: Mapping[str, int] | None = None) -> None:
-    """Raise `ConfigKeyError` for the first key that looks meant for forgetwatch but is not one of its keys."""
+def check_keys(config: Mapping[str, Any], *, source: str = "config", lines: Mapping[str, int | str] | None = None) -> None:
+    """Raise `ConfigKeyError` for the first key that looks meant for forgetwatch but is not one of its keys.
+
+    `lines` maps a key to its 1-based line in `source`, or to a text saying where else it was given (a command line
+    override): messages name that place instead of the file.
+    """
     for key in config:
         if not isinstance(key, str) or key in KEYS or not _looks_like_ours(key):
             continue
@@ -72,7 +78,7 @@ def check_keys(config: Mapping[str, Any], *, source: str = "config", lines: Mapp
 
 
 def split_keys(config: Mapping[str, Any], *, source: str = "config",
-               lines: Mapping[str, int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               lines: Mapping[str, int | str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split a front-end's config into (forgetwatch's keys, everything else), refusing misspelt forgetwatch keys.
 
     Example:
@@ -116,7 +122,7 @@ def _check_type(key: str, value: Any, where: str) -> Any:
 
 
 def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
-               lines: Mapping[str, int] | None = None) -> ForgetWatchArguments:
+               lines: Mapping[str, int | str] | None = None) -> ForgetWatchArguments:
     """`ForgetWatchArguments` from a config's `forgetwatch_*` keys, each checked for its type and its values.
 
     The callback is built once here and thrown away, so that an option it refuses (a budget metric, a scoring mode, a
