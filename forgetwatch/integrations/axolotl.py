@@ -43,7 +43,8 @@ __all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check
 
 logger = logging.getLogger(__name__)
 
-PLUGIN = f"{__name__}.ForgetWatchPlugin"
+_MODULE = "forgetwatch.integrations.axolotl"  # not __name__: that is __main__ under `python -m`
+PLUGIN = f"{_MODULE}.ForgetWatchPlugin"
 # Options of the TRL recipes that change the training data or the loss (recipes/common.py applies them); the plugin only
 # adds the callback, so a value other than the default is refused rather than ignored.
 RECIPE_ONLY = ("forgetwatch_replay_mix", "forgetwatch_replay_pool", "forgetwatch_replay_strategy",
@@ -55,7 +56,7 @@ _HINTS = typing.get_type_hints(ForgetWatchArguments)
 def _args_model():
     fields = {f.name: (_HINTS[f.name], Field(default=f.default, description=f.metadata.get("help")))
               for f in dataclasses.fields(ForgetWatchArguments)}
-    model = create_model("ForgetWatchArgs", __module__=__name__, **fields)
+    model = create_model("ForgetWatchArgs", __module__=_MODULE, **fields)
     model.__doc__ = "The `forgetwatch_*` keys of an Axolotl config: `ForgetWatchArguments`' fields (made from them)."
     return model
 
@@ -132,7 +133,7 @@ class ForgetWatchPlugin(BasePlugin):
     """
 
     def get_input_args(self) -> str:
-        return f"{__name__}.ForgetWatchArgs"
+        return f"{_MODULE}.ForgetWatchArgs"
 
     def register(self, cfg: dict) -> None:
         # The raw config, before Axolotl's schema drops the keys it does not know: a misspelt key is still there.
