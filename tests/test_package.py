@@ -57,3 +57,21 @@ def test_no_import_circle():
 
     for module in graph:
         visit(module, [])
+
+
+def test_only_the_axolotl_plugin_imports_axolotl():
+    """`import forgetwatch` and `forgetwatch.integrations` (with its shared config module) need no front-end installed;
+    axolotl is imported by forgetwatch/integrations/axolotl.py alone."""
+    code = ("import sys, forgetwatch, forgetwatch.integrations, forgetwatch.integrations.config; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'axolotl'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+    pkg = Path(forgetwatch.__file__).parent
+    importers = []
+    for path in sorted(pkg.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n.split(".")[0] == "axolotl" for n in names):
+                importers.append(path.relative_to(pkg).as_posix())
+    assert sorted(set(importers)) == ["integrations/axolotl.py"]
