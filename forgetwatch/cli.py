@@ -6,6 +6,7 @@
     forgetwatch compare --model <checkpoint>    --probes probes.jsonl --base base.parquet [--json]
     forgetwatch compare BEFORE AFTER            # two lm-eval --log_samples outputs, or two lighteval details
     forgetwatch report  <output_dir> [-o DIR]
+    forgetwatch llamafactory train config.yaml [key=value ...]   # a LLaMA-Factory YAML with forgetwatch_* keys
 """
 
 from __future__ import annotations
@@ -142,7 +143,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after training has ended, log into the trainer's own W&B run instead of a run beside it")
     w.add_argument("--batch-size", type=int, default=None, help="probes per forward pass (default: the callback's)")
     w.set_defaults(func=cmd_watch)
+
+    lf_parser = sub.add_parser("llamafactory", help="run a LLaMA-Factory YAML with forgetwatch_* keys (needs llamafactory "
+                                                    "0.9.5 installed; docs/llamafactory.md)")
+    lf_parser.set_defaults(help_parser=lf_parser)
+    lf = lf_parser.add_subparsers(title="llamafactory commands", metavar="COMMAND")
+    t = lf.add_parser("train", help="train as `llamafactory-cli train` does, with the forgetwatch callback",
+                      description="Reads the config and key=value overrides as `llamafactory-cli train` does, checks the "
+                                  "forgetwatch_* keys (a misspelt key or a wrong type is named with its file and line "
+                                  "before anything is trained), takes them out and runs LLaMA-Factory's run_exp with "
+                                  "ForgetWatchCallback. Several GPUs: re-runs itself under torchrun, as "
+                                  "`torchrun --nproc_per_node N -m forgetwatch.integrations.llamafactory config.yaml`.")
+    t.add_argument("config", help="a LLaMA-Factory .yaml (or .json) config; `model_name_or_path: smollm2` is the offline "
+                                  "SmolLM2-135M-Instruct")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, as `llamafactory-cli train` takes them")
+    t.add_argument("--check", action="store_true", help="check the config (forgetwatch's keys, then LLaMA-Factory's own "
+                                                        "parser) and train nothing")
+    t.set_defaults(func=cmd_llamafactory_train)
     return p
+
+
+def cmd_llamafactory_train(args: argparse.Namespace) -> int:
+    from .integrations import llamafactory
+
+    if args.check:
+        llamafactory.check(args.config, args.overrides)
+        return 0
+    fw_args, rest = llamafactory.prepare(args.config, args.overrides)  # bad keys: one line from main(), nothing trained
+    try:
+        return llamafactory.launch(fw_args, rest, args.config, args.overrides)
+    except Exception:  # LLaMA-Factory's own errors while training keep their traceback
+        import traceback
+
+        traceback.print_exc()
+        print("forgetwatch: LLaMA-Factory stopped with the error above", file=sys.stderr)
+        return 1
 
 
 def _version() -> str:

