@@ -182,17 +182,17 @@ def test_options_the_callback_or_the_plugin_refuses_fail_at_config_loading(tmp_p
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_probes="no_such_suite"))
 
 
-def test_keys_without_the_plugin_are_dropped_by_axolotl_and_caught_by_the_check(tmp_path, files, capsys):
+def test_keys_without_the_plugin_are_dropped_by_axolotl_and_caught_by_the_check(tmp_path, files):
     """Axolotl 0.19 loads no plugin that `plugins:` does not list and drops top-level keys it does not know (pydantic's
     extra='ignore', then model_dump): such a run trains without forgetwatch and without a word. Pinned here, since it
     is why `python -m forgetwatch.integrations.axolotl CONFIG` exists; a release that refuses or keeps unknown keys
     fails this test and the docs should say so."""
-    from forgetwatch.integrations.axolotl import main
-
     cfg = load(tmp_path, config_text(files, tmp_path / "out", plugin=False))
     assert not [k for k in cfg if k.startswith("forgetwatch")]
-    assert main([str(tmp_path / "config.yaml")]) == 1
-    err = capsys.readouterr().err
+    check = subprocess.run([sys.executable, "-m", "forgetwatch.integrations.axolotl", str(tmp_path / "config.yaml")],
+                           env=axolotl_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert check.returncode == 1
+    err = check.stderr
     line = line_of(tmp_path, "forgetwatch_probes:")
     assert f"config.yaml, line {line}: forgetwatch_probes is set but the forgetwatch plugin is not in `plugins:`" in err
     assert f"plugins:\n  - {PLUGIN}" in err
