@@ -140,7 +140,7 @@ lint: setup
 	$(BIN)/ruff check forgetwatch tests recipes examples
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel .venv-llamafactory .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel $(AXOLOTL_VENV) .venv-llamafactory .pytest_cache build dist *.egg-info
 
 # The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
 # W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`.
