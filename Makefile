@@ -85,7 +85,8 @@ check-wheel: wheel
 # LLaMA-Factory in a venv of its own, built from scratch each time: llamafactory 0.9.5 pins transformers <= 5.6.0,
 # trl <= 0.24, datasets <= 4.0.0 and accelerate <= 1.11, below the lock. Torch first (the CPU wheel, as for setup), then
 # llamafactory and forgetwatch resolved together (a conflict between their ranges fails here), then the tests of
-# `forgetwatch llamafactory train` against it: real SFT and DPO runs on a tiny model (docs/llamafactory.md). ~4 minutes.
+# `forgetwatch llamafactory train` against it: real SFT and DPO runs on a tiny model, 2 DDP processes on CPU, bad keys
+# (docs/llamafactory.md). Measured on 2 busy cores: 3 min 50 s (venv 1 min 56 s with pip's cache warm, tests 1 min 53 s).
 # PyPI's Linux torchvision / torchaudio wheels are CUDA builds that cannot load against the CPU torch (libc10_cuda.so):
 # torchvision is removed (nothing on LLaMA-Factory's text path imports it, and transformers does without it) and
 # torchaudio's compiled libraries are, so that `import torchaudio` (mm_plugin.py imports it) loads its Python part only,

@@ -206,6 +206,22 @@ def test_demo_config_parses(name, tmp_path):
     assert not out.exists()
 
 
+def test_help_names_the_command_and_torchrun(capsys):
+    """In forgetwatch's help, with or without llamafactory installed."""
+    from forgetwatch.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "llamafactory" in capsys.readouterr().out
+    assert main(["llamafactory"]) == 2  # the group alone: its own help
+    assert capsys.readouterr().out.startswith("usage: forgetwatch llamafactory")
+    with pytest.raises(SystemExit) as e:
+        main(["llamafactory", "train", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("usage: forgetwatch llamafactory train [-h] [--check] config [key=value ...]")
+    assert "torchrun --nproc_per_node N -m forgetwatch.integrations.llamafactory" in " ".join(out.split())
+
+
 @pytest.mark.skipif(HAVE_LLAMAFACTORY, reason="llamafactory is installed here")
 def test_without_llamafactory_the_command_says_what_to_install(tmp_path):
     """The main venv: forgetwatch imports and its other commands work without llamafactory; this one says what to do."""
@@ -217,3 +233,22 @@ def test_without_llamafactory_the_command_says_what_to_install(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("forgetwatch: error: `forgetwatch llamafactory` needs LLaMA-Factory, which is not "
                                   "installed: pip install 'llamafactory==0.9.5'"), proc.stderr
+
+
+@requires_llamafactory
+def test_torchrun_two_processes_on_cpu(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    """The multi-device path on CPU: FORCE_TORCHRUN=1 makes the command re-run itself as
+    `torchrun --nproc_per_node 2 -m forgetwatch.integrations.llamafactory CONFIG` (gloo), as it does with several GPUs."""
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps=2, forgetwatch_batch_size=8)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
+    proc = subprocess.run([str(BIN / "forgetwatch"), "llamafactory", "train", str(cfg), "per_device_train_batch_size=2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
+    assert "-m forgetwatch.integrations.llamafactory" in proc.stderr and "--nproc_per_node 2" in proc.stderr
+    assert "Process rank: 1, world size: 2" in proc.stdout + proc.stderr  # LLaMA-Factory's own line: two DDP processes (gloo)
+    assert proc.stdout.count("forgetwatch: record in") == 1  # said by rank 0 only
+    assert load_record(out).eval_steps() == [0, 2, 4]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4

@@ -52,7 +52,8 @@ def _require_llamafactory() -> None:
         logger.warning("forgetwatch: llamafactory %s is installed; forgetwatch is tested with %s", have, TESTED_VERSION)
 
 
-def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, int | str]]:
+def read_config(path: str | os.PathLike,
+                overrides: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, int | str]]:
     """The config `llamafactory-cli train PATH KEY=VALUE...` would train on, and where each top-level key was given.
 
     Read as LLaMA-Factory 0.9.5's `hparams.parser.read_args` reads it: `OmegaConf.load` of the YAML (or JSON) merged
@@ -96,9 +97,10 @@ def split_config(config: dict[str, Any], *, source: str, lines: dict[str, int | 
     for key, what in _RECIPE_ONLY.items():
         if getattr(args, key):
             raise ConfigKeyError(
-                f"{_where(source, lines, key)}: {key} {what} (recipes/sft.py); LLaMA-Factory builds its own data and loss, so it is not "
-                f"available here: remove the key. `forgetwatch_replay: true` writes the forgotten probes to "
-                f"<output_dir>/forgetwatch/replay.jsonl, which a dataset_info.json entry can add to the next run's data")
+                f"{_where(source, lines, key)}: {key} {what} (recipes/sft.py); LLaMA-Factory builds its own data and "
+                f"loss, so it is not available here: remove the key. `forgetwatch_replay: true` writes the forgotten "
+                f"probes to <output_dir>/forgetwatch/replay.jsonl, which a dataset_info.json entry can add to the next "
+                f"run's data")
     if not args.forgetwatch_probes:
         others = sorted(k for k in ours if k != "forgetwatch_probes")
         logger.warning("forgetwatch: %s sets no forgetwatch_probes: LLaMA-Factory runs without forgetwatch%s", source,
@@ -121,12 +123,12 @@ def _resolve_model(rest: dict[str, Any]) -> None:
 
 def _world() -> tuple[bool, int]:
     """(re-run under torchrun?, processes per node), decided as LLaMA-Factory 0.9.5's launcher decides it."""
-    from llamafactory.extras.misc import get_device_count, is_env_enabled, use_ray
+    from llamafactory.extras.misc import get_device_count, is_env_enabled, use_kt, use_ray
 
     if os.environ.get("LOCAL_RANK") is not None:  # already a torchrun worker
         return False, 1
     count = get_device_count()
-    relaunch = is_env_enabled("FORCE_TORCHRUN") or (count > 1 and not use_ray())
+    relaunch = is_env_enabled("FORCE_TORCHRUN") or (count > 1 and not use_ray() and not use_kt())
     return relaunch, int(os.getenv("NPROC_PER_NODE", str(max(count, 1))))
 
 
