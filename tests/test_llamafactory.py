@@ -157,13 +157,41 @@ def test_bad_override_named_as_given_on_the_command_line(tiny_model_dir, dataset
 
 
 @requires_llamafactory
-def test_recipe_only_option_refused(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+@pytest.mark.parametrize("key, value", [("forgetwatch_replay_mix", 0.1), ("forgetwatch_replay_pool", "sciq"),
+                                        ("forgetwatch_anchor_ratio", 0.5)])
+def test_recipe_only_option_refused(key, value, tiny_model_dir, dataset_dir, probes_file, tmp_path):
     out = tmp_path / "out"
     cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
-                       forgetwatch_probes=str(probes_file), forgetwatch_replay_mix=0.1)
+                       forgetwatch_probes=str(probes_file), **{key: value})
     proc = forgetwatch("llamafactory", "train", str(cfg))
-    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_replay_mix')}: forgetwatch_replay_mix",
-                                   "remove the key")
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, key)}: {key} changes the training data or "
+                                              "the loss", f"remove {key}")
+
+
+@requires_llamafactory
+@pytest.mark.parametrize("text, expect", [
+    ("stage: sft\nforgetwatch_probes: [sciq\n", "not a readable config"),
+    ("- stage: sft\n", "expected a mapping of LLaMA-Factory's arguments (`key: value` lines), got a list"),
+])
+def test_an_unreadable_config_is_named_in_one_line(text, expect, tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    proc = forgetwatch("llamafactory", "train", "--check", str(cfg))
+    assert proc.returncode == 2 and f"{cfg}: {expect}" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+@requires_llamafactory
+def test_keys_without_probes_refused_before_training(tiny_model_dir, dataset_dir, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_eval_steps=2)
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_eval_steps')}: "
+                                              "forgetwatch_eval_steps is set but forgetwatch_probes is not")
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_probes="")
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_probes')}: "
+                                              "forgetwatch_probes is ''")
 
 
 @requires_llamafactory
@@ -182,13 +210,12 @@ def test_plain_llamafactory_cli_refuses_forgetwatch_keys(tiny_model_dir, dataset
 
 
 @requires_llamafactory
-def test_without_probes_llamafactory_runs_without_the_callback(tiny_model_dir, dataset_dir, tmp_path):
+def test_without_keys_llamafactory_runs_without_the_callback(tiny_model_dir, dataset_dir, tmp_path):
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_eval_steps=2)
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft")
     proc = forgetwatch("llamafactory", "train", str(cfg), "max_steps=1")
     assert proc.returncode == 0, proc.stderr[-6000:]
-    assert (f"{cfg} sets no forgetwatch_probes: LLaMA-Factory runs without forgetwatch (forgetwatch_eval_steps unused)"
-            in proc.stderr)
+    assert f"{cfg} sets no forgetwatch_* key: LLaMA-Factory runs without forgetwatch" in proc.stderr
     assert (out / "trainer_state.json").is_file() and not (out / "forgetwatch").exists()
 
 

@@ -33,28 +33,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from axolotl.integrations.base import BasePlugin
 from pydantic import Field, create_model
 
 from ..callback import ForgetWatchArguments, ForgetWatchCallback
-from .config import KEYS, ConfigKeyError, parse_keys, split_keys, yaml_key_lines
+from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
-__all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config"]
+__all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config"]  # noqa: F822 (made on first use)
 
 logger = logging.getLogger(__name__)
 
 _MODULE = "forgetwatch.integrations.axolotl"  # not __name__: that is __main__ under `python -m`
 PLUGIN = f"{_MODULE}.ForgetWatchPlugin"
-# Options of the TRL recipes that change the training data or the loss (recipes/common.py applies them); the plugin only
-# adds the callback, so a value other than the default is refused rather than ignored.
-RECIPE_ONLY = ("forgetwatch_replay_mix", "forgetwatch_replay_pool", "forgetwatch_replay_strategy",
-               "forgetwatch_replay_targets", "forgetwatch_base_outputs", "forgetwatch_anchor_beta",
-               "forgetwatch_anchor_ratio")
-_HINTS = typing.get_type_hints(ForgetWatchArguments)
 
 
 def _args_model():
-    fields = {f.name: (_HINTS[f.name], Field(default=f.default, description=f.metadata.get("help")))
+    fields = {f.name: (TYPES[f.name], Field(default=f.default, description=f.metadata.get("help")))
               for f in dataclasses.fields(ForgetWatchArguments)}
     model = create_model("ForgetWatchArgs", __module__=_MODULE, **fields)
     model.__doc__ = "The `forgetwatch_*` keys of an Axolotl config: `ForgetWatchArguments`' fields (made from them)."
@@ -65,7 +58,7 @@ ForgetWatchArgs = _args_model()
 
 
 def _allows_none(name: str) -> bool:
-    hint = _HINTS[name]
+    hint = TYPES[name]
     return type(None) in typing.get_args(hint)
 
 
@@ -80,29 +73,17 @@ def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plug
     path = cfg.get("axolotl_config_path")
     lines = yaml_key_lines(path) if path and Path(str(path)).is_file() else {}
     source = source or (str(path) if path else "the Axolotl config")
-    ours, _ = split_keys(cfg, source=source, lines=lines)
-    if not ours:
-        return ours
-    first = next(iter(ours))
-    where = f"{source}, line {lines[first]}" if first in lines else source
-    if need_plugin and PLUGIN not in (cfg.get("plugins") or []):
+    args, _ = front_end_arguments(cfg, front_end="Axolotl", source=source, lines=lines)
+    if args is None:
+        return {}
+    ours = {k: v for k, v in cfg.items() if k in KEYS}
+    plugins = cfg.get("plugins") or []
+    if need_plugin and PLUGIN not in ([plugins] if isinstance(plugins, str) else plugins):
+        first = next(iter(ours))
         raise ConfigKeyError(
-            f"{where}: {first} is set but the forgetwatch plugin is not in `plugins:`, and Axolotl drops keys of plugins "
-            f"it has not loaded without a word (the run would train without forgetwatch). Add to the config:\n"
-            f"plugins:\n  - {PLUGIN}")
-    for key in RECIPE_ONLY:
-        if key in ours and ours[key] != KEYS[key].default:
-            at = f"{source}, line {lines[key]}" if key in lines else source
-            raise ConfigKeyError(
-                f"{at}: {key}: the Axolotl plugin adds forgetwatch's callback and does not change Axolotl's training data "
-                f"or loss; replay mixing and the KL anchor are applied by forgetwatch's TRL recipes (recipes/sft.py). "
-                f"Remove {key} (or set it to {KEYS[key].default!r}), or train with a recipe")
-    if not ours.get("forgetwatch_probes"):
-        raise ConfigKeyError(
-            f"{where}: {first} is set but forgetwatch_probes is not, so nothing would be scored: add "
-            f"`forgetwatch_probes:` (built-in suite names such as arc_easy,sciq, or a probe JSONL file), or remove the "
-            f"forgetwatch_* keys")
-    parse_keys(ours, source=source, lines=lines)
+            f"{where_given(source, lines, first)}: {first} is set but the forgetwatch plugin is not in `plugins:`, and Axolotl "
+            f"drops keys of plugins it has not loaded without a word (the run would train without forgetwatch). Add to "
+            f"the config:\nplugins:\n  - {PLUGIN}")
     return ours
 
 
@@ -122,34 +103,49 @@ def arguments(cfg: Mapping[str, Any]) -> ForgetWatchArguments:
     return ForgetWatchArguments(**values)
 
 
-class ForgetWatchPlugin(BasePlugin):
-    """Axolotl plugin: `ForgetWatchCallback` in `axolotl train`, from the config's `forgetwatch_*` keys.
+def _plugin_class():
+    from axolotl.integrations.base import BasePlugin
 
-    Example (in the Axolotl YAML):
-        plugins:
-          - forgetwatch.integrations.axolotl.ForgetWatchPlugin
-        forgetwatch_probes: arc_easy,sciq
-        forgetwatch_eval_steps: 50
-    """
+    class ForgetWatchPlugin(BasePlugin):
+        """Axolotl plugin: `ForgetWatchCallback` in `axolotl train`, from the config's `forgetwatch_*` keys.
 
-    def get_input_args(self) -> str:
-        return f"{_MODULE}.ForgetWatchArgs"
+        Example (in the Axolotl YAML):
+            plugins:
+              - forgetwatch.integrations.axolotl.ForgetWatchPlugin
+            forgetwatch_probes: arc_easy,sciq
+            forgetwatch_eval_steps: 50
+        """
 
-    def register(self, cfg: dict) -> None:
-        # The raw config, before Axolotl's schema drops the keys it does not know: a misspelt key is still there.
-        keys = check_config(cfg, need_plugin=False)
-        if not keys:
-            logger.warning("forgetwatch: the plugin is listed but no forgetwatch_* key is set: nothing is scored "
-                           "(set forgetwatch_probes)")
+        def get_input_args(self) -> str:
+            return f"{_MODULE}.ForgetWatchArgs"
 
-    def add_callbacks_post_trainer(self, cfg, trainer) -> list:
-        args = arguments(cfg)
-        if not args.forgetwatch_probes:
-            return []
-        callback = ForgetWatchCallback.from_args(args)
-        logger.info("forgetwatch: %d probes scored every %d steps (%s), record in %s/forgetwatch",
-                    len(callback.probes), callback.eval_steps, callback.scoring, trainer.args.output_dir)
-        return [callback]
+        def register(self, cfg: dict) -> None:
+            # The raw config, before Axolotl's schema drops the keys it does not know: a misspelt key is still there.
+            keys = check_config(cfg, need_plugin=False)
+            if not keys:
+                logger.warning("forgetwatch: the plugin is listed but no forgetwatch_* key is set: nothing is scored "
+                               "(set forgetwatch_probes)")
+
+        def add_callbacks_post_trainer(self, cfg, trainer) -> list:
+            args = arguments(cfg)
+            if not args.forgetwatch_probes:
+                return []
+            callback = ForgetWatchCallback.from_args(args)
+            logger.info("forgetwatch: %d probes scored every %d steps (%s), record in %s/forgetwatch",
+                        len(callback.probes), callback.eval_steps, callback.scoring, trainer.args.output_dir)
+            return [callback]
+
+    ForgetWatchPlugin.__module__ = _MODULE
+    return ForgetWatchPlugin
+
+
+def __getattr__(name: str):
+    # The plugin class subclasses axolotl's BasePlugin, so it is made on first use (Axolotl's plugin loader asks for it
+    # by name): the keys model, `check_config` and `python -m forgetwatch.integrations.axolotl CONFIG` need no axolotl.
+    if name == "ForgetWatchPlugin":
+        cls = globals()["ForgetWatchPlugin"] = _plugin_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = Path(argv[0])
     try:
-        cfg = yaml.safe_load(path.read_text())
+        with open(path) as f:  # an open file, so that a syntax error names it
+            cfg = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
         print(f"forgetwatch: error: {path}: {e}", file=sys.stderr)
         return 1

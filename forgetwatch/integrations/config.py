@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -31,11 +32,12 @@ from typing import Any
 
 from ..callback import ForgetWatchArguments
 
-__all__ = ["ConfigKeyError", "KEYS", "PREFIX", "check_keys", "parse_keys", "split_keys", "yaml_key_lines"]
+__all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TYPES", "check_keys", "front_end_arguments", "parse_keys",
+           "split_keys", "where_given", "yaml_key_lines"]
 
 PREFIX = "forgetwatch_"
 KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(ForgetWatchArguments)}
-_HINTS = typing.get_type_hints(ForgetWatchArguments)
+TYPES = typing.get_type_hints(ForgetWatchArguments)
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
                type(None): "null"}
 
@@ -44,11 +46,21 @@ class ConfigKeyError(ValueError):
     """A `forgetwatch_*` key of a front-end's config is unknown, of the wrong type, or refused; the message says which."""
 
 
-def _where(source: str, lines: Mapping[str, int | str] | None, key: str) -> str:
+def where_given(source: str, lines: Mapping[str, int | str] | None, key: str) -> str:
+    """Where `key` was given, for a message: "FILE, line N", the text `lines` holds for it, or FILE."""
     line = (lines or {}).get(key)
     if isinstance(line, str):  # given elsewhere than the file, e.g. "the command line (`forgetwatch_seed=1`)"
         return line
     return f"{source}, line {line}" if line else source
+
+
+def _yaml(value: Any) -> str:
+    """A value as it is written in YAML (null, true), for messages about a YAML file."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 def _looks_like_ours(key: str) -> bool:
@@ -70,11 +82,15 @@ def check_keys(config: Mapping[str, Any], *, source: str = "config", lines: Mapp
     for key in config:
         if not isinstance(key, str) or key in KEYS or not _looks_like_ours(key):
             continue
+        where = where_given(source, lines, key)
+        if key.lower() in ("forgetwatch", "forget_watch"):
+            raise ConfigKeyError(f"{where}: {key!r}: forgetwatch's keys are top-level keys with the prefix, not a nested "
+                                 f"mapping: write `forgetwatch_probes: ...`, `forgetwatch_eval_steps: ...` at the top "
+                                 f"level of the config")
         close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigKeyError(f"{_where(source, lines, key)}: unknown key {key!r}: {hint}forgetwatch's keys are "
-                             f"{', '.join(sorted(KEYS))} (see `python -c \"from forgetwatch import ForgetWatchArguments; "
-                             f"help(ForgetWatchArguments)\"`)")
+        hint = f"did you mean {close[0]!r}?" if close else f"forgetwatch's keys are {', '.join(sorted(KEYS))}."
+        raise ConfigKeyError(f"{where}: unknown key {key!r}: {hint} (Every key, with its meaning: `python -c \"from "
+                             f"forgetwatch import ForgetWatchArguments; help(ForgetWatchArguments)\"`)")
 
 
 def split_keys(config: Mapping[str, Any], *, source: str = "config",
@@ -112,12 +128,19 @@ def _fits(value: Any, kind: type) -> bool:
 
 
 def _check_type(key: str, value: Any, where: str) -> Any:
-    kinds = _allowed(_HINTS[key])
+    kinds = _allowed(TYPES[key])
+    if float in kinds and isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads `1e-1` as a string, where Axolotl's pydantic and LLaMA-Factory's parser take it as a
+        # number: so do we
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if any(_fits(value, k) for k in kinds):
         return dict(value) if isinstance(value, Mapping) else value
     want = " or ".join(_TYPE_WORDS.get(k, k.__name__) for k in kinds)
     default = KEYS[key].default
-    fix = f"; for example `{key}: {default!r}` (the default)" if default not in (None, dataclasses.MISSING) else ""
+    fix = f"; for example `{key}: {_yaml(default)}` (the default)" if default not in (None, dataclasses.MISSING) else ""
     raise ConfigKeyError(f"{where}: {key} must be {want}, got {value!r} ({type(value).__name__}){fix}")
 
 
@@ -134,18 +157,80 @@ def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
         10
     """
     split_keys(keys, source=source, lines=lines)  # nothing unknown
-    values = {k: _check_type(k, v, _where(source, lines, k)) for k, v in keys.items()}
+    values = {k: _check_type(k, v, where_given(source, lines, k)) for k, v in keys.items()}
     try:
         args = ForgetWatchArguments(**values)
         if args.forgetwatch_probes:
             from ..callback import ForgetWatchCallback
 
             ForgetWatchCallback.from_args(args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        if isinstance(e, ConfigKeyError):
-            raise
-        raise ConfigKeyError(f"{source}: the forgetwatch_* keys are refused: {e}") from e
+    except ConfigKeyError:
+        raise
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        raise ConfigKeyError(_refusal(str(e), keys, source, lines)) from e
     return args
+
+
+def _refusal(message: str, keys: Mapping[str, Any], source: str, lines: Mapping[str, int | str] | None) -> str:
+    """The callback's own refusal, in the config's words: its argument names (`scoring`, on_budget=) become the keys
+    the user wrote (forgetwatch_scoring), and the message starts at the line of the first key it names."""
+    named = [k for k in keys if k in message or re.search(rf"(?<![\w])(`{re.escape(k.removeprefix(PREFIX))}`|"
+                                                           rf"{re.escape(k.removeprefix(PREFIX))}=)", message)]
+    if not named and "forgetwatch_probes" in keys and ("suite" in message or "probe" in message):
+        named = ["forgetwatch_probes"]  # the probes could not be built: a suite name, a probe file
+    for key in sorted(named, key=len, reverse=True):
+        short = key.removeprefix(PREFIX)
+        message = re.sub(rf"(?<![\w])`{re.escape(short)}`", key, message)
+        message = re.sub(rf"(?<![\w]){re.escape(short)}=", f"{key}=", message)
+    where = where_given(source, lines, named[0]) if named else source
+    return f"{where}: {message}"
+
+
+# Options of the TRL recipes that change the training data or the loss (recipes/common.py applies them). A front-end
+# builds its own data and loss and only gets the callback, so a value other than the default is refused, not ignored.
+RECIPE_ONLY = ("forgetwatch_replay_mix", "forgetwatch_replay_pool", "forgetwatch_replay_strategy",
+               "forgetwatch_replay_targets", "forgetwatch_base_outputs", "forgetwatch_anchor_beta",
+               "forgetwatch_anchor_ratio")
+
+
+def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: str = "config",
+                        lines: Mapping[str, int | str] | None = None) -> tuple[ForgetWatchArguments | None, dict[str, Any]]:
+    """(`ForgetWatchArguments` or None, the front-end's own keys) from a front-end's whole config, every rule checked.
+
+    The rules every front-end shares: no misspelt key, each value of its type, nothing the callback refuses, none of
+    the TRL recipes' data and loss options (`RECIPE_ONLY`), and `forgetwatch_probes` given (not null, not empty)
+    whenever any forgetwatch key is. None when the config sets no forgetwatch key at all.
+
+    Example:
+        >>> args, rest = front_end_arguments({"stage": "sft", "forgetwatch_probes": "sciq", "forgetwatch_per_suite": 4},
+        ...                                  front_end="LLaMA-Factory")
+        >>> args.forgetwatch_probes, rest
+        ('sciq', {'stage': 'sft'})
+        >>> front_end_arguments({"forgetwatch_eval_steps": 5}, front_end="Axolotl", source="c.yaml")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        forgetwatch.integrations.config.ConfigKeyError: c.yaml: forgetwatch_eval_steps is set but forgetwatch_probes is not...
+    """
+    ours, rest = split_keys(config, source=source, lines=lines)
+    if not ours:
+        return None, rest
+    for key in RECIPE_ONLY:
+        if key in ours and ours[key] != KEYS[key].default:
+            raise ConfigKeyError(
+                f"{where_given(source, lines, key)}: {key} changes the training data or the loss in forgetwatch's TRL recipes "
+                f"(recipes/sft.py); {front_end} builds its own, and forgetwatch only adds its callback there: remove "
+                f"{key} (or set it to {_yaml(KEYS[key].default)}), or train with a recipe. `forgetwatch_replay: true` writes "
+                f"the forgotten probes to <output_dir>/forgetwatch/replay.jsonl, for the next run's data")
+    probes = ours.get("forgetwatch_probes")
+    if probes is None or (isinstance(probes, str) and not probes.strip()):
+        if "forgetwatch_probes" in ours:
+            where, what = where_given(source, lines, "forgetwatch_probes"), f"forgetwatch_probes is {_yaml(probes)}"
+        else:
+            first = next(iter(ours))
+            where, what = where_given(source, lines, first), f"{first} is set but forgetwatch_probes is not"
+        raise ConfigKeyError(f"{where}: {what}, so nothing would be scored: set `forgetwatch_probes:` (built-in suite "
+                             f"names such as arc_easy,sciq, or a probe JSONL file), or remove the forgetwatch_* keys")
+    return parse_keys(ours, source=source, lines=lines), rest
 
 
 def yaml_key_lines(path: str | Path) -> dict[str, int]:

@@ -27,7 +27,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigKeyError, _where, parse_keys, split_keys, yaml_key_lines
+from .config import front_end_arguments, yaml_key_lines
 
 __all__ = ["TESTED_VERSION", "check", "launch", "main", "prepare", "read_config", "run", "split_config", "train"]
 
@@ -35,15 +35,9 @@ logger = logging.getLogger(__name__)
 
 TESTED_VERSION = "0.9.5"
 INSTALL = (f"pip install 'llamafactory=={TESTED_VERSION}' (it pins transformers <= 5.6.0, trl <= 0.24 and datasets <= "
-           "4.0.0: give it a venv of its own, then `pip install forgetwatch` there; docs/llamafactory.md)")
+           "4.0.0: give it a venv of its own, then install forgetwatch there from its wheel or its clone, `pip install -e "
+           "/path/to/forgetwatch`; docs/llamafactory.md)")
 TESTED_STAGES = ("sft", "dpo")
-# Options that forgetwatch's TRL recipes apply to the data or the loss; LLaMA-Factory builds both itself.
-_RECIPE_ONLY = {
-    "forgetwatch_replay_mix": "mixes replay examples into the training data of forgetwatch's TRL recipes",
-    "forgetwatch_anchor_beta": "adds a KL term to the loss of forgetwatch's TRL recipes",
-}
-
-
 def _require_llamafactory() -> None:
     if importlib.util.find_spec("llamafactory") is None:
         raise ImportError(f"`forgetwatch llamafactory` needs LLaMA-Factory, which is not installed: {INSTALL}")
@@ -62,6 +56,7 @@ def read_config(path: str | os.PathLike,
     """
     import json
 
+    import yaml
     from omegaconf import OmegaConf  # LLaMA-Factory's own dependency
 
     file = Path(path)
@@ -72,13 +67,18 @@ def read_config(path: str | os.PathLike,
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"{item!r}: overrides are key=value, as for `llamafactory-cli train` (e.g. max_steps=10)")
-    if file.suffix == ".json":
-        config, lines = OmegaConf.create(json.loads(file.read_text())), {}
-    else:
-        config, lines = OmegaConf.load(file.absolute()), yaml_key_lines(file)
+    try:
+        if file.suffix == ".json":
+            config, lines = OmegaConf.create(json.loads(file.read_text())), {}
+        else:
+            config, lines = OmegaConf.load(file.absolute()), yaml_key_lines(file)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: not a readable config: {e}") from None
+    loaded = OmegaConf.to_container(config)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a mapping of LLaMA-Factory's arguments (`key: value` lines), got a "
+                         f"{type(loaded).__name__}")
     merged = OmegaConf.to_container(OmegaConf.merge(config, OmegaConf.from_cli(list(overrides))))
-    if not isinstance(merged, dict):
-        raise ValueError(f"{path}: expected a mapping of LLaMA-Factory's arguments")
     where: dict[str, int | str] = dict(lines)
     for item in overrides:
         key = item.split("=", 1)[0].strip().split(".", 1)[0]
@@ -89,22 +89,14 @@ def read_config(path: str | os.PathLike,
 def split_config(config: dict[str, Any], *, source: str, lines: dict[str, int | str] | None = None):
     """(`ForgetWatchArguments` or None, LLaMA-Factory's own keys): forgetwatch's keys checked, before any training.
 
-    None when `forgetwatch_probes` is absent (LLaMA-Factory then runs without the callback, said in a warning).
+    None when the config sets no forgetwatch key (LLaMA-Factory then runs without the callback, said in a warning);
+    keys without `forgetwatch_probes` are refused, like the TRL recipes' data and loss options.
     Raises `ConfigKeyError` naming the file, the line, the key and the fix.
     """
-    ours, rest = split_keys(config, source=source, lines=lines)
-    args = parse_keys(ours, source=source, lines=lines)
-    for key, what in _RECIPE_ONLY.items():
-        if getattr(args, key):
-            raise ConfigKeyError(
-                f"{_where(source, lines, key)}: {key} {what} (recipes/sft.py); LLaMA-Factory builds its own data and "
-                f"loss, so it is not available here: remove the key. `forgetwatch_replay: true` writes the forgotten "
-                f"probes to <output_dir>/forgetwatch/replay.jsonl, which a dataset_info.json entry can add to the next "
-                f"run's data")
-    if not args.forgetwatch_probes:
-        others = sorted(k for k in ours if k != "forgetwatch_probes")
-        logger.warning("forgetwatch: %s sets no forgetwatch_probes: LLaMA-Factory runs without forgetwatch%s", source,
-                       f" ({', '.join(others)} unused)" if others else "")
+    args, rest = front_end_arguments(config, front_end="LLaMA-Factory", source=source, lines=lines)
+    if args is None:
+        logger.warning("forgetwatch: %s sets no forgetwatch_* key: LLaMA-Factory runs without forgetwatch (add "
+                       "forgetwatch_probes, e.g. arc_easy,sciq, to score probes)", source)
         return None, rest
     stage = rest.get("stage", "sft")
     if stage not in TESTED_STAGES:

@@ -171,10 +171,10 @@ def test_a_value_of_the_wrong_type_is_named_with_the_type_wanted(tmp_path, files
 
 
 def test_options_the_callback_or_the_plugin_refuses_fail_at_config_loading(tmp_path, files):
-    with pytest.raises(ConfigKeyError, match="`scoring` must be one of inline, sidecar, got 'async'"):
+    with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_scoring must be one of inline, sidecar, got 'async'"):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_scoring="async"))
-    with pytest.raises(ConfigKeyError, match="forgetwatch_replay_mix: the Axolotl plugin adds forgetwatch's callback and does "
-                                             "not change Axolotl's training data"):
+    with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_replay_mix changes the training data or the "
+                                             "loss in forgetwatch's TRL recipes \\(recipes/sft.py\\); Axolotl builds its own"):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_replay_mix=0.1))
     with pytest.raises(ConfigKeyError, match="forgetwatch_eval_steps is set but forgetwatch_probes is not"):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_probes=None))
