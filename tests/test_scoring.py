@@ -595,7 +595,7 @@ def test_greedy_match_computes_the_exemplars_once(tokenizer, monkeypatch):
     assert all(s[1] < longest - shared + 40 for s in seen[1:])  # rows hold the question and answers, not the exemplars
     handle.remove()
     # the same results as with the exemplars recomputed in every row
-    monkeypatch.setattr("forgetwatch.scoring._shared_prefix", lambda *a, **k: [])
+    monkeypatch.setattr("forgetwatch.engines.hf._shared_prefix", lambda *a, **k: [])
     assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4)), atol=1e-4)
 
 
