@@ -2,6 +2,7 @@
 per-request generation budgets. In-memory, a tiny random model."""
 
 import pytest
+import torch
 from conftest import build_model
 from test_scoring import assert_same_results, mcq_probes
 
@@ -71,3 +72,119 @@ def test_generate_runs_each_budget_as_asked(tokenizer):
     assert together == apart
     assert all(a.n_tokens <= r.max_new_tokens for a, r in zip(together, mixed, strict=True))
 
+
+
+# -- generation in a refilling batch ----------------------------------------------------------------------------------
+
+_WORDS = "Question: What is the capital of France? The quick brown fox jumps over the lazy dog 0 1 2 3 Answer: B".split()
+
+
+def _prompts(n: int) -> list[str]:
+    return [" ".join(_WORDS[i % 7 : i % 7 + 2 + (i * 7) % 15]) for i in range(n)]  # 2 to 16 words
+
+
+def _ending_model(tokenizer, seed: int, prompts: list[str], chat: bool = False):
+    """A tiny random model whose answers to `prompts` end at different lengths: a token it often writes is made an
+    end of turn (its generation config's EOS list, as Llama 3 keeps several); and two stop strings it writes."""
+    import collections
+
+    model = build_model(tokenizer, seed=seed)
+    engine = HFEngine(model, tokenizer, batch_size=8, refill=False)
+    with engine.running():
+        texts = [a.text for a in engine.generate([GenerateRequest(p, 40) for p in prompts], chat=chat)]
+    seen = collections.Counter(t for x in texts for t in set(tokenizer(x, add_special_tokens=False)["input_ids"]))
+    common = next(t for t, c in seen.most_common() if c <= 22)  # in some answers, not all
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, common]
+    stops = tuple(s for s, _ in collections.Counter(x[j : j + 2] for x in texts for j in range(0, len(x) - 2, 5)).most_common(2))
+    return model, stops
+
+
+class Slots:
+    """Token slots decoded: a forward decodes one token for each row of its batch."""
+
+    def __init__(self, model):
+        self.slots = self.forwards = 0
+        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        self.forwards += 1
+        self.slots += kwargs["input_ids"].shape[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("chat", [False, True])
+def test_refilling_gives_the_answers_of_static_batches(tokenizer, seed, chat):
+    """Mixed prompt lengths, per-request budgets, stop strings and ends of turn, several batch sizes: the refilling
+    batch's answers are `model.generate`'s in static batches, and its end-of-turn and stop-string endings happen."""
+    prompts = _prompts(30)
+    if chat:
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                   for p in prompts]
+    model, stops = _ending_model(tokenizer, seed, prompts, chat)
+    requests = [GenerateRequest(p, (3, 8, 20, 40)[i % 4], ((), stops[:1], stops)[i % 3], f"p{i}") for i, p in enumerate(prompts)]
+    for batch_size in (1, 3, 16):
+        static, refill = HFEngine(model, tokenizer, batch_size=batch_size, refill=False), HFEngine(model, tokenizer, batch_size=batch_size)
+        with static.running():
+            want = static.generate(requests, chat=chat)
+            got = refill.generate(requests, chat=chat)
+        assert got == want, batch_size
+    ended = [a.n_tokens < r.max_new_tokens for a, r in zip(want, requests, strict=True)]
+    assert 0 < sum(ended) < len(requests)  # some answers ended early, some ran to their budget
+
+
+def test_refilling_flags_nonfinite_logits_as_static_batches(tokenizer):
+    model = build_model(tokenizer)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    requests = [GenerateRequest(p, 5, ("\n",), f"p{i}") for i, p in enumerate(_prompts(7))]
+    static, refill = HFEngine(model, tokenizer, batch_size=3, refill=False), HFEngine(model, tokenizer, batch_size=3)
+    with static.running():
+        want, got = static.generate(requests, chat=False), refill.generate(requests, chat=False)
+    assert got == want and all(a.nonfinite for a in got)
+
+
+def test_refilling_decodes_fewer_slots_than_static_batches(tokenizer):
+    """Answers of different lengths: a static batch decodes every row until its longest answer ends, the refilling
+    batch one slot per token an answer generated (its end of turn included), no more."""
+    model, _ = _ending_model(tokenizer, 0, _prompts(30))
+    requests = [GenerateRequest(p, 40, (), f"p{i}") for i, p in enumerate(_prompts(30))]
+    counts = {}
+    for refill in (False, True):
+        engine = HFEngine(model, tokenizer, batch_size=8, refill=refill)
+        counter = Slots(model)
+        with engine.running():
+            answers = engine.generate(requests, chat=False)
+        counter.handle.remove()
+        counts[refill] = counter.slots
+    generated = sum(a.n_tokens + (a.n_tokens < 40) for a in answers)  # an answer that ended early decoded its end too
+    assert counts[True] == generated < counts[False]
+    assert sum(a.n_tokens for a in answers) / counts[True] > 0.9 > sum(a.n_tokens for a in answers) / counts[False]
+
+
+def test_refilling_falls_back_to_static_batches_when_the_cache_cannot_be_merged(tokenizer, caplog):
+    """A model whose forward takes no KV cache by name gets static batches, said in one warning."""
+    import logging
+
+    model = build_model(tokenizer)
+
+    class NoCacheName(torch.nn.Module):  # a wrapper whose forward names no cache and takes no **kwargs
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+        def generate(self, **kwargs):
+            return self.inner.generate(**kwargs)
+
+    requests = [GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(3))]
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        engine = HFEngine(NoCacheName(model), tokenizer, batch_size=2)
+        with engine.running():
+            got = engine.generate(requests, chat=False)
+    assert "generating in static batches instead" in caplog.text
+    static = HFEngine(model, tokenizer, batch_size=2, refill=False)
+    with static.running():
+        assert got == static.generate(requests, chat=False)

@@ -5,25 +5,43 @@
   after the question. A prefix every context shares (few-shot exemplars) is computed once, and logits are computed
   only for the positions that are read.
 - Next token (letters): one forward, left-padded, the last position's logits.
-- Generation: greedy `model.generate`, batched longest first and left-padded.
+- Generation: greedy decoding in a refilling batch: prompts are taken longest first, and when an answer ends its row
+  leaves the batch (its keys and values dropped) and waiting prompts take the free rows (prefilled, then merged into
+  the batch's KV cache, left-padded), so every decoded token slot belongs to an answer still being written. A model
+  whose cache cannot be merged that way (not a plain `DynamicCache`) gets static batches through `model.generate`,
+  said once in a warning; `HFEngine(refill=False)` asks for them.
 
 Log-softmax runs in fp32 so results do not move with batch size; requests are sorted by length to keep padding low;
 the batch is halved on out-of-memory. With `sync_ranks`, every rank runs as many forwards as the busiest and
-generation keeps stepping until all ranks finish (`synced_gpus`), so FSDP / ZeRO-3 never wait forever.
+generation keeps stepping until all ranks finish (the refilling loop agrees on it before every forward and a rank with
+nothing left runs a one-token forward; static batches use `synced_gpus`), so FSDP / ZeRO-3 never wait forever.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..forward import PrefixCache, call, check_logits_kept, logits_to_keep_kwargs, no_grad_context, untouched
+from ..forward import (
+    CACHE_NAMES,
+    PrefixCache,
+    _length,
+    _parameters,
+    cache_of,
+    call,
+    check_logits_kept,
+    logits_to_keep_kwargs,
+    no_grad_context,
+    untouched,
+    warn_once,
+)
 from ..requests import (
     Answer,
     Continuations,
@@ -51,7 +69,10 @@ class HFEngine:
         pack_choices: put all continuations of a context in one row behind it (block attention mask). `None` uses it
             where the attention implementation accepts custom masks (eager, sdpa).
         sync_ranks: every rank of the process group runs the same calls together (`score_probes(...,
-            sync_ranks=True)`): each runs as many forwards as the busiest rank, and generation uses `synced_gpus`.
+            sync_ranks=True)`): each runs as many forwards as the busiest rank, in generation too.
+        refill: generate in a refilling batch (finished answers leave, waiting prompts take their rows); False: static
+            batches through `model.generate`, each decoding until its longest answer ends. Greedy answers are the
+            same either way but for near-ties in the last bits (the rows' padding differs).
 
     Example:
         >>> engine = HFEngine(model, tokenizer, batch_size=8)  # doctest: +SKIP
@@ -61,7 +82,7 @@ class HFEngine:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 16, pack_choices: bool | None = None,
-                 sync_ranks: bool = False):
+                 sync_ranks: bool = False, refill: bool = True):
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be at least 1, got {batch_size}")
         self.model = model
@@ -69,6 +90,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.pack_choices = pack_choices
         self.sync_ranks = sync_ranks
+        self.refill = refill
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -246,8 +268,13 @@ class HFEngine:
     # -- generation -----------------------------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenerateRequest], *, chat: bool, bar: Any = None) -> list[Answer]:
-        """Greedy answers, in the order of `requests`: one batched run per (`max_new_tokens`, `stops`), in the order
-        they first appear (with `sync_ranks` every rank must pass the same ones in the same order)."""
+        """Greedy answers, in the order of `requests` (with `sync_ranks` every rank must pass its requests in the same
+        call). In a refilling batch all requests share one queue, whatever their budgets and stop strings; static
+        batches run once per (`max_new_tokens`, `stops`), in the order they first appear."""
+        if self.refill:  # with sync_ranks, a rank with no requests still steps with the others
+            answers = self._generate_refill(list(requests), chat, bar)
+            if answers is not None:
+                return answers
         out: list[Answer] = [Answer("", 0, False)] * len(requests)
         groups: dict[tuple[int, tuple[str, ...]], list[int]] = {}
         for i, r in enumerate(requests):
@@ -297,19 +324,39 @@ class HFEngine:
             bad = watch.bad.cpu().tolist() if watch.bad is not None else [False] * len(batch)
             new = out[:, input_ids.shape[1] :].cpu().tolist()
             for b, p in enumerate(batch):
-                tokens = new[b]
-                end = next((j for j, t in enumerate(tokens) if t in eos), None)
-                if end is None:  # no end of turn: cut by a stop string (then padded), or ran to the limit
-                    end = len(tokens)
-                    while end and tokens[end - 1] == pad_id:
-                        end -= 1
-                text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
-                cut = min((text.find(s) for s in stops if s in text), default=-1)
-                stopped = end < max_new_tokens or cut >= 0
-                out_answers[p.probe_index] = Answer(text[:cut] if cut >= 0 else text, end, stopped, bool(bad[b]))
+                out_answers[p.probe_index] = _answer(tokenizer, new[b], eos, pad_id, max_new_tokens, stops, bool(bad[b]))
 
         self._run_batches(prompts, run, bar)
         return out_answers
+
+    def _generate_refill(self, requests: list[GenerateRequest], chat: bool, bar: Any) -> list[Answer] | None:
+        """Greedy answers decoded in a refilling batch; None (said once) when the model's KV cache cannot be merged
+        and split by rows, decided on the first forwards (alike on every rank): then static batches run instead."""
+        from transformers import StopStringCriteria
+
+        model, tokenizer = self.model, self.tokenizer
+        ids = encode(tokenizer, [r.prompt for r in requests], chat) if requests else []
+        self._check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
+                            "the tokens they may generate (max_new_tokens)")
+        eos, pad_id = self.eos_token_ids, _pad_id(tokenizer)
+        criteria = {stops: StopStringCriteria(tokenizer, list(stops)) for stops in {tuple(r.stops) for r in requests} if stops}
+        slots = [_Slot(i, x, r.max_new_tokens, criteria.get(tuple(r.stops))) for i, (x, r) in enumerate(zip(ids, requests, strict=True))]
+        slots.sort(key=lambda s: len(s.ids), reverse=True)  # longest first, as static batches (stable: ties keep order)
+        out: list[Answer] = [Answer("", 0, False)] * len(requests)
+
+        def finish(slot: _Slot) -> None:
+            r = requests[slot.index]
+            out[slot.index] = _answer(tokenizer, slot.tokens, eos, pad_id, r.max_new_tokens, list(r.stops), slot.bad)
+            if bar is not None:
+                bar.update(1)
+
+        try:
+            _RefillLoop(self, set(eos), pad_id).run(slots, finish)
+        except _CannotRefill as e:
+            warn_once(f"no-refill:{type(model).__name__}", f"forgetwatch: {e}: generating in static batches instead "
+                      "(same answers; each batch decodes until its longest answer ends).")
+            return None
+        return out
 
     # -- shared by every kind of request --------------------------------------------------------------------------
 
@@ -482,6 +529,187 @@ def _left_pad(batch: list[_Prompt], pad_id: int) -> tuple[torch.Tensor, torch.Te
         input_ids[b, T - len(p.ids) :] = torch.tensor(p.ids)
         mask[b, T - len(p.ids) :] = 1
     return input_ids, mask
+
+
+def _answer(tokenizer: Any, tokens: list[int], eos: Sequence[int], pad_id: int, max_new_tokens: int, stops: Sequence[str],
+            bad: bool) -> Answer:
+    """The answer in generated `tokens`: up to the end of turn, else without trailing padding; cut at a stop string."""
+    end = next((j for j, t in enumerate(tokens) if t in eos), None)
+    if end is None:  # no end of turn: cut by a stop string (then padded, in a static batch), or ran to the limit
+        end = len(tokens)
+        while end and tokens[end - 1] == pad_id:
+            end -= 1
+    text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
+    cut = min((text.find(s) for s in stops if s in text), default=-1)
+    stopped = end < max_new_tokens or cut >= 0
+    return Answer(text[:cut] if cut >= 0 else text, end, stopped, bad)
+
+
+@dataclass
+class _Slot:
+    """A prompt in a refilling batch: what it has generated so far, and when it must stop."""
+
+    index: int  # position in the requests
+    ids: list[int]  # the prompt's tokens
+    max_new_tokens: int
+    stop: Any  # a StopStringCriteria, or None
+    tokens: list[int] = field(default_factory=list)
+    bad: bool = False  # a NaN / +inf among its logits
+
+
+class _CannotRefill(Exception):
+    """The model's KV cache cannot be merged and split by rows (or the forward did not read it back)."""
+
+
+class _RefillLoop:
+    """Greedy decoding where finished rows leave the batch and waiting prompts take their place.
+
+    The batch holds the rows being decoded: a KV cache whose per-layer keys and values are (B, H, T, D), left-padded,
+    with a (B, T) attention mask, holding every row's tokens but the last one it generated (fed by the next forward).
+    Each forward is either a decode step of every row (one token each) or the prefill of waiting prompts, which are
+    then merged into the batch (both caches left-padded to one length and stacked); rows that end are dropped with
+    `index_select`, and columns no row reads any more are cut off. A row's logits are its own whatever the other rows
+    are (only their padding differs), so its greedy answer is what `model.generate` gives, up to near-ties in fp32.
+    """
+
+    def __init__(self, engine: HFEngine, eos: set[int], pad_id: int):
+        self.engine, self.model, self.eos, self.pad_id = engine, engine.model, eos, pad_id
+        self.device = _device(engine.model)
+        named, takes_kwargs = _parameters(self.model)
+        self.cache_name = next((n for n in CACHE_NAMES if n in named), CACHE_NAMES[0] if takes_kwargs else None)
+        if self.cache_name is None:
+            raise _CannotRefill(f"the model's forward ({type(self.model).__name__}) takes no KV cache by name")
+
+    def run(self, waiting_slots: list[_Slot], finish: Callable[[_Slot], None]) -> None:
+        engine, model = self.engine, self.model
+        waiting = deque(waiting_slots)
+        batch_size = engine.batch_size
+        # Waiting prompts join when a quarter of the rows are free: each prefill is a forward of its own, where the
+        # rows already decoding wait, so joining one prompt at a time would add a forward per prompt.
+        admit_at = max(1, batch_size // 4)
+        self.batch: list[_Slot] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None
+        while True:
+            has_work = bool(waiting or self.batch)
+            if engine.sync_ranks:
+                # Agreed before every forward (ZeRO-3 / FSDP: each forward is a collective): a rank with nothing left
+                # runs a one-token forward alongside the others' until every rank is done.
+                if not _most_over_ranks(int(has_work)):
+                    return
+                if not has_work:
+                    call(model, {"input_ids": torch.full((1, 1), self.pad_id, device=self.device), "use_cache": False})
+                    continue
+            elif not has_work:
+                return
+            free = batch_size - len(self.batch)
+            new: list[_Slot] = []
+            try:
+                if waiting and (free >= min(admit_at, len(waiting)) or not self.batch):
+                    new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+                    rows, logits = self._prefill(new)
+                else:
+                    rows, logits = self._decode()
+            except _OOM_ERRORS:
+                if batch_size == 1:
+                    raise
+                batch_size = max(1, batch_size // 2)
+                admit_at = max(1, batch_size // 4)
+                logger.warning("out of memory while generating; retrying with batch_size=%d", batch_size)
+                again = sorted(self.batch + new, key=lambda s: len(s.ids))  # shortest first: extendleft reverses
+                for s in again:
+                    s.tokens, s.bad = [], False
+                waiting.extendleft(again)
+                self.batch, self.cache, self.mask = [], None, None
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            self._step(rows, logits, finish)
+
+    def _prefill(self, new: list[_Slot]) -> tuple[range, torch.Tensor]:
+        """One forward over the waiting prompts `new` (left-padded), merged into the batch after its rows."""
+        input_ids, mask = _left_pad([_Prompt(s.index, s.ids) for s in new], self.pad_id)
+        position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as `generate` numbers left-padded rows
+        kwargs = {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device),
+                  "position_ids": position_ids.to(self.device), "use_cache": True, **logits_to_keep_kwargs(self.model, 1)}
+        output = call(self.model, kwargs)
+        cache = cache_of(output)
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer).__name__ != "DynamicLayer" or getattr(layer, "keys", None) is None for layer in layers):
+            raise _CannotRefill(f"the model returned a KV cache whose rows cannot be merged and dropped ({type(cache).__name__})")
+        mask = mask.to(self.device)
+        if self.cache is None:
+            self.cache, self.mask = cache, mask
+        else:
+            T = max(self.mask.shape[1], mask.shape[1])
+            for old, add in zip(self.cache.layers, layers, strict=True):
+                old.keys = torch.cat([_pad_left(old.keys, T, 2), _pad_left(add.keys, T, 2)])
+                old.values = torch.cat([_pad_left(old.values, T, 2), _pad_left(add.values, T, 2)])
+            self.mask = torch.cat([_pad_left(self.mask, T, 1), _pad_left(mask, T, 1)])
+        self.batch += new
+        return range(len(self.batch) - len(new), len(self.batch)), output.logits[:, -1]
+
+    def _decode(self) -> tuple[range, torch.Tensor]:
+        """One forward: every row's last generated token, after its cached tokens."""
+        assert self.mask is not None
+        B = len(self.batch)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(B, 1)], dim=1)
+        position_ids = self.mask.sum(-1, keepdim=True) - 1
+        input_ids = torch.tensor([[s.tokens[-1]] for s in self.batch], device=self.device)
+        kwargs = {"input_ids": input_ids, "attention_mask": self.mask, "position_ids": position_ids,
+                  self.cache_name: self.cache, "use_cache": True, **logits_to_keep_kwargs(self.model, 1)}
+        output = call(self.model, kwargs)
+        if _length(self.cache) != self.mask.shape[1]:
+            raise _CannotRefill(f"the model's forward did not read back the KV cache passed as `{self.cache_name}`")
+        return range(B), output.logits[:, -1]
+
+    def _step(self, rows: range, logits: torch.Tensor, finish: Callable[[_Slot], None]) -> None:
+        """Append each row's greedy token; rows that end leave the batch."""
+        scores = logits.to(dtype=torch.float32)  # as `generate`: greedy over fp32 logits
+        # -inf is how processors mask tokens (none run here): watch NaN and +inf, as _NonFinite does
+        bad = (torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)).tolist()
+        tokens = scores.argmax(dim=-1).tolist()
+        ended = []
+        for r, t, b in zip(rows, tokens, bad, strict=True):
+            slot = self.batch[r]
+            slot.tokens.append(t)
+            slot.bad = slot.bad or b
+            if t in self.eos or len(slot.tokens) >= slot.max_new_tokens:
+                ended.append(r)
+        for stop in {id(s.stop): s.stop for s in (self.batch[r] for r in rows) if s.stop is not None}.values():
+            mine = [r for r in rows if self.batch[r].stop is stop and r not in ended]
+            if mine:
+                K = stop.maximum_token_len  # the stop string is matched on the sequence's last K tokens, prompt included
+                tails = [(self.batch[r].ids + self.batch[r].tokens)[-K:] for r in mine]
+                tails = torch.tensor([[self.pad_id] * (K - len(t)) + t for t in tails])
+                ended += [r for r, hit in zip(mine, stop(tails, None).tolist(), strict=True) if hit]
+        if not ended:
+            return
+        for r in sorted(ended):
+            finish(self.batch[r])
+        keep = [r for r in range(len(self.batch)) if r not in set(ended)]
+        self.batch = [self.batch[r] for r in keep]
+        if not keep:
+            self.cache, self.mask = None, None
+            return
+        assert self.mask is not None
+        index = torch.tensor(keep, device=self.mask.device)
+        mask = self.mask.index_select(0, index)
+        first = int(mask.any(0).int().argmax())  # columns before it are padding in every row left
+        self.mask = mask[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))[:, :, first:]
+            layer.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, first:]
+
+
+def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """`t` with zeros before its entries along `dim`, up to `length`."""
+    missing = length - t.shape[dim]
+    if not missing:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 class _NonFinite:
