@@ -24,7 +24,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is de
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
-CONFIGS = sorted(RECIPES.glob("**/config_*.yaml"))  # recipes/<Model>/<stage>/config_<variant>.yaml
+# recipes/<Model>/<stage>/config_<variant>.yaml; the front-ends' configs (recipes/<Model>/axolotl/, .../llamafactory/)
+# are theirs to parse, in their own venvs (tests/integrations/test_axolotl.py, tests/test_llamafactory.py)
+FRONT_ENDS = ("axolotl", "llamafactory")
+CONFIGS = sorted(p for p in RECIPES.glob("**/config_*.yaml") if p.parent.name not in FRONT_ENDS)
 ACCELERATE_CONFIGS = sorted((RECIPES / "accelerate_configs").glob("*.yaml"))
 STAGES = ("sft", "grpo", "dpo")  # recipes/<stage>.py
 
@@ -107,6 +110,8 @@ def test_recipes_readme_lists_every_recipe():
     readme = (RECIPES / "README.md").read_text()
     for path in CONFIGS:
         assert f"--config {_rel(path)}" in readme, f"recipes/README.md has no command for {_rel(path)}"
+    for path in sorted(p for front_end in FRONT_ENDS for p in RECIPES.glob(f"*/{front_end}/*.yaml")):
+        assert f" {_rel(path)}" in readme, f"recipes/README.md has no command for {_rel(path)}"
 
 
 # -- data -------------------------------------------------------------------------------------------------
