@@ -122,25 +122,31 @@ def assert_refused_before_training(proc: subprocess.CompletedProcess, out: Path,
     assert not out.exists()  # no output_dir: LLaMA-Factory was never called, no model loaded, no step trained
 
 
-@requires_llamafactory
-def test_misspelt_key_refused_before_training(tiny_model_dir, dataset_dir, probes_file, tmp_path):
-    out = tmp_path / "out"
-    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
-                       forgetwatch_probes=str(probes_file), forgetwatch_eval_step=2)
-    proc = forgetwatch("llamafactory", "train", str(cfg))
-    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_eval_step')}: ",
-                                   "unknown key 'forgetwatch_eval_step'", "did you mean 'forgetwatch_eval_steps'?")
+PROBES = "<the probes_file fixture>"
 
 
 @requires_llamafactory
-def test_wrong_type_refused_before_training(tiny_model_dir, dataset_dir, probes_file, tmp_path):
+@pytest.mark.parametrize("keys, named, fragments", [
+    pytest.param({"forgetwatch_probes": PROBES, "forgetwatch_eval_step": 2}, "forgetwatch_eval_step",
+                 ("unknown key 'forgetwatch_eval_step'", "did you mean 'forgetwatch_eval_steps'?"), id="misspelt"),
+    pytest.param({"forgetwatch_probes": PROBES, "forgetwatch_eval_steps": "two"}, "forgetwatch_eval_steps",
+                 ("forgetwatch_eval_steps must be an integer, got 'two' (str)",
+                  "`forgetwatch_eval_steps: 50` (the default)"), id="wrong-type"),
+    *[pytest.param({"forgetwatch_probes": PROBES, key: value}, key,
+                   (f"{key} changes the training data or the loss", f"remove {key}"), id=f"recipe-only-{key}")
+      for key, value in [("forgetwatch_replay_mix", 0.1), ("forgetwatch_replay_pool", "sciq"),
+                         ("forgetwatch_anchor_ratio", 0.5)]],
+    pytest.param({"forgetwatch_eval_steps": 2}, "forgetwatch_eval_steps",
+                 ("forgetwatch_eval_steps is set but forgetwatch_probes is not",), id="keys-without-probes"),
+    pytest.param({"forgetwatch_probes": ""}, "forgetwatch_probes", ("forgetwatch_probes is ''",), id="empty-probes"),
+])
+def test_bad_keys_refused_before_training(keys, named, fragments, tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    """Each stops before LLaMA-Factory is called, naming the file, the key's line and the fix."""
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
-                       forgetwatch_probes=str(probes_file), forgetwatch_eval_steps="two")
+    keys = {k: str(probes_file) if v == PROBES else v for k, v in keys.items()}
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", **keys)
     proc = forgetwatch("llamafactory", "train", str(cfg))
-    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_eval_steps')}: ",
-                                   "forgetwatch_eval_steps must be an integer, got 'two' (str)",
-                                   "`forgetwatch_eval_steps: 50` (the default)")
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, named)}: ", *fragments)
 
 
 @requires_llamafactory
@@ -157,18 +163,6 @@ def test_bad_override_named_as_given_on_the_command_line(tiny_model_dir, dataset
 
 
 @requires_llamafactory
-@pytest.mark.parametrize("key, value", [("forgetwatch_replay_mix", 0.1), ("forgetwatch_replay_pool", "sciq"),
-                                        ("forgetwatch_anchor_ratio", 0.5)])
-def test_recipe_only_option_refused(key, value, tiny_model_dir, dataset_dir, probes_file, tmp_path):
-    out = tmp_path / "out"
-    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
-                       forgetwatch_probes=str(probes_file), **{key: value})
-    proc = forgetwatch("llamafactory", "train", str(cfg))
-    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, key)}: {key} changes the training data or "
-                                              "the loss", f"remove {key}")
-
-
-@requires_llamafactory
 @pytest.mark.parametrize("text, expect", [
     ("stage: sft\nforgetwatch_probes: [sciq\n", "not a readable config"),
     ("- stage: sft\n", "expected a mapping of LLaMA-Factory's arguments (`key: value` lines), got a list"),
@@ -179,19 +173,6 @@ def test_an_unreadable_config_is_named_in_one_line(text, expect, tmp_path):
     proc = forgetwatch("llamafactory", "train", "--check", str(cfg))
     assert proc.returncode == 2 and f"{cfg}: {expect}" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-
-
-@requires_llamafactory
-def test_keys_without_probes_refused_before_training(tiny_model_dir, dataset_dir, tmp_path):
-    out = tmp_path / "out"
-    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_eval_steps=2)
-    proc = forgetwatch("llamafactory", "train", str(cfg))
-    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_eval_steps')}: "
-                                              "forgetwatch_eval_steps is set but forgetwatch_probes is not")
-    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_probes="")
-    proc = forgetwatch("llamafactory", "train", str(cfg))
-    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_probes')}: "
-                                              "forgetwatch_probes is ''")
 
 
 @requires_llamafactory
