@@ -73,6 +73,7 @@ class ForgetWatchArguments:
     forgetwatch_short_match: str = field(default="exact", metadata={"help": "With short_mode=generate: exact (normalised exact match) or contains (an accepted answer as whole words). Numeric probes compare numbers (math-verify)."})
     forgetwatch_behavior_max_new_tokens: int = field(default=256, metadata={"help": "Generation budget of behaviour probes (instruct, comply): an answer that reaches it without ending its turn is a runaway."})
     forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
+    forgetwatch_engine: str = field(default="hf", metadata={"help": "What runs generation: hf (the model in this process, finished answers leaving a refilling batch) or continuous (transformers' continuous batching, where it is faster; where it cannot run, e.g. several processes, it falls back to hf with a warning)."})
     forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
     forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
     forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; for behaviour probes runaway, over_refusal, instruct_forgetting, length_drift; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
@@ -156,7 +157,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         seed: with suite names, the subsampling seed.
         base_cache: a cache made by `forgetwatch cache` (or by an earlier run); default
             `<output_dir>/forgetwatch/base.parquet`.
-        mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, behavior_max_new_tokens, batch_size: scoring options (see
+        mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, behavior_max_new_tokens, batch_size, engine: scoring options (see
             `ScoringConfig`); `short_mode="greedy_match"` (default) scores short answers with one forward,
             `"generate"` decodes them and matches with `short_match` ("exact" or "contains").
         replay: write forgotten probes to `<output_dir>/forgetwatch/replay.jsonl` as training examples.
@@ -185,6 +186,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         short_match: str = "exact",
         behavior_max_new_tokens: int = 256,
         batch_size: int = 16,
+        engine: str = "hf",
         replay: bool = False,
         log_table: bool = True,
         budget: dict[str, float] | str | None = None,
@@ -202,7 +204,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.eval_steps = eval_steps
         self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens,
                                     short_mode=short_mode, short_match=short_match, batch_size=batch_size,
-                                    behavior_max_new_tokens=behavior_max_new_tokens)
+                                    behavior_max_new_tokens=behavior_max_new_tokens, engine=engine)
         self.base_cache = base_cache
         self.replay = replay
         self.log_table = log_table
@@ -220,7 +222,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
             "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
             "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
-            "behavior_max_new_tokens": behavior_max_new_tokens,
+            "behavior_max_new_tokens": behavior_max_new_tokens, "engine": engine,
             "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
             "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop, "scoring": scoring,
         }

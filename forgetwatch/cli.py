@@ -25,6 +25,7 @@ from typing import Any
 from ._io import strict_json
 from .commands import cache_command as cache_command  # re-exported: it lived here before commands.py
 from .commands import quote
+from .modes import ENGINES, MCQ_MODES, SHORT_MATCHES, SHORT_MODES
 from .probes import ProbeFormatError, ProbeSet
 from .suites import from_suites, load_probes
 
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--into-trainer-run", action="store_true",
                    help="after training has ended, log into the trainer's own W&B run instead of a run beside it")
     w.add_argument("--batch-size", type=int, default=None, help="probes per forward pass (default: the callback's)")
+    w.add_argument("--engine", choices=ENGINES, default=None,
+                   help="what runs generation: hf or continuous (transformers' continuous batching) (default: the callback's)")
     w.set_defaults(func=cmd_watch)
 
     lf_parser = sub.add_parser("llamafactory", help="run a LLaMA-Factory YAML with forgetwatch_* keys (needs llamafactory "
@@ -197,23 +200,25 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
     # `compare` takes every scoring option from the base cache unless given, so both sides match.
     d = (lambda v: v) if defaults else (lambda v: None)
     note = "" if defaults else " (default: as in the base cache)"
-    p.add_argument("--mcq-mode", choices=("loglik", "loglik_norm", "letter", "generate"), default=d("loglik"), help=f"how multiple-choice probes are scored{note}")
+    p.add_argument("--mcq-mode", choices=MCQ_MODES, default=d("loglik"), help=f"how multiple-choice probes are scored{note}")
     p.add_argument("--chat-template", choices=tuple(_CHAT), default=d("auto"), help=f"wrap prompts in the chat template{note}")
     p.add_argument("--cot", action=argparse.BooleanOptionalAction, default=d(False), help=f"chain-of-thought generation with a final 'Answer:' line{note}")
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation budget (default 32, 256 with --cot){note}")
     p.add_argument("--behavior-max-new-tokens", type=int, default=None,
                    help=f"generation budget of behaviour probes (instruct, comply); an answer that reaches it without ending "
                         f"is a runaway (default 256){note}")
-    # the same names as ScoringConfig's SHORT_MODES / SHORT_MATCHES (tests/test_cli.py pins them): scoring imports torch
-    p.add_argument("--short-mode", choices=("greedy_match", "generate"), default=None,
+    p.add_argument("--short-mode", choices=SHORT_MODES, default=None,
                    help="short answers: greedy_match (one forward: would greedy decoding give an accepted answer?) or "
                         "generate (decode, extract, match)" + (note or "; default greedy_match, generate with --cot"))
-    p.add_argument("--short-match", choices=("exact", "contains"), default=d("exact"), help=f"with --short-mode generate: exact or contains (whole words){note}")
+    p.add_argument("--short-match", choices=SHORT_MATCHES, default=d("exact"), help=f"with --short-mode generate: exact or contains (whole words){note}")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d("float32"), help=f"weights dtype{note}")
     p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default=d("none"),
                    help="score under torch.autocast in this dtype, as a Trainer with bf16=True / fp16=True (TRL's default) "
                         f"runs the model; the callback then accepts the cache{note}"),
     p.add_argument("--batch-size", type=int, default=16, help="questions per forward (default 16)")
+    p.add_argument("--engine", choices=ENGINES, default="hf",
+                   help="what runs generation: hf (default: this process, a refilling batch) or continuous (transformers' "
+                        "continuous batching, where it is faster: docs/speed.md); the same answers either way")
     p.add_argument("--per-suite", type=int, default=None, help="with suite names in --probes: probes per suite")
     p.add_argument("--seed", type=int, default=0, help="with suite names in --probes: subsampling seed")
 
@@ -280,6 +285,7 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
         short_mode=fields["short_mode"],
         short_match=fields["short_match"] or "exact",
         batch_size=args.batch_size,
+        engine=args.engine,
         behavior_max_new_tokens=fields["behavior_max_new_tokens"] or BEHAVIOR_MAX_NEW_TOKENS,
     )
     return config, dtype or "float32", None if autocast in (None, "none") else autocast
@@ -671,7 +677,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     while True:
         try:
             watcher = Watcher(args.output_dir, device=args.device, report_to=report_to,
-                              into_trainer_run=args.into_trainer_run, batch_size=args.batch_size)
+                              into_trainer_run=args.into_trainer_run, batch_size=args.batch_size, engine=args.engine)
             break
         except SidecarError as e:
             # started beside a training run that has not written its manifest yet: wait for it (not with --once)

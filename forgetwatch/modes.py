@@ -40,10 +40,14 @@ from .results import CORRECT, INVALID, WRONG, ProbeResults
 if TYPE_CHECKING:
     from .engines import Engine
 
-__all__ = ["ScoringConfig", "MCQ_MODES", "SHORT_MODES", "SHORT_MATCHES", "BEHAVIOR_MAX_NEW_TOKENS"]
+__all__ = ["ScoringConfig", "MCQ_MODES", "SHORT_MODES", "SHORT_MATCHES", "ENGINES", "BEHAVIOR_MAX_NEW_TOKENS"]
 
 MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
 SHORT_MODES = ("generate", "greedy_match")
+# What runs generation (`forgetwatch.engines.make_engine`); named here, where no torch is imported.
+ENGINES = ("hf", "continuous")
+# How the probes are run, not what they score: left out of the cache key.
+NOT_IN_KEY = ("batch_size", "pack_choices", "engine")
 SHORT_MATCHES = answers.MATCH_MODES
 # Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
 # measured, so they get room: SmolLM2-135M-Instruct ends 4 in 5 of the built-in suite's answers within it (84 of 105;
@@ -53,7 +57,8 @@ BEHAVIOR_MAX_NEW_TOKENS = 256
 
 @dataclass(frozen=True)
 class ScoringConfig:
-    """How probes are scored. Every field but `batch_size` changes results, so it is part of the cache key.
+    """How probes are scored. Every field but `batch_size`, `pack_choices` and `engine` changes results, so it is
+    part of the cache key.
 
     Args:
         mcq_mode: `"loglik"` (log-likelihood of each option's text), `"loglik_norm"` (divided by its length in
@@ -84,6 +89,10 @@ class ScoringConfig:
             mask). `None` uses it where the attention implementation accepts custom masks (eager, sdpa).
         behavior_max_new_tokens: generation budget of behaviour probes (`instruct`, `comply`); an answer that
             reaches it without ending its turn counts as a runaway. Default 256.
+        engine: what runs generation (`forgetwatch.engines`): `"hf"` (default: the model in this process, finished
+            answers leaving a refilling batch) or `"continuous"` (transformers' continuous batching, where it is
+            faster: RESULTS §14; where it cannot run it falls back to `"hf"` with a warning saying why). The same
+            greedy answers either way, up to near-ties in the last bits.
 
     Example:
         >>> ScoringConfig(mcq_mode="loglik_norm").key()["mcq_mode"]
@@ -100,8 +109,11 @@ class ScoringConfig:
     batch_size: int = 16
     pack_choices: bool | None = None
     behavior_max_new_tokens: int = BEHAVIOR_MAX_NEW_TOKENS
+    engine: str = "hf"
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"`engine` must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.mcq_mode not in MCQ_MODES:
             raise ValueError(f"`mcq_mode` must be one of {', '.join(MCQ_MODES)}, got {self.mcq_mode!r}")
         if self.short_mode is not None and self.short_mode not in SHORT_MODES:
@@ -136,7 +148,7 @@ class ScoringConfig:
 
     def key(self, tokenizer: Any = None, precision: str | None = None) -> dict[str, Any]:
         """Everything that changes a probe's result: the part of the cache key that is about scoring."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("batch_size", "pack_choices")}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in NOT_IN_KEY}
         d["max_new_tokens"] = self.new_tokens
         d["short_mode"] = self.short_scoring
         d["prompt_version"] = PROMPT_VERSION

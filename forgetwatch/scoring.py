@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import modes
+from .engines import make_engine
 from .engines.hf import HFEngine, _device, _pad_id  # noqa: F401  (the last two re-exported: callback, distill)
 from .modes import (  # noqa: F401  (re-exported: the names modules and tests import from `forgetwatch.scoring`)
     BEHAVIOR_MAX_NEW_TOKENS,
@@ -117,8 +118,8 @@ def score_probes(
             padding with forwards whose results are dropped, and generation keeps stepping until all ranks finish
             (`synced_gpus`), so FSDP / ZeRO-3, whose forwards gather weights from every rank, never wait forever.
             The shards must hold the same scoring modes (`plan_shard` sees to it).
-        engine: what runs the model (`forgetwatch.engines`); default an `HFEngine` on `model` with `config`'s
-            `batch_size` and `pack_choices` and `sync_ranks`. A given engine brings its own batching and ranks.
+        engine: what runs the model (`forgetwatch.engines`); default the one `config.engine` names, on `model` with
+            `config`'s `batch_size` and `pack_choices` and `sync_ranks`. A given engine brings its own batching and ranks.
 
     Example:
         >>> from forgetwatch import ProbeSet, score_probes
@@ -144,8 +145,8 @@ def score_probes(
 
     bar = tqdm(total=len(probes), desc=desc, disable=not progress, unit="probe")
     if engine is None:
-        engine = HFEngine(model, tokenizer, batch_size=config.batch_size, pack_choices=config.pack_choices,
-                          sync_ranks=sync_ranks)
+        engine = make_engine(config.engine, model, tokenizer, batch_size=config.batch_size,
+                             pack_choices=config.pack_choices, sync_ranks=sync_ranks)
     with engine.running():
         for mode, idx in by_mode.items():
             subset = [probes[i] for i in idx]

@@ -62,10 +62,11 @@ class Watcher:
             trainer's (same project and group, named `<run>-forgetwatch`, the trainer's step on the x-axis).
         into_trainer_run: after training has ended, append to the trainer's own W&B run instead.
         batch_size: probes per forward (default: the callback's).
+        engine: what runs generation, "hf" or "continuous" (default: the callback's).
     """
 
     def __init__(self, output_dir: str | os.PathLike, device: str | None = None, report_to: list[str] | None = None,
-                 into_trainer_run: bool = False, batch_size: int | None = None):
+                 into_trainer_run: bool = False, batch_size: int | None = None, engine: str | None = None):
         self.output_dir = Path(output_dir)
         record_dir = self.output_dir / PREFIX
         start = ("start training with ForgetWatchCallback(probes, scoring=\"sidecar\") (a recipe: --forgetwatch_scoring "
@@ -91,7 +92,8 @@ class Watcher:
         budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
                   if opts.get("budget") else None)
         self.eval_steps = int(opts["eval_steps"])
-        self.config = ScoringConfig(**{**self.manifest["scoring_config"], **({"batch_size": batch_size} if batch_size else {})})
+        given = {"batch_size": batch_size, "engine": engine}
+        self.config = ScoringConfig(**{**self.manifest["scoring_config"], **{k: v for k, v in given.items() if v}})
         self.precision = self.manifest["precision"]
         self.device = device
         # strict: a record the watcher cannot write stops it (restarted, it scores that step again)

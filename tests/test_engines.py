@@ -3,7 +3,7 @@ per-request generation budgets. In-memory, a tiny random model."""
 
 import pytest
 import torch
-from conftest import build_model
+from conftest import build_model, requires_continuous_batching
 from test_scoring import assert_same_results, mcq_probes
 
 from forgetwatch.engines import HFEngine
@@ -188,3 +188,133 @@ def test_refilling_falls_back_to_static_batches_when_the_cache_cannot_be_merged(
     static = HFEngine(model, tokenizer, batch_size=2, refill=False)
     with static.running():
         assert got == static.generate(requests, chat=False)
+
+
+# -- transformers' continuous batching ----------------------------------------------------------------------------
+
+@requires_continuous_batching
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_batching_gives_the_answers_of_the_hf_engine(tokenizer, chat):
+    """Mixed prompt lengths, per-request budgets, stop strings (matched after the fact) and ends of turn from the
+    model's EOS list: transformers' continuous batching gives the HF engine's answers, token counts and endings."""
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    prompts = _prompts(30)
+    if chat:
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                   for p in prompts]
+    model, stops = _ending_model(tokenizer, 0, prompts, chat)
+    impl, training = model.config._attn_implementation, model.training
+    requests = [GenerateRequest(p, (3, 8, 20, 40)[i % 4], ((), stops[:1], stops)[i % 3], f"p{i}") for i, p in enumerate(prompts)]
+    hf = HFEngine(model, tokenizer, batch_size=8)
+    with hf.running():
+        want = hf.generate(requests, chat=chat)
+    for batch_size in (1, 16):
+        engine = ContinuousBatchingEngine(model, tokenizer, batch_size=batch_size)
+        assert engine.unavailable is None
+        with engine.running():
+            got = engine.generate(requests, chat=chat)
+        assert got == want, batch_size
+    assert any(a.stopped and a.n_tokens < r.max_new_tokens for a, r in zip(want, requests, strict=True) if r.stops)
+    assert (model.config._attn_implementation, model.training) == (impl, training)  # left as found
+
+
+@requires_continuous_batching
+def test_continuous_batching_flags_nonfinite_logits(tokenizer):
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    model = build_model(tokenizer)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    requests = [GenerateRequest(p, 5, ("\n",), f"p{i}") for i, p in enumerate(_prompts(4))]
+    engine = ContinuousBatchingEngine(model, tokenizer, batch_size=3)
+    with engine.running():
+        got = engine.generate(requests, chat=False)
+    assert all(a.nonfinite for a in got)
+
+
+@requires_continuous_batching
+def test_scoring_config_engine_scores_every_mode_alike(tokenizer):
+    """`ScoringConfig(engine="continuous")` through `score_probes`: generated multiple choice and short answers give
+    the default engine's results; the engine is not part of the cache key."""
+    model = build_model(tokenizer)
+    probes = mcq_probes(4) + short_probes(3)
+    config = ScoringConfig(mcq_mode="generate", short_mode="generate", max_new_tokens=6)
+    continuous = ScoringConfig(mcq_mode="generate", short_mode="generate", max_new_tokens=6, engine="continuous")
+    assert_same_results(score_probes(model, tokenizer, probes, continuous), score_probes(model, tokenizer, probes, config), atol=0)
+    assert continuous.key() == config.key()
+    with pytest.raises(ValueError, match="`engine` must be one of hf, continuous, got 'vllm'"):
+        ScoringConfig(engine="vllm")
+
+
+def test_continuous_batching_where_it_cannot_run_says_why(tokenizer, caplog):
+    """Several processes scoring together (sync_ranks): refused with `fallback=False`, else one warning and the HF
+    engine's answers. A model without continuous batching (a wrapper) likewise."""
+    import logging
+
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    model = build_model(tokenizer)
+    with pytest.raises(ValueError, match=r"engine='continuous' cannot run here: .*sync_ranks.*Use engine='hf'"):
+        ContinuousBatchingEngine(model, tokenizer, sync_ranks=True, fallback=False)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+
+        def forward(self, **kwargs):
+            return self.inner(**kwargs)
+
+        def generate(self, **kwargs):
+            return self.inner.generate(**kwargs)
+
+    requests = [GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(3))]
+    hf = HFEngine(model, tokenizer)
+    with hf.running():
+        want = hf.generate(requests, chat=False)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        engine = ContinuousBatchingEngine(Wrapped(model), tokenizer)
+        with engine.running():
+            got = engine.generate(requests, chat=False)
+    assert "engine='continuous' cannot run here" in caplog.text and "has no continuous batching" in caplog.text
+    assert "generating with the HF engine's refilling batch instead" in caplog.text
+    assert got == want
+    from forgetwatch.engines.continuous import _config_class
+
+    if _config_class() is None:  # transformers 4 (make test-oldest): the real model cannot either, and says why
+        assert "has no `ContinuousBatchingConfig`" in ContinuousBatchingEngine(model, tokenizer).unavailable
+
+
+@requires_continuous_batching
+def test_continuous_batching_under_autocast(tokenizer, caplog):
+    """Autocast belongs to a thread, and continuous batching decodes in its own: the caller's `torch.autocast` must
+    still reach its forwards (bf16 weights), and where it would write another dtype than the paged cache holds
+    (float32 weights under bf16 autocast, as in a bf16 Trainer) the HF engine generates instead, said once. Before,
+    transformers failed every request there and the engine returned empty answers."""
+    import logging
+
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    requests = [GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(3))]
+    model = build_model(tokenizer).to(torch.bfloat16)
+    seen: list[bool] = []
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: seen.append(torch.is_autocast_enabled("cpu")))
+    engine = ContinuousBatchingEngine(model, tokenizer)
+    with engine.running(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = engine.generate(requests, chat=False)
+    handle.remove()
+    assert seen and all(seen) and "forward" not in model.__dict__
+    hf = HFEngine(model, tokenizer)
+    with hf.running(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert got == hf.generate(requests, chat=False)
+
+    model = build_model(tokenizer)
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        engine = ContinuousBatchingEngine(model, tokenizer)
+        with engine.running(), torch.autocast("cpu", dtype=torch.bfloat16):
+            got = engine.generate(requests, chat=False)
+    assert "cannot run here (autocast to bfloat16 over float32 weights" in caplog.text
+    hf = HFEngine(model, tokenizer)
+    with hf.running(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert got == hf.generate(requests, chat=False)

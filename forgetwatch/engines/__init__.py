@@ -16,9 +16,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest
+from .continuous import ContinuousBatchingEngine
 from .hf import HFEngine
 
-__all__ = ["Engine", "HFEngine"]
+__all__ = ["Engine", "HFEngine", "ContinuousBatchingEngine", "make_engine"]
 
 
 class Engine(Protocol):
@@ -63,3 +64,19 @@ class Engine(Protocol):
         """Greedy answers: decoded until the end of turn (the tokenizer's or the model's EOS), `max_new_tokens`, or
         a stop string (the text is cut there)."""
         ...
+
+
+def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = 16, pack_choices: bool | None = None,
+                sync_ranks: bool = False) -> Engine:
+    """The engine `ScoringConfig.engine` names: `"hf"` (`HFEngine`) or `"continuous"` (`ContinuousBatchingEngine`,
+    which falls back to the HF engine's generation with a warning where it cannot run).
+
+    Example:
+        >>> engine = make_engine("continuous", model, tokenizer, batch_size=16)  # doctest: +SKIP
+    """
+    if name == "hf":
+        return HFEngine(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
+    if name == "continuous":
+        return ContinuousBatchingEngine(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices,
+                                        sync_ranks=sync_ranks)
+    raise ValueError(f"unknown engine {name!r}: use 'hf' or 'continuous'")
