@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_generate_floor.py --counts-only   # counts only: any machine, ~20 min
     OMP_NUM_THREADS=2 python benchmarks/bench_generate_floor.py --threads 2     # counts and timings: an idle machine
     python benchmarks/bench_generate_floor.py --quick --out /tmp/floor.json     # does it run (12 prompts)
+    OMP_NUM_THREADS=2 python benchmarks/bench_generate_floor.py --threads 2 --continuous   # 3. only: an idle machine
 
 1. Counts (not times, so they hold on a busy machine): the built-in `instructions` suite (105 prompts, chat template,
    256 new tokens) scored as the callback scores it, once with static batches (`HFEngine(refill=False)`: today's
@@ -14,6 +15,10 @@
 2. Timings (skipped with `--counts-only`): the 32 behaviour probes of RESULTS §11 (24 instruction prompts at 256
    tokens, 8 harmless requests at 48): static batches, the refilling batch, and one `model.generate` per probe, on the
    same prompts, with the answers compared; then the whole `instructions` suite, static against refilling.
+
+3. `--continuous`: transformers' continuous batching (`ContinuousBatchingEngine`) against the refilling batch, single
+   process, same prompts: the 32 behaviour probes twice each (interleaved: refill, continuous, refill, continuous),
+   then the `instructions` suite once each; answers compared. Goes to generate_floor_continuous.json.
 
 Figures go to benchmarks/results/generate_floor.json; benchmarks/RESULTS.md §14 summarises them.
 """
@@ -31,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 from bench_behavior import per_probe_loop  # noqa: E402
 
-from forgetwatch.engines import HFEngine  # noqa: E402
+from forgetwatch.engines import ContinuousBatchingEngine, HFEngine  # noqa: E402
 from forgetwatch.models import load_model  # noqa: E402
 from forgetwatch.prompts import behavior_prompt  # noqa: E402
 from forgetwatch.requests import encode  # noqa: E402
@@ -60,8 +65,8 @@ class SlotCounter:
         return {"forwards": self.forwards, "slots": self.slots, "prefill_positions": self.prefill_positions}
 
 
-def run(model, tok, probes, config, refill: bool) -> tuple[dict, object]:
-    engine = HFEngine(model, tok, batch_size=config.batch_size, refill=refill)
+def run(model, tok, probes, config, refill: bool, engine=None) -> tuple[dict, object]:
+    engine = engine or HFEngine(model, tok, batch_size=config.batch_size, refill=refill)
     counter = SlotCounter(model)
     t0 = time.perf_counter()
     res = score_probes(model, tok, probes, config, engine=engine)
@@ -73,7 +78,7 @@ def run(model, tok, probes, config, refill: bool) -> tuple[dict, object]:
     return counts, res
 
 
-def compare(a, b, probes) -> dict:
+def compare(a, b, probes, names=("static", "refill")) -> dict:
     same = [x == y and n == m and s == t for x, y, n, m, s, t in
             zip(a.generation, b.generation, a.n_tokens, b.n_tokens, a.stopped, b.stopped, strict=True)]
     diffs = []
@@ -82,7 +87,7 @@ def compare(a, b, probes) -> dict:
             x, y = a.generation[i], b.generation[i]
             at = next((j for j, (c, d) in enumerate(zip(x, y, strict=False)) if c != d), min(len(x), len(y)))
             diffs.append({"id": probes[i].id, "tokens": [int(a.n_tokens[i]), int(b.n_tokens[i])], "first_difference_at_char": at,
-                          "static": x[max(0, at - 40) : at + 40], "refill": y[max(0, at - 40) : at + 40]})
+                          names[0]: x[max(0, at - 40) : at + 40], names[1]: y[max(0, at - 40) : at + 40]})
     return {"identical": int(sum(same)), "of": len(same), "differences": diffs}
 
 
@@ -101,13 +106,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--counts-only", action="store_true", help="skip the timings (they need an idle machine)")
     ap.add_argument("--quick", action="store_true", help="a check that the script runs: 12 prompts, 6 + 2 timed")
-    ap.add_argument("--out", default=str(_common.RESULTS_DIR / "generate_floor.json"))
+    ap.add_argument("--continuous", action="store_true", help="only 3.: continuous batching against the refilling batch")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.out = args.out or str(_common.RESULTS_DIR / f"generate_floor{'_continuous' if args.continuous else ''}.json")
     _common.set_threads(args.threads)
     model, tok = load_model("smollm2")
     model.eval()
     config = ScoringConfig()
     suite = load_suite("instructions", n=12 if args.quick else None)
+    if args.continuous:
+        return continuous(model, tok, config, suite, args)
     out: dict = {"model": "SmolLM2-135M-Instruct", "machine": _common.machine(), "threads": args.threads,
                  "max_new_tokens": config.behavior_max_new_tokens, "batch_size": config.batch_size,
                  "timed": not args.counts_only, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
@@ -138,6 +147,32 @@ def main() -> None:
             "static_identical_to_loop": sum(a == b for a, b in zip(r_static.generation, loop, strict=True)),
             "refill_vs_static": compare(r_static, r_refill, probes)}
         print(json.dumps(out["behaviour_32"], indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    print("written", args.out)
+
+
+def continuous(model, tok, config, suite, args) -> None:
+    """3.: the refilling batch against transformers' continuous batching, on the same prompts, one process."""
+    refusal = load_suite("over_refusal")
+    probes = suite.subsample(6 if args.quick else 24, seed=1) + refusal.subsample(2 if args.quick else 8, seed=1)
+    engines = {"refill": lambda: HFEngine(model, tok, batch_size=config.batch_size),
+               "continuous": lambda: ContinuousBatchingEngine(model, tok, batch_size=config.batch_size)}
+    out: dict = {"model": "SmolLM2-135M-Instruct", "machine": _common.machine(), "threads": args.threads,
+                 "batch_size": config.batch_size, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    for name, ps, rounds in (("behaviour_32", probes, 2), ("instructions", suite, 1)):
+        seconds: dict[str, list[float]] = {k: [] for k in engines}
+        results = {}
+        for _ in range(rounds):
+            for k, make in engines.items():
+                t0 = time.perf_counter()
+                results[k] = score_probes(model, tok, ps, config, engine=make())
+                seconds[k].append(time.perf_counter() - t0)
+        out[name] = {"probes": len(ps), "seconds": seconds,
+                     "continuous_over_refill": sum(seconds["continuous"]) / sum(seconds["refill"]),
+                     "answer_tokens": int(results["refill"].n_tokens.sum()),
+                     "answers": compare(results["refill"], results["continuous"], ps, ("refill", "continuous"))}
+        print(name, json.dumps(out[name], indent=1), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
     print("written", args.out)

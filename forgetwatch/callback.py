@@ -700,11 +700,10 @@ def _wandb_run_info() -> dict[str, Any] | None:
 def _training_autocast(model: Any, args: Any) -> str | None:
     """The autocast dtype the trainer really runs forwards in: what accelerate's forward wrapper does, found by running it
     (`forward.wrapped_autocast`), else what the arguments say."""
-    from .forward import wrapped_autocast
-    from .scoring import _device
+    from .forward import model_device, wrapped_autocast
 
     said = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
-    done = wrapped_autocast(model, _device(model))
+    done = wrapped_autocast(model, model_device(model))
     if done is not None and done != said:
         logger.warning("forgetwatch: the trainer runs forwards under %s autocast although its arguments say %s "
                        "($ACCELERATE_MIXED_PRECISION=%s: set by `accelerate launch --mixed_precision`, or on transformers "

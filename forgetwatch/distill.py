@@ -334,8 +334,7 @@ def _add_topk(model, tokenizer, rows: list[dict[str, Any]], top_k: int, max_leng
     """Tokenize each conversation as the trainer will, and keep the base's top-k log-probabilities over its answer."""
     import torch
 
-    from .forward import untouched
-    from .scoring import _device, _pad_id
+    from .forward import model_device, pad_token_id, untouched
 
     for r in rows:
         messages = [{"role": "user", "content": r["user"]}, {"role": "assistant", "content": r["answer"]}]
@@ -347,7 +346,7 @@ def _add_topk(model, tokenizer, rows: list[dict[str, Any]], top_k: int, max_leng
         if max_length is not None:
             full = full[:max_length]
         r["input_ids"], r["start"] = full, len(prompt)
-    device, pad = _device(model), _pad_id(tokenizer)
+    device, pad = model_device(model), pad_token_id(tokenizer)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]), reverse=True)
     with untouched(model), torch.no_grad():
         for b in range(0, len(order), batch_size):

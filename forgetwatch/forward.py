@@ -32,7 +32,7 @@ import torch
 
 from ._warnings import warn_once as _warn_once
 
-__all__ = ["PrefixCache", "cache_of", "call", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast",
+__all__ = ["PrefixCache", "cache_of", "call", "model_device", "pad_token_id", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast",
            "untouched", "no_grad_context"]
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,19 @@ logger = logging.getLogger(__name__)
 # Newest first: the name a 5.24+ forward takes, then the one every release before it took (and 5.24 still accepts,
 # with a deprecation warning).
 CACHE_NAMES = ("cache", "past_key_values")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's (first) parameters live: where its inputs go."""
+    return next(model.parameters()).device
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id to pad with: the tokenizer's pad token, else its EOS (masked out either way), else 0."""
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0
 
 
 def warn_once(key: str, message: str) -> None:

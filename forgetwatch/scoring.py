@@ -18,7 +18,7 @@ import torch
 
 from . import modes
 from .engines import make_engine
-from .engines.hf import HFEngine, _device, _pad_id  # noqa: F401  (the last two re-exported: callback, distill)
+from .engines.hf import HFEngine  # noqa: F401  (re-exported)
 from .modes import (  # noqa: F401  (re-exported: the names modules and tests import from `forgetwatch.scoring`)
     BEHAVIOR_MAX_NEW_TOKENS,
     MAX_ALIASES,

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from ..forward import warn_once
+from ..forward import pad_token_id, warn_once
 from ..requests import Answer, GenerateRequest, encode
-from .hf import HFEngine, _answer, _pad_id
+from .hf import HFEngine, _answer
 
 __all__ = ["ContinuousBatchingEngine", "continuous_batching_unavailable"]
 
@@ -110,7 +110,7 @@ class ContinuousBatchingEngine(HFEngine):
         ids = encode(tokenizer, [r.prompt for r in requests], chat)
         self._check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
                             "the tokens they may generate (max_new_tokens)")
-        eos, pad_id = self.eos_token_ids, _pad_id(tokenizer)
+        eos, pad_id = self.eos_token_ids, pad_token_id(tokenizer)
         tokens, logprobs = self._run(ids, [r.max_new_tokens for r in requests], eos)
         out = []
         for x, r, toks, lps in zip(ids, requests, tokens, logprobs, strict=True):
@@ -128,7 +128,7 @@ class ContinuousBatchingEngine(HFEngine):
 
         model = self.model
         gen_config = GenerationConfig(max_new_tokens=max(budgets), do_sample=False, num_beams=1,
-                                      pad_token_id=_pad_id(self.tokenizer), eos_token_id=eos or None)
+                                      pad_token_id=pad_token_id(self.tokenizer), eos_token_id=eos or None)
         cb_config = ContinuousBatchingConfig(
             page_size=_PAGE_SIZE,
             num_blocks=_blocks_needed(ids, budgets, self.batch_size),
@@ -222,7 +222,7 @@ def _cut_at_stop(tokenizer: Any, prompt: list[int], tokens: list[int], stops: Se
 
     stop = StopStringCriteria(tokenizer, list(stops))
     K = stop.maximum_token_len
-    pad = _pad_id(tokenizer)
+    pad = pad_token_id(tokenizer)
     for k in range(1, len(tokens) + 1):
         if tokens[k - 1] in eos:
             return tokens

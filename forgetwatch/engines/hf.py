@@ -38,7 +38,9 @@ from ..forward import (
     call,
     check_logits_kept,
     logits_to_keep_kwargs,
+    model_device,
     no_grad_context,
+    pad_token_id,
     untouched,
     warn_once,
 )
@@ -130,7 +132,7 @@ class HFEngine:
             k += len(opts)
         self._check_context([r.probe_id for r in requests], ends, "their answers")
         pack = self.pack_choices if self.pack_choices is not None else _accepts_custom_masks(model)
-        device = _device(model)
+        device = model_device(model)
         prefix = _shared_prefix(tokenizer, shared, ctx_ids, chat) if shared else []
         # 100 exemplar tokens before a 20-token question: one forward here, then each row carries its own part only.
         # None when the model cannot take a cache back (said once in a warning): then every row carries the prefix.
@@ -159,7 +161,7 @@ class HFEngine:
         extra = int(read_next)
         logprobs = [[np.zeros(len(t), np.float64) for t in opts] for opts in tokens]
         argmax = [[np.zeros(len(t) + extra, np.int64) for t in opts] for opts in tokens]
-        pad_id = _pad_id(tokenizer)
+        pad_id = pad_token_id(tokenizer)
 
         def run(batch: list[_Row], keep: bool = True) -> None:
             T = max(r.length for r in batch)
@@ -243,8 +245,8 @@ class HFEngine:
         ids = encode(self.tokenizer, [r.context for r in requests], chat)
         self._check_context([r.probe_id for r in requests], [len(x) + 1 for x in ids], "the answer's letter")
         prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
-        device = _device(model)
-        pad_id = _pad_id(self.tokenizer)
+        device = model_device(model)
+        pad_id = pad_token_id(self.tokenizer)
         scores: list[np.ndarray] = [np.zeros(0)] * len(requests)
 
         def run(batch: list[_Prompt], keep: bool = True) -> None:
@@ -294,8 +296,8 @@ class HFEngine:
         self._check_context([r.probe_id for r in requests], [len(x) + max_new_tokens for x in ids],
                             f"{max_new_tokens} generated tokens")
         prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
-        device = _device(model)
-        pad_id = _pad_id(tokenizer)
+        device = model_device(model)
+        pad_id = pad_token_id(tokenizer)
         eos = self.eos_token_ids
         gen_config = GenerationConfig(
             max_new_tokens=max_new_tokens,
@@ -338,7 +340,7 @@ class HFEngine:
         ids = encode(tokenizer, [r.prompt for r in requests], chat) if requests else []
         self._check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
                             "the tokens they may generate (max_new_tokens)")
-        eos, pad_id = self.eos_token_ids, _pad_id(tokenizer)
+        eos, pad_id = self.eos_token_ids, pad_token_id(tokenizer)
         criteria = {stops: StopStringCriteria(tokenizer, list(stops)) for stops in {tuple(r.stops) for r in requests} if stops}
         slots = [_Slot(i, x, r.max_new_tokens, criteria.get(tuple(r.stops))) for i, (x, r) in enumerate(zip(ids, requests, strict=True))]
         slots.sort(key=lambda s: len(s.ids), reverse=True)  # longest first, as static batches (stable: ties keep order)
@@ -432,17 +434,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     # a list, not a set: generation configs often hold a list of EOS ids (unhashable)
     eos = [t for t in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)) if t is not None]
     return sorted({int(x) for t in eos for x in (t if isinstance(t, (list, tuple)) else [t])})
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _pad_id(tokenizer: Any) -> int:
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if tid is not None:
-            return int(tid)
-    return 0
 
 
 def _accepts_custom_masks(model: torch.nn.Module) -> bool:
@@ -574,7 +565,7 @@ class _RefillLoop:
 
     def __init__(self, engine: HFEngine, eos: set[int], pad_id: int):
         self.engine, self.model, self.eos, self.pad_id = engine, engine.model, eos, pad_id
-        self.device = _device(engine.model)
+        self.device = model_device(engine.model)
         named, takes_kwargs = _parameters(self.model)
         self.cache_name = next((n for n in CACHE_NAMES if n in named), CACHE_NAMES[0] if takes_kwargs else None)
         if self.cache_name is None:
