@@ -27,8 +27,9 @@ def test_import_is_light():
 
 
 def test_scoring_modes_are_plain_python():
-    # the seam of issue 28: modes build requests and judge results without torch; engines hold the torch code
-    code = ("import sys, forgetwatch.requests, forgetwatch.modes; "
+    # the seam of issue 28: modes build requests and judge results without torch; engines hold the torch code.
+    # Robustness variants and figures (issue 29) too.
+    code = ("import sys, forgetwatch.requests, forgetwatch.modes, forgetwatch.robustness, forgetwatch.robust_metrics; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -1,0 +1,227 @@
+"""Robustness: is a probe still right when its options move, its question is worded around differently, or its text
+carries light noise? (issue 29; plain Python and NumPy.)
+
+A probe's variants are fixed and seeded, so the base and the model being trained see the same ones:
+
+- **option order** (lettered multiple choice: `mcq_mode="letter"` or `"generate"`): cyclic shifts of the options, so
+  with as many variants as options every option stands at every position once. Log-likelihood scoring reads each
+  option on its own, after the question alone, so order cannot matter there: its variants are frames and noise only.
+- **frames**: the question's wording around the same content ("Here is a question: ...").
+- **surface noise**: the question in lower case, or a few adjacent letters swapped inside words (a typo rate).
+
+Variant 0 is the probe itself; `robustness=K` adds K more, taken in a fixed order (order first where it can matter,
+then frames, then noise, then their combinations), so a larger K keeps the smaller K's variants. Behaviour probes
+have no variants (their prompt is the instruction being checked).
+
+Example:
+    >>> from forgetwatch.probes import Probe
+    >>> p = Probe("q1", "mcq", "2 + 2 = ?", ("3", "4", "5"), 1)
+    >>> [v.probe.choices for v in make_variants(p, 2, lettered=True)]
+    [('3', '4', '5'), ('5', '3', '4'), ('4', '5', '3')]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .probes import Probe
+
+__all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "VariantOutcomes", "make_variants", "max_variants",
+           "check_robustness", "plan_variants", "variant_key", "RobustnessError"]
+
+# Bump when a frame, a noise rule or the order of variants changes: variants are part of the cache key.
+VARIANTS_VERSION = 1
+# The question's wording around the same content. Neutral for every kind of question (multiple choice, short answer).
+FRAMES = ("{q}", "Here is a question: {q}", "Please answer the following question. {q}", "{q} Answer carefully.")
+NOISES = ("none", "lowercase", "typos")
+TYPO_RATE = 0.1  # share of the words of 4+ letters that get two adjacent letters swapped (at least one word)
+
+
+class RobustnessError(ValueError):
+    """A robustness setting that cannot be applied to these probes (says what to change)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One form of a probe: the probe as scored (question, options and gold moved) and how it was made.
+
+    `order[j]` is the original index of the option now at position j, so a chosen position maps back to the
+    original option as `order[pred]`.
+    """
+
+    probe: Probe
+    index: int  # 0: the probe itself
+    shift: int = 0
+    frame: int = 0
+    noise: str = "none"
+    order: tuple[int, ...] = ()
+
+
+def max_variants(probe: Probe, lettered: bool) -> int:
+    """How many variants `probe` can have besides itself (0 for behaviour probes).
+
+    Example:
+        >>> max_variants(Probe("q", "mcq", "?", ("a", "b"), 0), lettered=True)
+        23
+        >>> max_variants(Probe("q", "mcq", "?", ("a", "b"), 0), lettered=False)
+        11
+    """
+    if probe.is_behavior:
+        return 0
+    shifts = probe.num_choices if (lettered and probe.kind == "mcq") else 1
+    return shifts * len(FRAMES) * len(NOISES) - 1
+
+
+def check_robustness(k: int | None, probes: Sequence[Probe], lettered: bool) -> None:
+    """Refuse a `robustness` the probes cannot take, saying what to change: below 1, or more variants than a probe
+    can have (behaviour probes are left out of robustness: they are not counted here)."""
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise RobustnessError(f"`robustness` is the number of variants scored besides each probe: an integer ≥ 1, got {k!r} "
+                              "(leave it unset to score no variants)")
+    knowledge = [p for p in probes if not p.is_behavior]
+    if not knowledge:
+        raise RobustnessError("`robustness` scores variants of knowledge probes (multiple choice, short answers), and "
+                              "this probe set has only behaviour probes, which have none: leave `robustness` unset")
+    worst = min(knowledge, key=lambda p: max_variants(p, lettered))
+    most = max_variants(worst, lettered)
+    if k > most:
+        how = "option orders × frames × noises" if lettered and worst.kind == "mcq" else "frames × noises"
+        raise RobustnessError(f"robustness={k}, but probe {worst.id!r} ({worst.kind}"
+                              f"{f', {worst.num_choices} options' if worst.kind == 'mcq' else ''}) has {most} variants "
+                              f"besides itself ({how}): use robustness ≤ {most}")
+
+
+def variant_key(k: int, seed: int) -> dict[str, int]:
+    """The part of the cache key that says which variants were scored."""
+    return {"k": k, "seed": seed, "version": VARIANTS_VERSION}
+
+
+def make_variants(probe: Probe, k: int, *, lettered: bool, seed: int = 0) -> list[Variant]:
+    """The probe itself and its first `k` variants (fewer where the probe has fewer: see `max_variants`).
+
+    Deterministic: the same probe, `k`, `lettered` and `seed` give the same variants in any process.
+    """
+    plan = _plan(probe, lettered)[: k + 1]
+    return [_apply(probe, i, shift, frame, noise, seed) for i, (shift, frame, noise) in enumerate(plan)]
+
+
+# A variant is scored as a probe of its own, with this suffix on its probe's id (ids never hold it: `plan_variants`).
+SEP = "~v"
+
+
+@dataclass
+class VariantOutcomes:
+    """Per robust probe, per variant (0: the probe itself): right or not, and for multiple choice the position chosen
+    (-1: none valid) and the gold position, in the variant's own order."""
+
+    ids: list[str]
+    right: np.ndarray  # [probes, variants] bool
+    chosen: np.ndarray  # [probes, variants] int
+    gold: np.ndarray  # [probes, variants] int (-1 for short answers)
+    num_choices: np.ndarray  # [probes] int (0 for short answers)
+
+
+@dataclass
+class VariantPlan:
+    """Which variants of which probes are scored: `scored()` is what goes to `score_probes` in one call (the probes
+    and their variants together, so variants share the probes' batches), `outcomes()` reads the results back."""
+
+    probes: list[Probe]
+    variants: dict[str, list[Variant]] = field(default_factory=dict)  # robust probe id -> its variants, itself first
+
+    def scored(self) -> list[Probe]:
+        extra = [dataclasses.replace(v.probe, id=f"{pid}{SEP}{v.index}") for pid, vs in self.variants.items() for v in vs[1:]]
+        return [*self.probes, *extra]
+
+    def outcomes(self, results: Any) -> VariantOutcomes:
+        """From the `ProbeResults` of `scored()`."""
+        from .results import CORRECT
+
+        ids = list(self.variants)
+        k = max((len(vs) for vs in self.variants.values()), default=1)
+        pos = {pid: i for i, pid in enumerate(results.ids)}
+        right = np.zeros((len(ids), k), bool)
+        chosen = np.full((len(ids), k), -1, np.int64)
+        gold = np.full((len(ids), k), -1, np.int64)
+        num = np.zeros(len(ids), np.int64)
+        for r, pid in enumerate(ids):
+            for v in self.variants[pid]:
+                i = pos[pid if v.index == 0 else f"{pid}{SEP}{v.index}"]
+                right[r, v.index] = results.outcome[i] == CORRECT and not (results.nonfinite is not None and results.nonfinite[i])
+                chosen[r, v.index] = results.pred_index[i]
+                gold[r, v.index] = v.probe.gold if v.probe.gold is not None else -1
+            num[r] = self.variants[pid][0].probe.num_choices
+        return VariantOutcomes(ids, right, chosen, gold, num)
+
+
+def plan_variants(probes: Sequence[Probe], k: int, *, lettered: bool, seed: int = 0,
+                  only: Collection[str] | None = None) -> VariantPlan:
+    """Variants 1..k of every knowledge probe (of those in `only`, when given: a subset bounds the cost), checked
+    first with `check_robustness`. Behaviour probes are scored as they are, without variants.
+
+    Example:
+        >>> plan = plan_variants([Probe("q", "mcq", "2 + 2 = ?", ("3", "4"), 1)], 2, lettered=True)
+        >>> [p.id for p in plan.scored()]
+        ['q', 'q~v1', 'q~v2']
+    """
+    if any(SEP in p.id for p in probes):
+        bad = next(p.id for p in probes if SEP in p.id)
+        raise RobustnessError(f"probe id {bad!r} holds {SEP!r}, which names variants: rename the probe to score variants")
+    chosen = [p for p in probes if not p.is_behavior and (only is None or p.id in only)]
+    check_robustness(k, chosen, lettered)
+    return VariantPlan(list(probes), {p.id: make_variants(p, k, lettered=lettered, seed=seed) for p in chosen})
+
+
+def _plan(probe: Probe, lettered: bool) -> list[tuple[int, int, str]]:
+    """Every (shift, frame, noise) of a probe, in the order variants are taken: the probe, then each single change
+    (order first, then frames, then noises), then the combinations."""
+    if probe.is_behavior:
+        return [(0, 0, "none")]
+    shifts = range(probe.num_choices if (lettered and probe.kind == "mcq") else 1)
+    every = [(s, f, n) for n in NOISES for f in range(len(FRAMES)) for s in shifts]
+    changes = lambda v: (v[0] != 0) + (v[1] != 0) + (v[2] != "none")  # noqa: E731
+    return sorted(every, key=changes)  # stable: within a number of changes, shifts vary fastest, then frames, noises
+
+
+def _apply(probe: Probe, index: int, shift: int, frame: int, noise: str, seed: int) -> Variant:
+    n = probe.num_choices
+    order = tuple((j - shift) % n for j in range(n)) if n else ()  # position j holds original option order[j]
+    question = FRAMES[frame].format(q=probe.question)
+    rng = random.Random(_seed(seed, probe.id, index))
+    if noise == "lowercase":
+        question = question.lower()
+    elif noise == "typos":
+        question = _typos(question, rng)
+    changes = {"question": question}
+    if n:
+        changes["choices"] = tuple(probe.choices[i] for i in order)
+        changes["gold"] = order.index(probe.gold)
+    return Variant(dataclasses.replace(probe, **changes), index, shift, frame, noise, order)
+
+
+def _typos(text: str, rng: random.Random) -> str:
+    words = text.split(" ")
+    long = [i for i, w in enumerate(words) if sum(c.isalpha() for c in w) >= 4]
+    if not long:
+        return text
+    for i in rng.sample(long, max(1, round(TYPO_RATE * len(long)))):
+        w = words[i]
+        spots = [j for j in range(len(w) - 1) if w[j].isalpha() and w[j + 1].isalpha() and w[j] != w[j + 1]]
+        if spots:
+            j = rng.choice(spots)
+            words[i] = w[:j] + w[j + 1] + w[j] + w[j + 2 :]
+    return " ".join(words)
+
+
+def _seed(seed: int, probe_id: str, index: int) -> int:
+    # not hash(): Python salts str hashes per process, and every rank and the watcher must draw the same typos
+    return int.from_bytes(hashlib.sha256(f"{seed}\0{probe_id}\0{index}".encode()).digest()[:8], "big")
