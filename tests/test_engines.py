@@ -318,3 +318,21 @@ def test_continuous_batching_under_autocast(tokenizer, caplog):
     hf = HFEngine(model, tokenizer)
     with hf.running(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert got == hf.generate(requests, chat=False)
+
+
+@requires_continuous_batching
+def test_a_request_continuous_batching_fails_raises_instead_of_an_empty_answer(tokenizer):
+    """transformers ends a request that failed in its generation thread as finished, with no tokens: that must not
+    come back as an empty answer (a wrong figure), but as the error."""
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    model = build_model(tokenizer)
+
+    def broken(module, args, kwargs):
+        raise RuntimeError("a forward that fails")
+
+    handle = model.register_forward_pre_hook(broken, with_kwargs=True)
+    engine = ContinuousBatchingEngine(model, tokenizer)
+    with pytest.raises(RuntimeError, match="transformers' continuous batching failed: .*a forward that fails"), engine.running():
+        engine.generate([GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(2))], chat=False)
+    handle.remove()
