@@ -75,7 +75,9 @@ def main() -> None:
                      "consistency": f["consistency_pre"],
                      "right_in_original_but_not_all": int((right & ~o.right[rows].all(1)).sum())}
             if mode == "letter":
-                entry["position_bias"] = position_bias(o.chosen[rows], o.gold[rows], o.num_choices[rows])
+                # on the pure option shifts of probes that have them all (gold equally often at each position)
+                entry["position_bias"] = position_bias(o.chosen[rows], o.gold[rows], o.num_choices[rows], o.balanced[rows])
+                entry["position_bias_answers"] = int(o.balanced[rows].sum())
                 chosen = o.chosen[rows].ravel()
                 entry["chosen_letters"] = np.bincount(chosen[chosen >= 0], minlength=5).tolist()
             per[s] = entry

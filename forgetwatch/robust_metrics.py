@@ -8,11 +8,12 @@ accuracy does).
 - `robust_forgetting`: of the probes robust at base, the share not robust now (1→0 of robustness).
 - `consistency`: mean share of a probe's variants answered right; its change since base.
 - `fragile`: probes robust at base, still right in their original form, but no longer in every variant: half
-  forgotten, invisible to plain 1→0. Listed as flips of their own kind.
+  forgotten, invisible to plain 1→0 (`fragile_probes` says which).
 - `position_bias` (lettered modes only): total variation distance between the positions the model chose and the
-  positions of the gold answers, over every variant of the probes with the same number of options (cyclic shifts put
-  the gold answer at every position equally, so an unbiased model is at 0), averaged over option counts weighted by
-  answers; its change since base.
+  positions of the gold answers, per number of options, averaged over option counts weighted by answers; its change
+  since base. Measured on the pure option shifts of probes that have all of them (`VariantOutcomes.balanced`): there
+  the gold answer stands at every position equally often, so always choosing one letter shows as bias, while a model
+  that is right or guesses uniformly is at 0.
 
 Example:
     >>> import numpy as np
@@ -66,11 +67,12 @@ def fragile_probes(base: np.ndarray, now: np.ndarray) -> np.ndarray:
     return base.all(1) & now[:, 0] & ~now.all(1)
 
 
-def position_bias(chosen: np.ndarray, gold: np.ndarray, num_choices: np.ndarray) -> float:
+def position_bias(chosen: np.ndarray, gold: np.ndarray, num_choices: np.ndarray, mask: np.ndarray | None = None) -> float:
     """Total variation distance between chosen and gold positions, per option count, weighted by answers.
 
     `chosen`, `gold`: [probes, variants] positions (chosen -1 where the model gave no valid letter: left out);
-    `num_choices`: [probes]. NaN when no answer is valid.
+    `num_choices`: [probes]; `mask`: [probes, variants], the answers to count (`VariantOutcomes.balanced`). NaN when
+    no answer is valid.
 
     Example:
         >>> import numpy as np
@@ -79,11 +81,12 @@ def position_bias(chosen: np.ndarray, gold: np.ndarray, num_choices: np.ndarray)
     """
     chosen, gold = np.asarray(chosen), np.asarray(gold)
     num_choices = np.asarray(num_choices)
+    mask = np.ones(chosen.shape, bool) if mask is None else np.asarray(mask, bool)
     total, weight = 0.0, 0
-    for k in np.unique(num_choices):
+    for k in np.unique(num_choices[num_choices > 0]):
         rows = num_choices == k
         c, g = chosen[rows].ravel(), gold[rows].ravel()
-        valid = c >= 0
+        valid = (c >= 0) & mask[rows].ravel()
         m = int(valid.sum())
         if not m:
             continue

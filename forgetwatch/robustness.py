@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import numbers
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ __all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "VariantOutcomes", "mak
            "check_robustness", "plan_variants", "variant_key", "RobustnessError"]
 
 # Bump when a frame, a noise rule or the order of variants changes: variants are part of the cache key.
-VARIANTS_VERSION = 1
+VARIANTS_VERSION = 2
 # The question's wording around the same content. Neutral for every kind of question (multiple choice, short answer).
 FRAMES = ("{q}", "Here is a question: {q}", "Please answer the following question. {q}", "{q} Answer carefully.")
 NOISES = ("none", "lowercase", "typos")
@@ -84,7 +85,7 @@ def check_robustness(k: int | None, probes: Sequence[Probe], lettered: bool) -> 
     can have (behaviour probes are left out of robustness: they are not counted here)."""
     if k is None:
         return
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise RobustnessError(f"`robustness` is the number of variants scored besides each probe: an integer ≥ 1, got {k!r} "
                               "(leave it unset to score no variants)")
     knowledge = [p for p in probes if not p.is_behavior]
@@ -125,9 +126,12 @@ class VariantOutcomes:
 
     ids: list[str]
     right: np.ndarray  # [probes, variants] bool
-    chosen: np.ndarray  # [probes, variants] int
+    chosen: np.ndarray  # [probes, variants] int (-1: no valid answer, or NaN / inf scores)
     gold: np.ndarray  # [probes, variants] int (-1 for short answers)
     num_choices: np.ndarray  # [probes] int (0 for short answers)
+    # [probes, variants] bool: the pure option shifts (no frame, no noise) of probes whose variants hold every shift,
+    # over which the gold answer stands at each position equally often: what position bias is measured on
+    balanced: np.ndarray
 
 
 @dataclass
@@ -153,14 +157,20 @@ class VariantPlan:
         chosen = np.full((len(ids), k), -1, np.int64)
         gold = np.full((len(ids), k), -1, np.int64)
         num = np.zeros(len(ids), np.int64)
+        balanced = np.zeros((len(ids), k), bool)
         for r, pid in enumerate(ids):
-            for v in self.variants[pid]:
+            variants = self.variants[pid]
+            for v in variants:
                 i = pos[pid if v.index == 0 else f"{pid}{SEP}{v.index}"]
-                right[r, v.index] = results.outcome[i] == CORRECT and not (results.nonfinite is not None and results.nonfinite[i])
-                chosen[r, v.index] = results.pred_index[i]
+                bad = results.nonfinite is not None and bool(results.nonfinite[i])
+                right[r, v.index] = results.outcome[i] == CORRECT and not bad
+                chosen[r, v.index] = -1 if bad else results.pred_index[i]  # argmax over NaN is no choice
                 gold[r, v.index] = v.probe.gold if v.probe.gold is not None else -1
-            num[r] = self.variants[pid][0].probe.num_choices
-        return VariantOutcomes(ids, right, chosen, gold, num)
+            num[r] = variants[0].probe.num_choices
+            shifts = [v.index for v in variants if v.frame == 0 and v.noise == "none"]
+            if num[r] and len({variants[j].shift for j in shifts}) == num[r]:
+                balanced[r, shifts] = True
+        return VariantOutcomes(ids, right, chosen, gold, num, balanced)
 
 
 def plan_variants(probes: Sequence[Probe], k: int, *, lettered: bool, seed: int = 0,
@@ -176,6 +186,11 @@ def plan_variants(probes: Sequence[Probe], k: int, *, lettered: bool, seed: int 
     if any(SEP in p.id for p in probes):
         bad = next(p.id for p in probes if SEP in p.id)
         raise RobustnessError(f"probe id {bad!r} holds {SEP!r}, which names variants: rename the probe to score variants")
+    if only is not None:
+        unknown = sorted(set(only) - {p.id for p in probes})
+        if unknown:
+            raise RobustnessError(f"{len(unknown)} probe id(s) to score variants of are not in the probe set (first: "
+                                  f"{', '.join(map(repr, unknown[:3]))}): name probes of the set")
     chosen = [p for p in probes if not p.is_behavior and (only is None or p.id in only)]
     check_robustness(k, chosen, lettered)
     return VariantPlan(list(probes), {p.id: make_variants(p, k, lettered=lettered, seed=seed) for p in chosen})
@@ -195,13 +210,13 @@ def _plan(probe: Probe, lettered: bool) -> list[tuple[int, int, str]]:
 def _apply(probe: Probe, index: int, shift: int, frame: int, noise: str, seed: int) -> Variant:
     n = probe.num_choices
     order = tuple((j - shift) % n for j in range(n)) if n else ()  # position j holds original option order[j]
-    question = FRAMES[frame].format(q=probe.question)
+    question = probe.question  # noise first, so that typos land in the question, not in the frame's words
     rng = random.Random(_seed(seed, probe.id, index))
     if noise == "lowercase":
         question = question.lower()
     elif noise == "typos":
         question = _typos(question, rng)
-    changes = {"question": question}
+    changes = {"question": FRAMES[frame].format(q=question)}
     if n:
         changes["choices"] = tuple(probe.choices[i] for i in order)
         changes["gold"] = order.index(probe.gold)

@@ -336,3 +336,25 @@ def test_a_request_continuous_batching_fails_raises_instead_of_an_empty_answer(t
     with pytest.raises(RuntimeError, match="transformers' continuous batching failed: .*a forward that fails"), engine.running():
         engine.generate([GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(2))], chat=False)
     handle.remove()
+
+
+@requires_continuous_batching
+def test_a_models_own_continuous_batching_manager_is_not_taken_over(tokenizer, caplog):
+    """transformers hands back a manager the model keeps (`persistent_manager=True`), configured for other requests
+    (no log-probabilities: NaN would go unseen) and destroyed on exit: the HF engine generates instead, said once."""
+    import logging
+
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    model = build_model(tokenizer)
+    requests = [GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(2))]
+    engine = ContinuousBatchingEngine(model, tokenizer)
+    model._cached_continuous_batching_manager = kept = object.__new__(type("Manager", (), {}))
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"), engine.running():
+        got = engine.generate(requests, chat=False)
+    assert "holds a continuous-batching manager of its own" in caplog.text
+    assert model._cached_continuous_batching_manager is kept
+    del model._cached_continuous_batching_manager
+    hf = HFEngine(model, tokenizer)
+    with hf.running():
+        assert got == hf.generate(requests, chat=False)

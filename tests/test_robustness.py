@@ -181,3 +181,64 @@ def test_a_probe_id_holding_the_variant_separator_is_refused():
         from forgetwatch.robustness import plan_variants
 
         plan_variants([Probe("a~v1", "short", "?", answers=("x",))], 1, lettered=True)
+
+
+def test_noise_lands_in_the_question_not_in_the_frame():
+    for v in make_variants(MCQ, max_variants(MCQ, lettered=False), lettered=False):
+        before, after = FRAMES[v.frame].split("{q}")
+        assert v.probe.question.startswith(before) and v.probe.question.endswith(after)  # the frame's words intact
+        inner = v.probe.question[len(before) : len(v.probe.question) - len(after)]
+        assert (inner == MCQ.question) == (v.noise == "none")
+
+
+def _results_of(plan, pred):
+    """ProbeResults of `plan.scored()` where the model chooses `pred(probe)` (a position) for every probe."""
+    from forgetwatch.results import CORRECT, WRONG, ProbeResults
+
+    scored = plan.scored()
+    r = ProbeResults.empty([p.id for p in scored])
+    for i, p in enumerate(scored):
+        r.pred_index[i] = pred(p)
+        r.outcome[i] = CORRECT if pred(p) == p.gold else WRONG
+    return r
+
+
+def test_position_bias_is_measured_on_balanced_shifts_only():
+    """2-option probes whose gold answer is always "A", 3 variants each: one shift and two frames, so over all forms
+    gold stands at "A" 3 times in 4. Only the pure shifts (gold once at each position) tell a model that always says
+    "A" (bias 0.5) from one that is always right (0): over all forms both would read 0.25."""
+    from forgetwatch.robustness import plan_variants
+
+    probes = [Probe(f"t{i}", "mcq", f"Is {i} a number?", ("yes", "no"), 0) for i in range(4)]
+    plan = plan_variants(probes, 3, lettered=True)
+    always_a = plan.outcomes(_results_of(plan, lambda p: 0))
+    right = plan.outcomes(_results_of(plan, lambda p: p.gold))
+    assert always_a.balanced.tolist() == [[True, True, False, False]] * 4
+    assert position_bias(always_a.chosen, always_a.gold, always_a.num_choices, always_a.balanced) == 0.5
+    assert position_bias(right.chosen, right.gold, right.num_choices, right.balanced) == 0.0
+    assert position_bias(always_a.chosen, always_a.gold, always_a.num_choices) == 0.25  # unmasked: the confusion
+    assert position_bias(right.chosen, right.gold, right.num_choices) == 0.0
+    # a probe without all its shifts among its variants counts for nothing
+    few = plan_variants(probes, 1, lettered=True).outcomes(_results_of(plan_variants(probes, 1, lettered=True), lambda p: 0))
+    assert few.balanced.all()  # 2 options: the probe and its one shift
+    assert not plan_variants([MCQ], 2, lettered=True).outcomes(
+        _results_of(plan_variants([MCQ], 2, lettered=True), lambda p: 0)).balanced.any()  # 4 options, 2 shifts of 3
+
+
+def test_nonfinite_answers_are_no_choice_and_not_right():
+    from forgetwatch.robustness import plan_variants
+
+    plan = plan_variants([MCQ], 3, lettered=True)
+    r = _results_of(plan, lambda p: p.gold)
+    r.nonfinite = np.zeros(len(r.ids), bool)
+    r.nonfinite[2] = True  # argmax over NaN: a position that is no choice
+    out = plan.outcomes(r)
+    assert out.chosen[0, 2] == -1 and not out.right[0, 2] and out.right[0, [0, 1, 3]].all()
+
+
+def test_plan_refuses_ids_it_does_not_know_and_takes_numpy_integers():
+    from forgetwatch.robustness import plan_variants
+
+    with pytest.raises(RobustnessError, match=r"1 probe id\(s\) to score variants of are not in the probe set \(first: 'nope'\)"):
+        plan_variants([MCQ, SHORT], 1, lettered=True, only=["q1", "nope"])
+    assert len(plan_variants([MCQ], np.int64(2), lettered=True).scored()) == 3

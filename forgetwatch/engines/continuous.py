@@ -62,6 +62,11 @@ def continuous_batching_unavailable(model: torch.nn.Module, *, sync_ranks: bool 
         return f"the model's attention implementation {impl!r} has no paged form"
     if any(p.device.type == "meta" for p in model.parameters()):
         return "the model's weights are sharded (FSDP / ZeRO-3) or on the meta device"
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        return "the model is split across devices (device_map), and its paged cache lives on one"
+    if getattr(model, "_cached_continuous_batching_manager", None) is not None:
+        # transformers would hand back that manager, sized and configured for someone else's requests
+        return "the model holds a continuous-batching manager of its own (persistent_manager=True)"
     return None
 
 
@@ -98,7 +103,8 @@ class ContinuousBatchingEngine(HFEngine):
 
     def generate(self, requests: Sequence[GenerateRequest], *, chat: bool, bar: Any = None) -> list[Answer]:
         """Greedy answers, in the order of `requests`, from one continuous-batching session."""
-        why = self.unavailable or _mixed_precision(self.model)
+        # asked again: autocast, a manager of the model's own and the like can change between calls
+        why = continuous_batching_unavailable(self.model, sync_ranks=self.sync_ranks) or _mixed_precision(self.model)
         if why:
             warn_once(f"no-continuous:{why}", f"forgetwatch: engine='continuous' cannot run here ({why}): generating "
                       "with the HF engine's refilling batch instead.")
@@ -112,9 +118,13 @@ class ContinuousBatchingEngine(HFEngine):
                             "the tokens they may generate (max_new_tokens)")
         eos, pad_id = self.eos_token_ids, pad_token_id(tokenizer)
         tokens, logprobs = self._run(ids, [r.max_new_tokens for r in requests], eos)
+        from transformers import StopStringCriteria
+
+        # one matcher per set of stop strings: building one reads the whole vocabulary (~60 ms for SmolLM2's)
+        criteria = {stops: StopStringCriteria(tokenizer, list(stops)) for stops in {tuple(r.stops) for r in requests} if stops}
         out = []
         for x, r, toks, lps in zip(ids, requests, tokens, logprobs, strict=True):
-            toks = _cut_at_stop(tokenizer, x, toks, r.stops, eos) if r.stops else toks
+            toks = _cut_at_stop(criteria[tuple(r.stops)], pad_id, x, toks, eos) if r.stops else toks
             bad = any(not (lp == lp and abs(lp) != float("inf")) for lp in lps[: len(toks)])
             out.append(_answer(tokenizer, toks, eos, pad_id, r.max_new_tokens, list(r.stops), bad))
             if bar is not None:
@@ -139,8 +149,9 @@ class ContinuousBatchingEngine(HFEngine):
         )
         tokens: dict[str, list[int]] = {}
         logprobs: dict[str, list[float]] = {}
-        with _autocast_in_every_thread(model), model.continuous_batching_context_manager(generation_config=gen_config, continuous_batching_config=cb_config,
-                                                       block=True, timeout=30, warmup=False) as manager:
+        with _autocast_in_every_thread(model), model.continuous_batching_context_manager(
+                generation_config=gen_config, continuous_batching_config=cb_config, block=True, timeout=30,
+                warmup=False) as manager, _hard_stop_on_error(manager):
             for i, (x, n) in enumerate(zip(ids, budgets, strict=True)):
                 manager.add_request(x, request_id=str(i), max_new_tokens=n, eos_token_id=eos or -1)
             while len(tokens) < len(ids):
@@ -155,8 +166,23 @@ class ContinuousBatchingEngine(HFEngine):
                         raise RuntimeError(f"transformers' continuous batching failed: {result.error}")
                     tokens[result.request_id] = list(result.generated_tokens)
                     logprobs[result.request_id] = list(getattr(result, "logprobs", None) or [])
+                    if len(logprobs[result.request_id]) < len(tokens[result.request_id]):
+                        # without them a NaN would pass for an answer
+                        raise RuntimeError("transformers' continuous batching returned no log-probabilities, which "
+                                           "forgetwatch reads to flag NaN / inf answers")
         keys = [str(i) for i in range(len(ids))]
         return [tokens[k] for k in keys], [logprobs[k] for k in keys]
+
+
+@contextlib.contextmanager
+def _hard_stop_on_error(manager: Any) -> Iterator[None]:
+    """On an error (or Ctrl-C) stop the generation thread at once, failing what is queued: by default transformers'
+    exit flushes the queue, generating every answer nobody will read."""
+    try:
+        yield
+    except BaseException:
+        manager.stop(block=True, timeout=30, hard_stop=True)
+        raise
 
 
 def _config_class() -> Any:
@@ -215,14 +241,10 @@ def _blocks_needed(ids: list[list[int]], budgets: list[int], batch_size: int) ->
     return sum(need[:batch_size]) + 8
 
 
-def _cut_at_stop(tokenizer: Any, prompt: list[int], tokens: list[int], stops: Sequence[str], eos: list[int]) -> list[int]:
+def _cut_at_stop(stop: Any, pad: int, prompt: list[int], tokens: list[int], eos: list[int]) -> list[int]:
     """`tokens` up to the one that completes a stop string, matched as the HF engine's refilling batch matches it
-    (transformers' `StopStringCriteria` on the sequence's last tokens, prompt included)."""
-    from transformers import StopStringCriteria
-
-    stop = StopStringCriteria(tokenizer, list(stops))
+    (transformers' `StopStringCriteria` `stop` on the sequence's last tokens, prompt included)."""
     K = stop.maximum_token_len
-    pad = pad_token_id(tokenizer)
     for k in range(1, len(tokens) + 1):
         if tokens[k - 1] in eos:
             return tokens
