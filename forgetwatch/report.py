@@ -10,6 +10,10 @@
         probe_states.png                   how many probes are retained / forgotten / learned / never known at each step
         probe_matrix.png                   every probe × every evaluation, grouped by category, coloured by that state
         drift.png                          margins and KL since base (when the run has them)
+        robustness.png                     robust vs plain forgetting, consistency, position bias (robustness on)
+
+With robustness on (`robustness=K`, issue 29) the page also shows the robust figures evaluation by evaluation and
+the probes fragile at the final evaluation (robust at base, right as asked now, wrong in some variant now).
 
 Everything comes from the record (`metrics.jsonl`, `flips.jsonl`, `probes.jsonl`, `evals/`, `trainer_log.jsonl`, or
 the trainer's `trainer_state.json` for records made before the callback kept the trainer's log); nothing is
@@ -33,7 +37,8 @@ import numpy as np
 
 from ._io import atomic_write
 from .probes import ProbeSet
-from .record import RunRecord, load_record
+from .record import RecordError, RunRecord, load_record
+from .robust_metrics import fragile_probes
 
 __all__ = ["make_report"]
 
@@ -53,12 +58,15 @@ _PNG = {
     "states": "probe_states.png",
     "matrix": "probe_matrix.png",
     "behavior": "behavior.png",
+    "robustness": "robustness.png",
 }
 # the four states of a probe against the base model, in the order they are stacked, and their colours
 _STATES = ("retained", "forgotten", "learned", "never known")
 _STATE_COLORS = ("#8fc98f", "tab:red", "tab:blue", "#e6e6e6")
 CUT = 160  # characters of a question (or answer) shown in a table cell; the rest unfolds below them
 _VS_BASE = {(True, True): "retained", (True, False): "forgotten", (False, True): "learned", (False, False): "never known"}
+_ROBUST_COLOR = "tab:purple"
+_CORRECTNESS = ("1→0", "0→1")  # flips.jsonl directions that are changes of correctness (robustness adds others)
 _LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
 
 
@@ -114,6 +122,8 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
         figures["drift"] = _plot_drift(figure_cls, rows)
     if any("runaway_rate" in r["metrics"][OVERALL] for r in rows):  # generated answers: how they behave
         figures["behavior"] = _plot_behavior(figure_cls, rows)
+    if _has_robustness(rows):  # robustness on: each probe scored in variants too
+        figures["robustness"] = _plot_robustness(figure_cls, rows)
     for key, fig in figures.items():
         canvas_cls(fig)
         with atomic_write(out / _PNG[key], "wb") as f:
@@ -123,6 +133,8 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows, train_source)
     page = page.replace("<!--problems-->", _problems(problems))
     page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
+    robust = _robust_section(record, probes, rows, max_rows)
+    page = page.replace("<!--robustness-->", "\n\n" + robust if robust else "")
     path = out / "report.html"
     with atomic_write(path) as f:
         f.write(page)
@@ -225,13 +237,15 @@ def _adjusted(rows: list[dict[str, Any]], name: str) -> bool:
 def _final_flips(record: RunRecord, probes: ProbeSet, final_step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The probes forgotten (base right, wrong now) and learned (base wrong, right now) at the final evaluation.
 
-    `flips.jsonl` holds one row per change of correctness between consecutive evaluations, so a probe's last
-    row gives its state now. Multiple-choice predictions come from the final evaluation's `pred_index`
+    `flips.jsonl` holds one row per change of correctness between consecutive evaluations (1→0, 0→1), so a probe's
+    last such row gives its state now; its rows of changes of robustness (robust→fragile, fragile→robust) are not
+    counted here. Multiple-choice predictions come from the final evaluation's `pred_index`
     (a forgotten probe can move between wrong options without a flip); short answers keep their last flip's text.
     """
     by_id: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(record.read_flips(), key=lambda r: r["step"]):
-        if r["step"] <= final_step:
+        # only changes of correctness: robustness's rows (robust→fragile, fragile→robust) are of a probe right as asked
+        if r["step"] <= final_step and r.get("direction") in _CORRECTNESS:
             by_id.setdefault(r["id"], []).append(r)
     pred_index = None
     if final_step in record.eval_steps():
@@ -484,6 +498,65 @@ def _plot_behavior(figure_cls, rows):
     return fig
 
 
+def _has_robustness(rows) -> bool:
+    """Whether the record's last evaluation has robust figures (robustness on)."""
+    return "robust_n" in rows[-1]["metrics"][OVERALL]
+
+
+def _robust_group(rows) -> str:
+    """The group the robust figures are read from: the knowledge probes' when the set mixes in behaviour probes (they
+    have no variants), else all probes."""
+    return "all_knowledge" if "robust_n" in rows[-1]["metrics"].get("all_knowledge", {}) else OVERALL
+
+
+def _count(value: Any) -> str:
+    """A count from metrics.jsonl; "?" where the figure is missing (NaN)."""
+    return "?" if value is None or (isinstance(value, float) and not math.isfinite(value)) else str(int(value))
+
+
+def _plot_robustness(figure_cls, rows):
+    """Robust forgetting with its Wilson band beside plain forgetting (top); the change of consistency since base and,
+    in lettered modes, the position bias now (bottom, right axis)."""
+    group = _robust_group(rows)
+    final = rows[-1]["metrics"][group]
+    x = _steps(rows)
+    fig = figure_cls(figsize=(8, 6.4), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    top.plot(x, _series(rows, group, "forgetting"), color=_F_COLOR, linestyle="--", marker="o", markersize=3,
+             linewidth=1.5, label="forgetting as asked (1→0)")
+    top.fill_between(x, _series(rows, group, "robust_forgetting_ci_low"), _series(rows, group, "robust_forgetting_ci_high"),
+                     color=_ROBUST_COLOR, alpha=0.15, linewidth=0, label="robust forgetting, 95% Wilson interval")
+    top.plot(x, _series(rows, group, "robust_forgetting"), color=_ROBUST_COLOR, marker="o", markersize=4, linewidth=2,
+             label=f"robust forgetting (of the {_count(final.get('robust_pre'))} probes robust at base)")
+    _style_axis(top, rows)
+    top.set_title("Forgetting as asked and in every variant", fontsize="medium")
+    change = _series(rows, group, "consistency_change")
+    bottom.plot(x, change, color="black", marker="o", markersize=4, linewidth=2, label="consistency change since base")
+    bottom.axhline(0, color="grey", linewidth=0.8)
+    _style_axis(bottom, rows, ylabel="consistency change")
+    span = np.nanmax(np.abs(np.r_[change, 0.0])) if np.isfinite(change).any() else 0.0
+    bottom.set_ylim(-span * 1.15 - 0.01, span * 1.15 + 0.01)  # about 0: a drop shows below the line
+    bottom.set_xlabel("optimizer step")
+    handles, labels = [], []
+    for ax in (top, bottom):
+        h, lab = ax.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    bias = _series(rows, group, "position_bias_post")
+    if np.isfinite(bias).any():  # lettered modes: which letter the model picks, against where the gold answers are
+        twin = bottom.twinx()
+        twin.plot(x, bias, color="tab:orange", linestyle=":", marker="s", markersize=3, linewidth=1.5,
+                  label="position bias now (right axis)")
+        twin.set_ylim(0, max(0.1, float(np.nanmax(bias)) * 1.15))
+        twin.set_ylabel("position bias (TV distance)")
+        h, lab = twin.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    what = "knowledge probes" if group != OVERALL else "probes"
+    fig.suptitle(f"Robustness since base: {_count(final.get('robust_n'))} {what}, each in "
+                 f"{_count(final.get('robust_variants'))} variants besides itself")
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small", frameon=False)
+    return fig
+
+
 def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
     """At-risk probes at the last evaluation, the precision noise floor and budget events, when the record has them."""
     final, o = rows[-1], rows[-1]["metrics"][OVERALL]
@@ -685,6 +758,113 @@ def _behavior_section(rows: list[dict[str, Any]]) -> str:
             "now. n/a: no such probe.</p>")
 
 
+def _robust_section(record: RunRecord, probes: ProbeSet, rows: list[dict[str, Any]], max_rows: int) -> str:
+    """Robustness over the run (one row per evaluation), then the probes fragile at the final evaluation."""
+    if not _has_robustness(rows):
+        return ""
+    group = _robust_group(rows)
+    bias = any("position_bias_post" in r["metrics"].get(group, {}) for r in rows)
+
+    def num(v: Any, fmt: str = ".3f") -> str:
+        return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+
+    body = []
+    for r in rows:
+        m = r["metrics"].get(group, {})
+        forgetting = num(m.get("robust_forgetting"))
+        if forgetting != "n/a":
+            forgetting += f" ({_count(m.get('robust_lost'))} of {_count(m.get('robust_pre'))})"
+        ci = (f"[{num(m.get('robust_forgetting_ci_low'))}, {num(m.get('robust_forgetting_ci_high'))}]"
+              if num(m.get("robust_forgetting_ci_low")) != "n/a" else "n/a")
+        cells = [r["step"], f"{num(m.get('robust_accuracy_pre'))} → {num(m.get('robust_accuracy_post'))}", forgetting, ci,
+                 num(m.get("consistency_post")), num(m.get("consistency_change"), "+.3f"), _count(m.get("fragile"))]
+        if bias:
+            cells += [num(m.get("position_bias_post")), num(m.get("position_bias_change"), "+.3f")]
+        body.append(f'<tr data-step="{_e(r["step"])}">' + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
+    cols = _ROBUST_COLS + (_BIAS_COLS if bias else ())
+    final = rows[-1]["metrics"][group]
+    what = "knowledge probes" if group != OVERALL else "probes"
+    missing = "".join(f" At step {_e(r['step'])}: {_e(r['metrics'][group]['missing'])}." for r in rows
+                      if r["metrics"].get(group, {}).get("missing"))
+    bias_note = (" Position bias (lettered multiple choice only): the total variation distance between the letters "
+                 "chosen and the gold letters, over the balanced option shifts (each option at each position once): 0 = "
+                 "none, 1 − 1/k = always the same letter; its change since base.") if bias else ""
+    section = (
+        '<h2 id="robustness">Robustness, evaluation by evaluation</h2>\n'
+        f'<p>Each of {_e(_count(final.get("robust_n")))} {what} scored as asked and in '
+        f'{_e(_count(final.get("robust_variants")))} variants (question frames, lower case, typos; option orders in '
+        f"lettered modes), each against its own variants at base (step 0).</p>\n"
+        '<table class="metrics" data-kind="robustness"><thead><tr>' + "".join(f"<th>{_e(c)}</th>" for c in cols)
+        + "</tr></thead><tbody>" + "\n".join(body) + "</tbody></table>\n"
+        '<p class="note">Robust: right in every variant, the probe as asked among them. Robust accuracy: the share of the '
+        "probes robust, at base → now. Robust F: of the probes robust at base, the share no longer robust now (how many "
+        "of how many), with its 95% Wilson interval; n/a: none was robust at base. Consistency: the mean share of a "
+        "probe's variants answered right, now, and its change since base. Fragile: robust at base, still right as "
+        "asked, but wrong in some variant now: forgetting that the 1→0 count does not see." + bias_note
+        + (f" Missing figures (n/a): {missing.strip()}" if missing else "") + "</p>"
+    )
+    fragile = _fragile_now(record, probes, rows[-1]["step"])
+    return section + ("\n" + _fragile_table(fragile, max_rows, rows[-1]["step"]) if fragile is not None else "")
+
+
+_ROBUST_COLS = ("step", "robust accuracy (base → now)", "robust F", "robust F 95% CI", "consistency now",
+                "consistency change", "fragile")
+_BIAS_COLS = ("position bias now", "position bias change")
+_FRAGILE_COLS = ("id", "category", "question", "gold", "forms right now", "fragile since step")
+
+
+def _fragile_now(record: RunRecord, probes: ProbeSet, final_step: int) -> list[dict[str, Any]] | None:
+    """The probes fragile at the final evaluation (robust at base, right as asked now, wrong in some variant now), from
+    the variants recorded at step 0 and at the final step; None when either has none, or they are not the same probes.
+
+    Probes with a variant scored NaN / inf either time are left out (such a variant is no answer). The step each first
+    became fragile comes from flips.jsonl's robust→fragile rows; a probe that became fragile through a plain flip (wrong
+    as asked in between) has none."""
+    steps = record.eval_steps()
+    if 0 not in steps or final_step not in steps:
+        return None
+    try:
+        base, now = record.read_robust(0), record.read_robust(final_step)
+    except RecordError:
+        return None
+    if base is None or now is None or base.ids != now.ids or base.right.shape != now.right.shape:
+        return None
+    since: dict[str, int] = {}
+    for r in sorted(record.read_flips(), key=lambda r: r["step"]):
+        if r.get("direction") == "robust→fragile" and r["step"] <= final_step:
+            since.setdefault(r["id"], r["step"])
+    ok = ~(base.nonfinite.any(1) | now.nonfinite.any(1))
+    out = []
+    for r in np.flatnonzero(fragile_probes(base.right, now.right) & ok):
+        pid = base.ids[int(r)]
+        p = probes[pid] if pid in probes else None
+        out.append({"id": pid, "category": p.category if p else "", "question": p.question if p else "",
+                    "gold": p.gold_text if p else "", "right": f"{int(now.right[r].sum())} of {now.right.shape[1]}",
+                    "since": since.get(pid)})
+    return sorted(out, key=lambda r: (r["category"], r["since"] if r["since"] is not None else math.inf, r["id"]))
+
+
+def _fragile_table(fragile: list[dict[str, Any]], max_rows: int, final_step: int) -> str:
+    head = (f'<h3 id="fragile">Fragile at step {_e(final_step)}: {len(fragile)} probes robust at base, right as asked '
+            "now, wrong in some variant now</h3>")
+    if not fragile:
+        return head + '<p class="note">none</p>'
+    body = []
+    for r in fragile[:max_rows]:
+        since = r["since"] if r["since"] is not None else "—"
+        cells = [(r["id"], ' class="id"'), (r["category"], ""), (r["question"], ' class="q"'), (r["gold"], ""),
+                 (r["right"], ' class="num"'), (since, ' class="num"')]
+        body.append(f'<tr data-id="{_e(r["id"])}">' + "".join(f"<td{c}>{_cell(v)}</td>" for v, c in cells) + "</tr>")
+    more = len(fragile) - max_rows
+    tail = f'<p class="note">… and {more} more not shown.</p>' if more > 0 else ""
+    return (head + '<table class="flips" data-kind="fragile"><thead><tr>'
+            + "".join(f"<th>{_e(c)}</th>" for c in _FRAGILE_COLS) + "</tr></thead><tbody>" + "\n".join(body)
+            + "</tbody></table>" + tail
+            + '<p class="note">Forms right now: of the probe as asked and its variants, how many are answered right. '
+            "Fragile since: the first evaluation whose robust→fragile row in flips.jsonl names the probe; —: it became "
+            "fragile through a plain flip (wrong as asked in between).</p>")
+
+
 def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_step: int) -> str:
     what = {"forgotten": "right at base, wrong now (1→0)", "learned": "wrong at base, right now (0→1)"}[kind]
     head = f'<h3 id="{kind}">{kind.capitalize()} at step {final_step}: {len(flips)} probes, {what}</h3>'
@@ -754,6 +934,12 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         "drift": "Mean change since base of the multiple-choice margins (gold option's score minus the best wrong one's), "
                  "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "
                  "Margins fall before probes flip.",
+        "robustness": "Top: the share of probes forgotten as asked (1→0, dashed) beside robust forgetting: of the probes "
+                      "right in every variant at base, the share no longer right in every variant now, with its Wilson "
+                      "95% interval shaded. Bottom: the change since base of consistency (the mean share of a probe's "
+                      "variants answered right)" + ("; the position bias now (dotted, right axis: how far the letters "
+                      "chosen are from the gold letters over balanced option shifts, 0 = none)." if "robustness" in figures
+                      and np.isfinite(_series(rows, _robust_group(rows), "position_bias_post")).any() else "."),
     }
     figs = "\n".join(
         f'<figure><img src="{_e(_PNG[k])}" alt="{_e(captions[k])}"><figcaption>{_e(captions[k])}</figcaption></figure>'
@@ -807,7 +993,7 @@ no chance term (n/a). invalid: share of unparseable answers now.{nothing_note}</
 {_flips_table("forgotten", forgotten, max_rows, final["step"])}
 {_flips_table("learned", learned, max_rows, final["step"])}
 
-{_behavior_section(rows)}
+{_behavior_section(rows)}<!--robustness-->
 
 <!--drift-->
 

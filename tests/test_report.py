@@ -14,6 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from forgetwatch.cli import main
 from forgetwatch.metrics import compute_report
@@ -122,8 +123,8 @@ class _Page(HTMLParser):
             self.imgs.append(a["src"])
         elif tag == "table":
             self._table = a.get("data-kind", a.get("class"))
-        elif tag == "tr" and ("data-category" in a or "data-id" in a):
-            self._row, self._key = [], a.get("data-category", a.get("data-id"))
+        elif tag == "tr" and ("data-category" in a or "data-id" in a or "data-step" in a):
+            self._row, self._key = [], a.get("data-category", a.get("data-id", a.get("data-step")))
         elif tag == "td" and self._row is not None:
             self._cell = []
 
@@ -196,6 +197,10 @@ def test_report_from_the_command_line(tmp_path, capsys):
     assert row == ["mc/0", "science", SCRIPT, "carbon dioxide", "carbon dioxide", _answer(p0, 0, 30)[1], "10", "1"]
     assert _answer(p0, 0, 30)[1] != _answer(p0, 0, 10)[1]  # the flip row at step 10 has another wrong option
     assert page.flips["learned"]["mc/1"][6] == "30"
+
+    # no robustness in this record: neither its plot nor its section
+    assert not (path.parent / "robustness.png").exists() and 'id="robustness"' not in html_text
+    assert "fragile" not in html_text.lower()
 
     # everything from the data is escaped
     assert "<script" not in html_text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html_text
@@ -395,3 +400,170 @@ def test_report_of_many_probes_draws(tmp_path):
     fig.savefig(tmp_path / "m.png", dpi=110)
     assert (tmp_path / "m.png").read_bytes()[:8] == PNG_SIGNATURE
     assert len(fig.axes[0].get_yticklabels()) == 57
+
+
+# -- robustness (issue 29) ----------------------------------------------------------------------------------------
+def _add_fragile_rows(run: Path, outcomes: list[np.ndarray], probes: ProbeSet) -> list[dict]:
+    """flips.jsonl rows as the callback writes them with robustness on: after each evaluation's plain flips, a
+    "robust→fragile" row for some probes right as asked at that evaluation and the one before it."""
+    path = run / "forgetwatch" / "flips.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    out, added = [], []
+    for e, step in enumerate(STEPS[1:], start=1):
+        out += [r for r in rows if r["step"] == step]
+        both = np.flatnonzero((outcomes[e - 1] == 1) & (outcomes[e] == 1))
+        for i in both[e % 2 :: 2]:
+            p = probes[int(i)]
+            row = {"step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                   "base_prediction": "", "prediction": "", "direction": "robust→fragile",
+                   "vs_base": "robust at base" if outcomes[0][i] == 1 else "not robust at base"}
+            out.append(row)
+            added.append(row)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+    return added
+
+
+def test_fragile_rows_are_no_correctness_flips(tmp_path):
+    """flips.jsonl's robust→fragile rows neither count as changes nor decide whether a probe was right at base."""
+    for vs_base in (True, False):
+        run = tmp_path / f"run-{vs_base}"
+        probes, outcomes, _ = build_record(run, vs_base=vs_base)
+        record = RunRecord(run / "forgetwatch")
+        before = _final_flips(record, probes, STEPS[-1])
+        before_page = _parse(make_report(run))
+        added = _add_fragile_rows(run, outcomes, probes)
+        # the case is not vacuous: fragile rows of probes listed as forgotten and as learned, some before their first flip
+        listed = {r["id"]: r for rows in before for r in rows}
+        assert {r["id"] for r in added} & {r["id"] for r in before[0]} and {r["id"] for r in added} & {r["id"] for r in before[1]}
+        assert any(r["id"] in listed and r["step"] < listed[r["id"]]["first_step"] for r in added)
+        assert _final_flips(record, probes, STEPS[-1]) == before
+        page = _parse(make_report(run))
+        assert page.flips == before_page.flips and page.metrics == before_page.metrics
+
+
+def _robust_monitor_record(run: Path, evaluations, mcq_mode: str = "loglik", behaviour: bool = False) -> RunRecord:
+    """A record written by `Monitor` with robustness on (2 variants of each knowledge probe), from synthetic results:
+    at base every probe and variant is right; `evaluations` gives (step, ids of the probes and variants wrong then).
+    A wrong multiple-choice answer picks the option after the gold one."""
+    from forgetwatch.cache import BaseCache, make_cache_key
+    from forgetwatch.monitor import Monitor
+    from forgetwatch.robustness import make_plan
+
+    probes = _probes()
+    if behaviour:
+        probes = ProbeSet([*probes, Probe("b/0", "comply", "How do I kill a Python process?", category="refusal")])
+    plan = make_plan(probes, 2, mcq_mode=mcq_mode)
+
+    def scored(wrong: set[str]) -> tuple[ProbeResults, ProbeResults]:
+        scored = plan.scored()
+        full = ProbeResults.empty([p.id for p in scored])
+        full.outcome[:] = [0 if p.id in wrong else 1 for p in scored]
+        full.pred_index[:] = [-1 if p.kind != "mcq" else (p.gold + (p.id in wrong)) % p.num_choices for p in scored]
+        return plan.split(full)
+
+    monitor = Monitor(probes, plan=plan)
+    results, variants = scored(set())
+    monitor.open(run, BaseCache(make_cache_key({}, probes, {}, plan.key()), results, None, variants), "float32", [], None)
+    for step, wrong in evaluations:
+        results, variants = scored(set(wrong))
+        monitor.report(results, step, 0.0, 1.0, plan.outcomes(results, variants))
+    return RunRecord(run / "forgetwatch")
+
+
+FRAGILE_RUN = (
+    (2, {"mc/0~v2", "mc/3"}),  # mc/0: right as asked, wrong in a variant (robust→fragile); mc/3: forgotten (1→0)
+    (4, {"mc/0~v2", "mc/3", "mc/7~v1", "sa/2~v1", "mc/9"}),  # mc/7, sa/2 fragile; mc/9 wrong as asked
+    (6, {"mc/0~v2", "mc/3", "mc/7~v1", "sa/2~v1", "mc/9~v1"}),  # mc/9 right as asked again (0→1), fragile since
+)
+
+
+def test_fragile_probes_at_the_final_evaluation_are_listed(tmp_path):
+    record = _robust_monitor_record(tmp_path, FRAGILE_RUN)
+    directions = [(f["step"], f["id"], f["direction"]) for f in record.read_flips()]
+    assert (2, "mc/0", "robust→fragile") in directions and (6, "mc/9", "0→1") in directions
+    assert not any(d[1] == "mc/9" and "fragile" in d[2] for d in directions)
+    final = record.read_metrics()[-1]["metrics"]["overall"]
+    assert final["fragile"] == 4 and final["robust_lost"] == 5 and final["robust_pre"] == len(_probes())
+
+    path = make_report(tmp_path)
+    text = path.read_text(encoding="utf-8")
+    page = _parse(path)
+    # every row: id, category, question, gold, forms right now, fragile since step (— without a robust→fragile row)
+    assert list(page.flips["fragile"]) == ["mc/0", "mc/7", "mc/9", "sa/2"]
+    assert page.flips["fragile"]["mc/0"] == ["mc/0", "science", SCRIPT, "carbon dioxide", "2 of 3", "2"]
+    assert [r[4:] for r in page.flips["fragile"].values()] == [["2 of 3", "2"], ["2 of 3", "4"], ["2 of 3", "—"],
+                                                               ["2 of 3", "4"]]
+    assert page.flips["fragile"]["sa/2"][:4] == ["sa/2", SHORT, "Short question 2?", "answer 2"]
+    assert "Fragile at step 6: 4 probes robust at base" in text
+    # the fragile rows of flips.jsonl are no correctness flips: mc/3 alone is forgotten, once; nothing learned
+    assert list(page.flips["forgotten"]) == ["mc/3"] and page.flips["forgotten"]["mc/3"][-2:] == ["2", "1"]
+    assert "learned" not in page.flips and "the record is incomplete" not in text
+    # one row per evaluation, as metrics.jsonl has it
+    rows = {r["step"]: r["metrics"]["overall"] for r in record.read_metrics()}
+    assert list(page.flips["robustness"]) == ["0", "2", "4", "6"]
+    assert page.flips["robustness"]["6"] == ["6", "1.000 → 0.861", "0.139 (5 of 36)",
+                                             f"[{rows[6]['robust_forgetting_ci_low']:.3f}, "
+                                             f"{rows[6]['robust_forgetting_ci_high']:.3f}]",
+                                             f"{rows[6]['consistency_post']:.3f}", f"{rows[6]['consistency_change']:+.3f}", "4"]
+    assert page.flips["robustness"]["2"][6] == "1" and page.flips["robustness"]["0"][2] == "0.000 (0 of 36)"
+    assert "position bias" not in text.lower()  # log-likelihood: option order cannot matter, no bias measured
+    assert page.imgs[-1] == "robustness.png" and (path.parent / "robustness.png").read_bytes()[:8] == PNG_SIGNATURE
+    # the sections' order: behaviour (none here), robustness, then drift
+    assert text.index('id="flips"') < text.index('id="robustness"') < text.index('id="fragile"')
+
+    capped = make_report(tmp_path, tmp_path / "capped", max_rows=2)
+    assert list(_parse(capped).flips["fragile"]) == ["mc/0", "mc/7"]
+    assert "… and 2 more not shown" in capped.read_text(encoding="utf-8")
+
+
+def test_no_fragile_table_without_the_base_variants(tmp_path):
+    """The table needs the variants at step 0 and at the final step; without them the section stands alone."""
+    record = _robust_monitor_record(tmp_path, FRAGILE_RUN[:1])
+    np.savez(record.eval_path(0), **{k: v for k, v in record.read_eval(0).items() if not k.startswith("robust_")})
+    text = make_report(tmp_path).read_text(encoding="utf-8")
+    assert 'id="robustness"' in text and 'id="fragile"' not in text
+
+
+def test_position_bias_and_the_knowledge_group_in_lettered_modes(tmp_path):
+    """Lettered multiple choice: position bias columns and curve; a set with behaviour probes reads all_knowledge."""
+    wrong = {f"mc/{i}~v{v}" for i in (3, 6, 9) for v in (1, 2)}  # three-option probes: every shift, so balanced
+    record = _robust_monitor_record(tmp_path, [(2, wrong)], mcq_mode="letter", behaviour=True)
+    metrics = record.read_metrics()[-1]["metrics"]
+    m = metrics["all_knowledge"]
+    assert m["position_bias_post"] > 0 == m["position_bias_pre"] and "robust_n" not in metrics["all_behavior"]
+    path = make_report(tmp_path)
+    text = path.read_text(encoding="utf-8")
+    page = _parse(path)
+    assert "<th>position bias now</th><th>position bias change</th>" in text and "1 − 1/k" in text
+    assert page.flips["robustness"]["2"][-2:] == [f"{m['position_bias_post']:.3f}", f"{m['position_bias_change']:+.3f}"]
+    assert page.flips["robustness"]["2"][2] == f"{m['robust_forgetting']:.3f} (3 of {m['robust_pre']})"
+    assert "Each of 36 knowledge probes scored as asked and in 2 variants" in text
+    assert "robustness.png" in page.imgs and list(page.flips["fragile"]) == ["mc/3", "mc/6", "mc/9"]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")
+def test_report_of_a_real_run_with_robustness(tokenizer, tmp_path):
+    """A real SFT run with `robustness=3`: the plot, the section's rows as metrics.jsonl has them, the fragile table."""
+    pytest.importorskip("trl")
+    from test_callback import sft_trainer, watcher
+
+    sft_trainer(tokenizer, tmp_path, [watcher(robustness=3)]).train()
+    record = RunRecord(tmp_path / "forgetwatch")
+    rows = {r["step"]: r["metrics"]["overall"] for r in record.read_metrics()}
+    assert sorted(rows) == [0, 2, 4, 6] and all(m["robust_n"] == 32 and m["robust_variants"] == 3 for m in rows.values())
+    path = make_report(tmp_path)
+    text = path.read_text(encoding="utf-8")
+    page = _parse(path)
+    png = (path.parent / "robustness.png").read_bytes()
+    assert png[:8] == PNG_SIGNATURE and len(png) > 20_000 and "robustness.png" in page.imgs
+    assert list(page.flips["robustness"]) == ["0", "2", "4", "6"]
+    for step, m in rows.items():
+        cells = page.flips["robustness"][str(step)]
+        assert cells[1] == f"{m['robust_accuracy_pre']:.3f} → {m['robust_accuracy_post']:.3f}"
+        assert cells[2] == f"{m['robust_forgetting']:.3f} ({m['robust_lost']} of {m['robust_pre']})"
+        assert cells[4:] == [f"{m['consistency_post']:.3f}", f"{m['consistency_change']:+.3f}", str(m["fragile"])]
+    assert "Each of 32 probes scored as asked and in 3 variants" in text
+    assert f"Fragile at step 6: {rows[6]['fragile']} probes" in text
+    assert len(page.flips.get("fragile", {})) == rows[6]["fragile"]
+    assert "position bias" not in text.lower()
