@@ -2,8 +2,9 @@
 
 A budget maps metric names, as `metrics.jsonl` names them, to upper limits: `forgetting`, `forgetting_adjusted`
 (rates in [0, 1]), `margin_drop` (minus the mean margin change, nats) and `kl` (nats), and for behaviour probes
-`runaway`, `over_refusal`, `instruct_forgetting` (rates) and `length_drift` (|median log length ratio|), each overall
-or for one category as `<category>/<metric>`. With `bound="lower"` (the default) a limit counts as exceeded only when the lower
+`runaway`, `over_refusal`, `instruct_forgetting` (rates) and `length_drift` (|median log length ratio|), with
+robustness on `robust_forgetting` (a rate, with a Wilson interval) and `consistency_drop` (minus the change in the
+share of variants right; no interval), each overall or for one category as `<category>/<metric>`. With `bound="lower"` (the default) a limit counts as exceeded only when the lower
 end of the 95% interval is above it, so that noise pages nobody: the Wilson lower bound of F; for the adjusted figure
 that bound minus the chance term, clipped at 0; for `margin_drop` minus the interval's upper end. `kl` has no
 interval and is compared as measured. `bound="point"` compares the measured values.
@@ -23,13 +24,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "check_options", "parse_budget"]
+__all__ = ["ROBUST_BUDGETS", "Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "check_options", "parse_budget"]
 
 # metric -> whether it is a rate (limit in [0, 1]) or a figure in nats (limit >= 0)
 BUDGET_METRICS = {"forgetting": "rate", "forgetting_adjusted": "rate", "margin_drop": "nats", "kl": "nats",
                   # behaviour probes (forgetwatch.behavior): new runaways, new refusals of harmless requests,
                   # instructions no longer followed, and |median log length ratio|
-                  "runaway": "rate", "over_refusal": "rate", "instruct_forgetting": "rate", "length_drift": "nats"}
+                  "runaway": "rate", "over_refusal": "rate", "instruct_forgetting": "rate", "length_drift": "nats",
+                  # robustness on (forgetwatch.robust_metrics): probes robust at base no longer robust, and the fall in
+                  # the share of variants answered right
+                  "robust_forgetting": "rate", "consistency_drop": "rate"}
+ROBUST_BUDGETS = ("robust_forgetting", "consistency_drop")  # need robustness on
 ON_BUDGET = ("alert", "save", "stop")
 BOUNDS = ("lower", "point")
 
@@ -163,6 +168,12 @@ def _figure(row: Mapping[str, Any], metric: str, bound: str) -> tuple[float, flo
         measured = -float(row.get("margin_change", nan))
         low = -float(row.get("margin_change_ci_high", nan))
         return measured, measured if bound == "point" else low
+    if metric == "robust_forgetting":
+        measured = float(row.get(metric, nan))
+        return measured, measured if bound == "point" else float(row.get("robust_forgetting_ci_low", nan))
+    if metric == "consistency_drop":  # no interval: compared as measured
+        measured = -float(row.get("consistency_change", nan))
+        return measured, measured
     if metric in ("runaway", "over_refusal", "instruct_forgetting", "length_drift"):  # the lower end: Wilson for rates; for length_drift the median interval's end nearest 0
         measured = float(row.get(metric, nan))
         return measured, measured if bound == "point" else float(row.get(f"{metric}_ci_low", nan))

@@ -23,6 +23,7 @@ import numpy as np
 from ._io import atomic_write, file_lock, read_jsonl
 from .commands import quote
 from .results import ProbeResults
+from .robustness import SEP, is_variant
 
 __all__ = ["BaseCache", "CacheFormatError", "CacheMismatchError", "make_cache_key"]
 
@@ -42,25 +43,30 @@ class CacheFormatError(ValueError):
 _REBUILD = "not a readable forgetwatch cache; delete it and run `forgetwatch cache` again"
 
 
-def make_cache_key(model: dict[str, Any], probes: Any, scoring: dict[str, Any]) -> dict[str, Any]:
+def make_cache_key(model: dict[str, Any], probes: Any, scoring: dict[str, Any],
+                   variants: dict[str, Any] | None = None) -> dict[str, Any]:
     """The key of a base cache.
 
     Args:
         model: the model's identity (`forgetwatch.models.model_identity`).
         probes: the `ProbeSet` scored.
         scoring: `ScoringConfig.key(tokenizer, precision)`.
+        variants: with robustness on, `VariantPlan.key()`: which variants of which probes the cache holds.
     """
     if not any(p.is_behavior for p in probes):
         # how behaviour probes are generated and judged changes nothing else: caches of knowledge probes keep their key
         scoring = {k: v for k, v in scoring.items() if k not in ("behavior_max_new_tokens", "behavior_rules")}
         if isinstance(scoring.get("chat"), dict):
             scoring["chat"] = {k: v for k, v in scoring["chat"].items() if k != "behavior"}
-    return {
+    key = {
         "format": CACHE_FORMAT,
         "model": model,
         "probes": {"fingerprint": probes.fingerprint, "n": len(probes)},
         "scoring": scoring,
     }
+    if variants is not None:
+        key["variants"] = variants
+    return key
 
 
 def diff_keys(expected: dict[str, Any], found: dict[str, Any], prefix: str = "") -> list[str]:
@@ -91,21 +97,28 @@ class BaseCache:
     # the base scored again in fp32 without autocast (outcome and margin), when the key's precision is another: the
     # probes whose correctness differs are the precision noise floor (`forgetwatch.noise`)
     reference: ProbeResults | None = None
+    # with robustness on (`forgetwatch.robustness`): the variants' rows (`<probe id>~v<j>`), after the probes' own in
+    # the file; the key's `variants` says which they are
+    variants: ProbeResults | None = None
+
+    def _rows(self) -> ProbeResults:
+        return self.results if self.variants is None else ProbeResults.concat([self.results, self.variants])
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
+        rows = self._rows()
         with file_lock(path), atomic_write(path, "wb") as f:
             if path.suffix == ".jsonl":
                 f.write((json.dumps({"forgetwatch_cache": self.key}) + "\n").encode())
-                cols = {**self.results.to_columns(), **self._reference_columns()}
-                for i in range(len(self.results)):
+                cols = {**rows.to_columns(), **self._reference_columns()}
+                for i in range(len(rows)):
                     row = {c: _plain(v[i]) for c, v in cols.items() if c != "id"}
                     f.write((json.dumps({"id": cols["id"][i], **row}, ensure_ascii=False) + "\n").encode())
             else:
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 
-                table = pa.table({**self.results.to_columns(), **self._reference_columns()})
+                table = pa.table({**rows.to_columns(), **self._reference_columns()})
                 table = table.replace_schema_metadata({_META_KEY: json.dumps(self.key).encode()})
                 pq.write_table(table, f)
         return path
@@ -135,9 +148,20 @@ class BaseCache:
         # every value a figure is computed from is checked before it becomes a number: NaN cast to int8 reads as 0
         results, reference = _validated(path, cols, where)
         n = key["probes"]["n"]
+        variants = None
+        mine = [i for i, pid in enumerate(results.ids) if is_variant(pid)]
+        if mine or isinstance(key.get("variants"), dict):
+            rows = key.get("variants", {}).get("rows") if isinstance(key.get("variants"), dict) else None
+            if rows != len(mine):
+                raise CacheFormatError(f"{path}: {len(mine)} rows of variants (ids with {SEP!r}), but its key says "
+                                       f"{rows!r}: {_REBUILD}")
+            own = [i for i, pid in enumerate(results.ids) if not is_variant(pid)]
+            variants = results.take(mine)
+            reference = reference.take(own) if reference is not None else None
+            results = results.take(own)
         if n != len(results):  # e.g. a JSONL file cut at a line boundary
             raise CacheFormatError(f"{path}: {len(results)} rows, but it was made for {n} probes: truncated? {_REBUILD}")
-        cache = cls(key, results, reference)
+        cache = cls(key, results, reference, variants)
         if expect is not None:
             cache.check(expect, ignore=ignore, path=path)
         return cache
@@ -147,16 +171,29 @@ class BaseCache:
             return {}
         if self.reference.ids != self.results.ids:
             raise ValueError("the fp32 reference must hold the same probes in the same order as the results")
-        return {"reference_outcome": self.reference.outcome, "reference_margin": self.reference.margin}
+        pad = 0 if self.variants is None else len(self.variants)  # the variants have no fp32 reference
+        return {"reference_outcome": np.concatenate([self.reference.outcome, np.full(pad, -1, np.int8)]),
+                "reference_margin": np.concatenate([self.reference.margin, np.full(pad, np.nan, np.float32)])}
 
     def check(self, expect: dict[str, Any], ignore: tuple[str, ...] = (), path: Any = "cache") -> None:
-        """Raise `CacheMismatchError` listing every difference between this cache's key and `expect`."""
+        """Raise `CacheMismatchError` listing every difference between this cache's key and `expect`.
+
+        A cache that holds variants serves a run that wants none (its probes' own rows are the same): `variants` is
+        compared only when `expect` has it."""
+        if "variants" not in expect:
+            ignore = (*ignore, "variants")
         a = {k: v for k, v in self.key.items() if k not in ignore}
         b = {k: v for k, v in expect.items() if k not in ignore}
         diffs = diff_keys(b, a)
         if diffs:
+            hint = ""
+            if any(d.startswith("variants") for d in diffs):
+                want = expect.get("variants")
+                hint = ("\nIts robustness variants differ: score the base with the same variants (`forgetwatch cache ... "
+                        f"--robustness {want['k']}`" + (f" --robust-per-suite {want['per_suite']}" if want.get("per_suite") else "")
+                        + ")" if isinstance(want, dict) else "")
             raise CacheMismatchError(
-                f"{path}: this base cache was made under another key:\n  " + "\n  ".join(diffs)
+                f"{path}: this base cache was made under another key:\n  " + "\n  ".join(diffs) + hint
                 + "\nScore the base model again with these settings (`forgetwatch cache ...`), or use matching settings."
             )
 
@@ -180,7 +217,7 @@ class BaseCache:
                                      "per probe of the set it was made for (a file edited or merged by hand may not): "
                                      "delete it and run `forgetwatch cache` again")
         ref = self.reference.select(ids) if self.reference is not None else None
-        return BaseCache(self.key, self.results.select(ids), ref)
+        return BaseCache(self.key, self.results.select(ids), ref, self.variants)
 
 
 def _plain(x: Any) -> Any:

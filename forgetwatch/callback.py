@@ -19,7 +19,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ._io import atomic_write
-from .budgets import Breach, Budget, check_options, parse_budget
+from .budgets import ROBUST_BUDGETS, Breach, Budget, check_options, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
@@ -30,6 +30,7 @@ from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
 from .results import ProbeResults
+from .robustness import make_plan
 from .scoring import ScoringConfig, describe_precision, full_precision
 from .suites import is_probe_file, load_probes
 
@@ -74,6 +75,8 @@ class ForgetWatchArguments:
     forgetwatch_behavior_max_new_tokens: int = field(default=256, metadata={"help": "Generation budget of behaviour probes (instruct, comply): an answer that reaches it without ending its turn is a runaway."})
     forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
     forgetwatch_engine: str = field(default="hf", metadata={"help": "What runs generation: hf (the model in this process, finished answers leaving a refilling batch) or continuous (transformers' continuous batching, where it is faster; where it cannot run, e.g. several processes, it falls back to hf with a warning)."})
+    forgetwatch_robustness: int | None = field(default=None, metadata={"help": "Robustness drift: score K variants of each knowledge probe besides itself (option orders where the options are read as letters, question frames, lower case, typos) and log robust accuracy, robust forgetting, consistency and, in lettered modes, position bias. Off by default; each variant costs about one probe."})
+    forgetwatch_robust_per_suite: int | None = field(default=None, metadata={"help": "With forgetwatch_robustness: score variants of only this many probes per suite (a seeded draw), to bound the cost. Default: every knowledge probe."})
     forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
     forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
     forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; for behaviour probes runaway, over_refusal, instruct_forgetting, length_drift; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
@@ -160,6 +163,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, behavior_max_new_tokens, batch_size, engine: scoring options (see
             `ScoringConfig`); `short_mode="greedy_match"` (default) scores short answers with one forward,
             `"generate"` decodes them and matches with `short_match` ("exact" or "contains").
+        robustness: score this many variants of each knowledge probe besides itself (`forgetwatch.robustness`:
+            option orders in lettered modes, question frames, surface noise) and log `robust_accuracy`,
+            `robust_forgetting`, `consistency` (and its change) and, in lettered modes, `position_bias`; probes still
+            right in their original form but no longer in every variant are listed as "robust→fragile" flips. Off
+            (None) by default; each variant costs about one probe. Part of the base cache's key.
+        robust_per_suite: with `robustness`, score variants of only this many probes per suite (a seeded draw).
         replay: write forgotten probes to `<output_dir>/forgetwatch/replay.jsonl` as training examples.
         log_table: log a W&B table of the probes that flipped at each evaluation.
 
@@ -187,6 +196,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         behavior_max_new_tokens: int = 256,
         batch_size: int = 16,
         engine: str = "hf",
+        robustness: int | None = None,
+        robust_per_suite: int | None = None,
         replay: bool = False,
         log_table: bool = True,
         budget: dict[str, float] | str | None = None,
@@ -217,13 +228,19 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                              "scoring='inline'")
         self.scoring = scoring
         self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.groups) if budget else None
+        # which variants of which probes are scored besides them (None: robustness off); refused here, before training
+        self.plan = make_plan(self.probes, robustness, robust_per_suite, mcq_mode)
+        if self.budget is not None and self.plan is None:
+            needs = [lim.key for lim in self.budget.limits if lim.metric in ROBUST_BUDGETS]
+            if needs:
+                raise ValueError(f"budget {', '.join(needs)}: robust figures need variants; set `robustness` (e.g. 5)")
         self.risk_rule = RiskRule(at_risk_margin, at_risk_drop)
         self._args = {
             "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
             "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
             "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
             "behavior_max_new_tokens": behavior_max_new_tokens, "engine": engine,
-            "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
+            "robustness": robustness, "robust_per_suite": robust_per_suite, "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
             "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop, "scoring": scoring,
         }
         if base_cache and Path(base_cache).is_file():
@@ -237,7 +254,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
                 cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
         # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
-        self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=log_table, replay=replay)
+        self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=log_table, replay=replay, plan=self.plan)
         self._started = False
         self._serial = next(_SERIAL)
         _LIVE.add(self)
@@ -306,7 +323,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._record_root = record.root  # on every rank and in every mode (the Monitor opens it on the main process only)
         autocast = _training_autocast(model, args)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
-        key = make_cache_key(model_identity(model), self.probes, scoring_key)
+        key = make_cache_key(model_identity(model), self.probes, scoring_key, self.plan.key() if self.plan else None)
         own_cache = record.root / "base.parquet"
         cache_path = Path(self.base_cache) if self.base_cache else own_cache
         resuming = state.global_step > 0
@@ -329,10 +346,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 logger.exception("forgetwatch: could not cut trainer_log.jsonl back to step %d", state.global_step)
         if cache is None:
             t0 = time.perf_counter()
-            base = score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
-                                     desc="forgetwatch: scoring the base model")
+            base, variants = self._score(model, tokenizer, progress=self._is_main and not args.disable_tqdm,
+                                         desc="forgetwatch: scoring the base model")
             logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
-            cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args))
+            cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args), variants)
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
                 cache.save(record.root / "base.parquet" if self.base_cache else cache_path)
@@ -480,6 +497,14 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             f.write(json.dumps(self._sidecar, indent=1) + "\n")
 
     # -- internals ------------------------------------------------------------------------------------------
+    def _score(self, model, tokenizer, progress: bool, desc: str) -> tuple[ProbeResults, ProbeResults | None]:
+        """The probes' results and, with robustness on, their variants' rows, scored together in one pass (variants
+        share the probes' batches)."""
+        if self.plan is None:
+            return score_distributed(model, tokenizer, self.probes, self.config, progress=progress, desc=desc), None
+        full = score_distributed(model, tokenizer, self.plan.scored(), self.config, progress=progress, desc=desc)
+        return self.plan.split(full)
+
     def _score_reference(self, model, tokenizer, precision: str, args) -> ProbeResults | None:
         """The base scored again in fp32 without autocast, for the noise floor; None when the training precision is
         fp32 already (nothing to compare) or the weights are not fp32 (no fp32 answer without a copy)."""
@@ -537,7 +562,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             probes = origin
         else:  # a ProbeSet built in code: the run's record keeps it as JSONL
             probes = str(self._record_root / "probes.jsonl") if self._record_root else "probes.jsonl"
-        return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet")
+        return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet",
+                             robustness=self._args.get("robustness"), robust_per_suite=self._args.get("robust_per_suite"))
 
     def _share_state_with_the_users_object(self) -> None:
         """With `restore_callback_states_from_checkpoint=True` the Trainer replaces the user's callback by a new one built
@@ -557,12 +583,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
         t0 = time.perf_counter()
         # a bar as for the base (an evaluation can pause training for minutes), unless the trainer's bars are off
-        results = score_distributed(model, _tokenizer(processing_class), self.probes, self.config,
-                                    progress=self._is_main and self._progress, desc=f"forgetwatch: step {state.global_step}")
+        results, variants = self._score(model, _tokenizer(processing_class), progress=self._is_main and self._progress,
+                                        desc=f"forgetwatch: step {state.global_step}")
         seconds = time.perf_counter() - t0
         logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(self.probes), state.global_step, seconds)
         self._scored_step = state.global_step
-        breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds) if self._is_main else []
+        robust = self.plan.outcomes(results, variants) if self.plan is not None else None
+        breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust) if self._is_main else []
         if self._mixers:
             self._steer_mixers(state.global_step)
         return breaches

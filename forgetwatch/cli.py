@@ -27,6 +27,7 @@ from .commands import cache_command as cache_command  # re-exported: it lived he
 from .commands import quote
 from .modes import ENGINES, MCQ_MODES, SHORT_MATCHES, SHORT_MODES
 from .probes import ProbeFormatError, ProbeSet
+from .robustness import make_plan
 from .suites import from_suites, load_probes
 
 _CHAT = {"auto": None, "on": True, "off": False}
@@ -145,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--batch-size", type=int, default=None, help="probes per forward pass (default: the callback's)")
     w.add_argument("--engine", choices=ENGINES, default=None,
                    help="what runs generation: hf or continuous (transformers' continuous batching) (default: the callback's)")
+    w.add_argument("--robustness", type=int, default=None, metavar="K",
+                   help="score K variants of each knowledge probe (default: the callback's robustness); the record's base "
+                        "cache must hold the same variants")
+    w.add_argument("--robust-per-suite", type=int, default=None, metavar="N",
+                   help="with --robustness: variants of only N probes per suite (default: the callback's)")
     w.set_defaults(func=cmd_watch)
 
     lf_parser = sub.add_parser("llamafactory", help="run a LLaMA-Factory YAML with forgetwatch_* keys (needs llamafactory "
@@ -221,6 +227,12 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
                         "continuous batching, where it is faster: docs/speed.md); the same answers either way")
     p.add_argument("--per-suite", type=int, default=None, help="with suite names in --probes: probes per suite")
     p.add_argument("--seed", type=int, default=0, help="with suite names in --probes: subsampling seed")
+    p.add_argument("--robustness", type=int, default=None, metavar="K",
+                   help="also score K variants of each knowledge probe (option orders in letter/generate modes, question "
+                        "frames, lower case, typos) for robust accuracy, consistency and position bias; each variant costs "
+                        f"about one probe{note or ' (default: none)'}")
+    p.add_argument("--robust-per-suite", type=int, default=None, metavar="N",
+                   help=f"with --robustness: variants of only N probes per suite (a seeded draw){note}")
 
 
 def cmd_probes_build(args: argparse.Namespace) -> int:
@@ -404,6 +416,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.model != "smollm2":
         check_model_path(args.model)
     config, dtype, autocast = _scoring_config(args)
+    plan = make_plan(probes, args.robustness, args.robust_per_suite, config.mcq_mode)
+    variants_key = plan.key() if plan is not None else None
     old = _existing_cache(args.output, probes) if exists else None
     model, tokenizer = _load_model(args, dtype)
     identity = model_identity(model, weights_hash=args.hash_weights)
@@ -412,12 +426,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
     identity["revision"] = args.revision or identity["revision"]
     if old is not None:
         # the whole key is known before scoring: the same cache again is kept, anything else is refused
-        key = make_cache_key(identity, probes, config.key(tokenizer, describe_precision(model, autocast=autocast)))
+        key = make_cache_key(identity, probes, config.key(tokenizer, describe_precision(model, autocast=autocast)), variants_key)
         _same_cache_or_refuse(old, key, args.output)
         print(f"{args.output} already holds this cache (same model, probes and scoring): nothing scored, nothing written; "
               "pass --force to score again and replace it")
         return 0
-    model, results, scoring_key = _score(args, probes, config, dtype, autocast, loaded=(model, tokenizer))
+    model, results, scoring_key = _score(args, plan.scored() if plan else probes, config, dtype, autocast,
+                                         loaded=(model, tokenizer))
+    variants = None
+    if plan is not None:
+        results, variants = plan.split(results)
     reference = None
     if scoring_key["precision"] != "float32":
         # the precision noise floor: the same base in fp32 without autocast, kept with the cache
@@ -426,7 +444,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
         floor = NoiseFloor.from_outcomes(results.outcome, reference.outcome)
         print(f"precision noise floor: {floor.count} of {len(probes)} probes change correctness between "
               f"{scoring_key['precision']} and float32")
-    _save(BaseCache(make_cache_key(identity, probes, scoring_key), results, reference), args.output, replace=args.force)
+    _save(BaseCache(make_cache_key(identity, probes, scoring_key, variants_key), results, reference, variants), args.output,
+          replace=args.force)
+    if plan is not None:
+        robust = plan.outcomes(results, variants)
+        print(f"robustness: {len(robust.ids)} probes x {plan.k} variants; right in every variant: "
+              f"{int(robust.right.all(1).sum())} ({robust.right.all(1).mean():.3f}), share of variants right "
+              f"{robust.right.mean():.3f}")
     bad = results.nonfinite_mask()
     if bad.any():  # kept, flagged: every comparison against this base reports their groups' figures as missing
         print(f"forgetwatch: warning: {int(bad.sum())} of {len(probes)} probes scored NaN or inf with {args.model} under "
@@ -540,6 +564,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base = base.for_probes(probes.ids, args.base)  # its rows too, not only its key
     config, dtype, autocast = _scoring_config(args, base.key)
     base_model = base.key.get("model", {})
+    plan = _compare_plan(args, probes, base.key, config.mcq_mode)
 
     def same_architecture(model) -> None:
         # A base and its fine-tune share an architecture; a cache of another model compares nothing meaningful.
@@ -551,13 +576,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 "model's own cache, or pass --allow-other-model to compare two different models on purpose."
             )
 
-    model, results, scoring_key = _score(args, probes, config, dtype, autocast, check=same_architecture)
+    if plan is not None:  # refused before the model is loaded and scored
+        base.check({"variants": plan.key()}, ignore=("format", "model", "probes", "scoring"), path=args.base)
+    model, results, scoring_key = _score(args, plan.scored() if plan else probes, config, dtype, autocast,
+                                         check=same_architecture)
+    variants = None
+    if plan is not None:
+        results, variants = plan.split(results)
+    key = make_cache_key(model_identity(model), probes, scoring_key, plan.key() if plan else None)
     # The checkpoint is meant to differ from the base model: compare everything but the model's identity.
-    base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
+    base.check(key, ignore=("model",), path=args.base)
     unsaved = None
     if args.output:
         try:
-            _save(BaseCache(make_cache_key(model_identity(model), probes, scoring_key), results), args.output, args.force)
+            _save(BaseCache(key, results, None, variants), args.output, args.force)
         except OSError as e:
             unsaved = e  # said after the report, which is printed all the same
 
@@ -578,11 +610,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from .behavior import compute_behavior
 
         behavior = compute_behavior(pre, results, [p.category for p in probes], [p.kind for p in probes], probes.kind_groups())
+    robust_rows_, fragile = None, []
+    if plan is not None:
+        robust_rows_, fragile = _robust_compare(plan, probes, base, results, variants, report)
+        flips += fragile
     if args.json:
         out = {"base": args.base, "base_model": base_model, "model": args.model, "n": len(probes),
                "metrics": {k: v.to_dict() for k, v in report.items()}, "flips": flips}
         if behavior is not None:
             out["behavior"] = {k: v.to_dict() for k, v in behavior.items()}
+        if robust_rows_ is not None:
+            out["robustness"] = {"k": plan.k, "per_suite": plan.per_suite, "lettered": plan.lettered, "groups": robust_rows_}
         print(strict_json(out, indent=1))
         if unsaved is not None:
             raise unsaved
@@ -595,6 +633,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         print("\nbehaviour since base (generated answers, each against the same probe's answer at base):")
         print(format_behavior(behavior))
+    if robust_rows_ is not None:
+        print(f"\nrobustness since base ({plan.k} variants of each of {robust_rows_['overall']['robust_n']} probes, each "
+              "against the same probe's variants at base):")
+        print(format_robust(robust_rows_))
     if flips and args.flips:
         print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
         for f in flips[: args.flips]:
@@ -677,7 +719,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     while True:
         try:
             watcher = Watcher(args.output_dir, device=args.device, report_to=report_to,
-                              into_trainer_run=args.into_trainer_run, batch_size=args.batch_size, engine=args.engine)
+                              into_trainer_run=args.into_trainer_run, batch_size=args.batch_size, engine=args.engine,
+                              robustness=args.robustness, robust_per_suite=args.robust_per_suite)
             break
         except SidecarError as e:
             # started beside a training run that has not written its manifest yet: wait for it (not with --once)
@@ -690,6 +733,69 @@ def cmd_watch(args: argparse.Namespace) -> int:
     n = watcher.run(once=args.once, poll_seconds=args.poll, timeout=args.timeout)
     print(f"forgetwatch watch: scored {n} checkpoint(s); record: {watcher.monitor.record.root}")
     return 0
+
+
+def _compare_plan(args: argparse.Namespace, probes: ProbeSet, key: dict[str, Any], mcq_mode: str):
+    """The variants `compare` scores: --robustness as given, else the base cache's (so both sides match)."""
+    robustness, per_suite = args.robustness, args.robust_per_suite
+    found = key.get("variants") if isinstance(key.get("variants"), dict) else None
+    if robustness is None and found is not None:
+        robustness, per_suite = found.get("k"), per_suite if per_suite is not None else found.get("per_suite")
+    return make_plan(probes, robustness, per_suite, mcq_mode)
+
+
+def _robust_compare(plan, probes: ProbeSet, base, results, variants, report: dict) -> tuple[dict, list[dict[str, Any]]]:
+    """`compare`'s robust figures by group (as metrics.jsonl has them) and the fragile flips since base."""
+    import numpy as np
+
+    from .robust_metrics import fragile_changes, robust_rows
+
+    pre, now = plan.outcomes(base.results, base.variants), plan.outcomes(results, variants)
+    bad = pre.nonfinite.any(1) | now.nonfinite.any(1)
+    if bad.any():
+        first = [pre.ids[int(i)] for i in np.flatnonzero(bad)[:3]]
+        raise ValueError(f"{int(bad.sum())} probes have variants scored NaN or inf (first: {', '.join(first)}): the "
+                         "robust figures cannot be computed. Score in float32 (--dtype float32 --autocast none)")
+    index = np.array([probes.index_of(pid) for pid in pre.ids], np.int64)
+    categories = np.array([p.category for p in probes])
+    groups = {"overall": np.ones(len(index), bool)}
+    groups.update({name: np.asarray(mask, bool)[index] for name, mask in probes.kind_groups().items()})
+    groups.update({c: categories[index] == c for c in report if c not in groups})
+    rows = robust_rows(pre, now, groups, plan.lettered)
+    fragile = []
+    for r, kind in fragile_changes(pre, now):
+        p = probes[int(index[r])]
+        fragile.append({"id": p.id, "category": p.category, "direction": kind, "question": p.question,
+                        "gold": p.gold_text, "base_prediction": base.results.prediction[int(index[r])],
+                        "prediction": results.prediction[int(index[r])]})
+    return rows, fragile
+
+
+def format_robust(rows: dict[str, dict[str, Any]]) -> str:
+    """`compare`'s robustness table: one row per group that has robust probes, overall last."""
+    w = max([22] + [len(k) + 2 for k in rows])
+    lettered = any("position_bias_pre" in r for r in rows.values())
+    head = (f"{'group':<{w}}{'n':>6}{'robust base':>13}{'robust now':>12}{'robust F':>10}{'consist. base':>15}"
+            f"{'now':>7}{'change':>8}{'fragile':>9}" + (f"{'pos. bias base':>16}{'now':>7}" if lettered else ""))
+    lines = [head, "-" * len(head)]
+    for name in [k for k in rows if k != "overall"] + ["overall"]:
+        r = rows[name]
+        if name == "overall":
+            lines.append("-" * len(head))
+        line = (f"{name:<{w}}{r['robust_n']:>6}{r['robust_accuracy_pre']:>13.3f}{r['robust_accuracy_post']:>12.3f}"
+                f"{_num(r['robust_forgetting']):>10}{r['consistency_pre']:>15.3f}{r['consistency_post']:>7.3f}"
+                f"{r['consistency_change']:>+8.3f}{r['fragile']:>9}")
+        if lettered:
+            line += f"{_num(r.get('position_bias_pre')):>16}{_num(r.get('position_bias_post')):>7}"
+        lines.append(line)
+    lines.append("robust: right in every variant; robust F: of those robust at base, the share no longer robust; consist.: "
+                 "share of variants right; fragile: robust at base, right as asked, wrong in some variant now"
+                 + ("; pos. bias: distance of the chosen letters from the gold letters' distribution (0: none)" if lettered else ""))
+    return "\n".join(lines)
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and v != v) else f"{v:.3f}"
 
 
 def _flips(probes: ProbeSet, pre, post) -> list[dict[str, Any]]:

@@ -30,7 +30,8 @@ def quote(arg: Any) -> str:
 
 
 def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: str = "base.parquet",
-                  per_suite: int | None = None, seed: int | None = None) -> str:
+                  per_suite: int | None = None, seed: int | None = None, robustness: int | None = None,
+                  robust_per_suite: int | None = None) -> str:
     """The `forgetwatch cache` command whose cache matches `scoring_key` (what a callback expects), for messages.
 
     Paths are quoted for the shell. `probes` may end in ` --per-suite N --seed S` (suite names with their sampling);
@@ -70,4 +71,8 @@ def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: 
     parts.append(f"--dtype {dtype}")
     if autocast:
         parts.append(f"--autocast {autocast}")
+    if robustness:
+        parts.append(f"--robustness {int(robustness)}")
+    if robust_per_suite:
+        parts.append(f"--robust-per-suite {int(robust_per_suite)}")
     return " ".join([*parts, f"-o {quote(output)}"])

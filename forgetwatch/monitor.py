@@ -21,7 +21,7 @@ import numpy as np
 
 from .behavior import behavior_scalars, compute_behavior
 from .budgets import Breach, Budget, BudgetState
-from .cache import BaseCache
+from .cache import BaseCache, CacheMismatchError
 from .drift import RiskRule, at_risk_mask, compute_drift
 from .metrics import compute_report
 from .noise import NoiseFloor, noise_floor
@@ -29,6 +29,8 @@ from .probes import ProbeSet
 from .record import RunRecord
 from .replay import ReplayTracker
 from .results import CORRECT, ProbeResults
+from .robust_metrics import fragile_changes, robust_rows, robust_scalars
+from .robustness import VariantOutcomes, VariantPlan
 
 __all__ = ["PREFIX", "Monitor"]
 
@@ -48,11 +50,17 @@ class Monitor:
         replay: keep `replay.jsonl` (forgotten probes as training examples) up to date.
         strict: raise when the record cannot be written (the watcher: it can stop and be restarted), instead of saying
             so and going on (the callback: training must go on).
+        plan: with robustness on, which variants are scored (`forgetwatch.robustness.plan_variants`): the robust
+            figures, fragile flips and the variants' outcomes in the record.
     """
 
     def __init__(self, probes: ProbeSet, budget: Budget | None = None, risk_rule: RiskRule | None = None,
-                 log_table: bool = True, replay: bool = False, strict: bool = False):
+                 log_table: bool = True, replay: bool = False, strict: bool = False, plan: VariantPlan | None = None):
         self.probes, self.budget, self.log_table, self.replay = probes, budget, log_table, replay
+        self.plan = plan
+        self.base_robust: VariantOutcomes | None = None
+        self.last_robust: VariantOutcomes | None = None
+        self._robust_index = np.array([probes.index_of(pid) for pid in plan.variants], np.int64) if plan else None
         self.strict = strict
         self._said_missing = False
         self._unjudged_before: set[str] = set()
@@ -87,6 +95,8 @@ class Monitor:
         self.output_dir = Path(output_dir)
         self.record = record = RunRecord(self.output_dir / PREFIX)
         self.base, self.noise, self.loggers = cache.results, noise_floor(cache, precision), loggers
+        self.base_robust = self._base_robust(cache) if self.plan is not None else None
+        self.last_robust = None
         unmeasured = sum(bool(g) and s < 0 for g, s in zip(self.base.generation, self.base.stopped, strict=True))
         if unmeasured:  # a cache written before answer lengths and stops were kept
             logger.warning("forgetwatch: the base cache holds %d generated answers without their length and stop (written "
@@ -98,18 +108,19 @@ class Monitor:
         record.truncate_after(resume_step if resume_step is not None else -1)
         self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
         self.budget_state = BudgetState()
-        last = None
+        last, last_robust = None, None
         with_files = set(record.eval_steps())
         for step in record.committed_steps():
             self.evaluated_steps.append(step)
             if step not in with_files:  # its npz was removed by hand: the step is done, its probes unknown
                 continue
             last = record.read_results(step, self.probes.ids)
+            last_robust = self._read_robust(record, step)
             if step > 0:
                 self.tracker.update(step, last.outcome)
             if self.budget is not None:  # the budget's state as an uninterrupted run would have it
                 try:
-                    rows = self.figures(last)[2]
+                    rows = self.figures(last, last_robust)[2]
                     self.budget_state.update(step, self.budget.check(rows) if step > 0 else [],
                                              unjudged=self._unjudged(rows) if step > 0 else [])
                 except Exception:  # never end a resumed run over a record it cannot read back
@@ -117,8 +128,8 @@ class Monitor:
         if last is not None and self.evaluated_steps[-1] > 0:
             # the next evaluation's flips are against the last one's, as in an uninterrupted run (not against the base)
             try:
-                self.last_report, self.last_drift, self.last_rows = self.figures(last)
-                self.last = last
+                self.last_report, self.last_drift, self.last_rows = self.figures(last, last_robust)
+                self.last, self.last_robust = last, last_robust
             except Exception:
                 logger.exception("forgetwatch: could not recompute the figures of recorded step %d; the next evaluation's "
                                  "flips are counted against the base; training goes on", self.evaluated_steps[-1])
@@ -130,12 +141,35 @@ class Monitor:
         except OSError:
             logger.exception("forgetwatch: could not rewrite budget.json / replay.jsonl on opening the record")
         if resume_step is None:
-            self.report(self.base, step=0, epoch=0.0, seconds=0.0)
+            self.report(self.base, step=0, epoch=0.0, seconds=0.0, robust=self.base_robust)
             _warn_nothing_to_forget(self.last_report)
 
+    def _base_robust(self, cache: BaseCache) -> VariantOutcomes:
+        """The base's variants, from the cache (whose key the caller checked against the plan's)."""
+        assert self.plan is not None
+        want = [p.id for p in self.plan.extra()]
+        have = cache.variants.ids if cache.variants is not None else []
+        if set(want) != set(have):
+            missing = [i for i in want if i not in set(have)]
+            raise CacheMismatchError(f"the base cache holds {len(have)} rows of variants, not the {len(want)} this run scores "
+                                     f"(first missing: {', '.join(map(repr, missing[:3]))}): make it with the same "
+                                     "`--robustness` and `--robust-per-suite` as the run")
+        return self.plan.outcomes(cache.results, cache.variants)
+
+    def _read_robust(self, record: RunRecord, step: int) -> VariantOutcomes | None:
+        """A recorded evaluation's variants when they are this plan's (a step scored without variants has none)."""
+        if self.plan is None:
+            return None
+        robust = record.read_robust(step)
+        if robust is None or robust.ids != list(self.plan.variants) or robust.right.shape != self.base_robust.right.shape:
+            return None
+        return robust
+
     # -- figures ------------------------------------------------------------------------------------------------
-    def figures(self, results: ProbeResults) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
-        """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base."""
+    def figures(self, results: ProbeResults, robust: VariantOutcomes | None = None
+                ) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
+        """(forgetting report, drift, both as metrics.jsonl rows by group) for results against the base; with the
+        variants' outcomes (robustness on), the robust figures in the same rows."""
         assert self.base is not None
         report = compute_report(self.base.outcome, results.outcome, self._k, self._categories, self._groups)
         drift = compute_drift(self.base, results, self._categories, self.risk_rule, self._groups)
@@ -155,9 +189,20 @@ class Monitor:
                 row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
             rows["overall"].update(noise_probes=self.noise.count, min_detectable_forgetting=self.noise.min_detectable())
         bad = self.base.nonfinite_mask() | results.nonfinite_mask()
+        if robust is not None and self.base_robust is not None:
+            groups = {name: self._members(name)[self._robust_index] for name in rows}
+            for name, row in robust_rows(self.base_robust, robust, groups, self.plan.lettered).items():
+                rows[name].update(row)
+            bad = bad | self._robust_bad(robust)
         if bad.any():
             self._mark_missing(rows, bad)
         return report, drift, rows
+
+    def _robust_bad(self, robust: VariantOutcomes) -> np.ndarray:
+        """Per probe: a variant of it scored NaN / inf, at base or now."""
+        out = np.zeros(len(self.probes), bool)
+        out[self._robust_index] = self.base_robust.nonfinite.any(1) | robust.nonfinite.any(1)
+        return out
 
     def _members(self, name: str) -> np.ndarray:
         """The probes a figure's group holds: all of them, a category's, or a kind group's."""
@@ -199,17 +244,20 @@ class Monitor:
         return out
 
     # -- one evaluation -----------------------------------------------------------------------------------------
-    def report(self, results: ProbeResults, step: int, epoch: float, seconds: float) -> list[Breach]:
+    def report(self, results: ProbeResults, step: int, epoch: float, seconds: float,
+               robust: VariantOutcomes | None = None) -> list[Breach]:
         """Record and log one evaluation, and check the budget; never raises into training (unless `strict`, when the
         record cannot be written).
 
         The record's files of this step are written first and its `metrics.jsonl` line last: that line commits the
         evaluation, so a crash anywhere before it leaves the step unfinished (`RunRecord.recover` sets its files aside
-        and the step is scored again), never half in the record. Returns the budget limits newly exceeded."""
+        and the step is scored again), never half in the record. `robust`: the variants' outcomes (robustness on).
+        Returns the budget limits newly exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
+        prev_robust = self.last_robust if self.last is not None else self.base_robust
         try:
-            report, drift, rows = self.figures(results)
+            report, drift, rows = self.figures(results, robust)
         except Exception:  # a figure that cannot be computed must not end a training run
             logger.exception("forgetwatch: could not compute the figures at step %d; training goes on", step)
             return []
@@ -226,8 +274,10 @@ class Monitor:
             self.tracker.update(step, held.outcome)
         flips, at_risk, breaches = [], [], []
         try:
-            self.record.write_eval(step, results, self.probes.fingerprint)
+            self.record.write_eval(step, results, self.probes.fingerprint, robust)
             flips = self.flips(prev, held, step)
+            if robust is not None and prev_robust is not None:
+                flips += self.fragile_flips(prev_robust, robust, held, step)
             self.record.append_flips(flips)
             at_risk = [r for r in self.at_risk(results, step) if not bad[self.probes.index_of(r["id"])]]
             self.record.append_at_risk(at_risk)
@@ -236,7 +286,7 @@ class Monitor:
             breaches = self._check_budget(step, rows) if self.budget is not None else []
             self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
             # committed: the next evaluation's flips are against this one (never against one the record lacks)
-            self.last = held
+            self.last, self.last_robust = held, robust
             self.evaluated_steps.append(step)
         except Exception:
             if self.strict:
@@ -355,6 +405,25 @@ class Monitor:
             })
         return rows
 
+    def fragile_flips(self, prev: VariantOutcomes, now: VariantOutcomes, results: ProbeResults, step: int
+                      ) -> list[dict[str, Any]]:
+        """Probes still right in their original form whose robustness changed since the previous evaluation: a flip
+        of its own kind ("robust→fragile": no longer right in every variant; "fragile→robust"), as rows of flips.jsonl.
+        `vs_base` says whether the probe was robust at base."""
+        assert self.base_robust is not None and self._robust_index is not None
+        if prev.ids != now.ids or prev.right.shape != now.right.shape:
+            return []
+        rows = []
+        for r, kind in fragile_changes(prev, now):
+            i = int(self._robust_index[r])
+            p = self.probes[i]
+            rows.append({
+                "step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+                "base_prediction": self.base.prediction[i], "prediction": results.prediction[i], "direction": kind,
+                "vs_base": "robust at base" if self.base_robust.right[r].all() else "not robust at base",
+            })
+        return rows
+
 
 def scalars_of(report, drift, rows) -> dict[str, float]:
     """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category, flips and drift alike.
@@ -365,7 +434,9 @@ def scalars_of(report, drift, rows) -> dict[str, float]:
     for name, m in report.items():
         if rows.get(name, {}).get("missing"):
             continue  # not a number: left out of this step (the record says why)
-        figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {}), **behavior_scalars(rows.get(name, {}))}
+        row = rows.get(name, {})
+        figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {}), **behavior_scalars(row),
+                   **robust_scalars(row)}
         if name == "overall":
             out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
         else:

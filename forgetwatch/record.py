@@ -3,7 +3,8 @@
     probes.jsonl          the frozen probe set (the record's row order)
     base.parquet          the base model's per-probe results (the cache, unless one was given elsewhere)
     metrics.jsonl         one line per evaluation: step, epoch, seconds, every metric overall and per category
-    evals/step-<N>.npz    per-probe outcome / pred_index / margin at step N: the probe × evaluation matrix
+    evals/step-<N>.npz    per-probe outcome / pred_index / margin at step N: the probe × evaluation matrix (with
+                          robustness on, each robust probe's variants too: right or not, the option chosen)
     flips.jsonl           the probes whose correctness changed at each evaluation
     at_risk.jsonl         the probes still right but at risk at each evaluation (see `forgetwatch.drift`)
     events.jsonl          budget events: a limit exceeded, at which step, and what was done
@@ -42,6 +43,7 @@ import numpy as np
 
 from ._io import atomic_write, read_json, read_jsonl, repair_cut_tail, split_cut_tail
 from .results import ProbeResults, pack_ragged, unpack_ragged
+from .robustness import VariantOutcomes
 
 __all__ = ["RunRecord", "RecordError", "load_record"]
 
@@ -101,17 +103,20 @@ class RunRecord:
     def eval_path(self, step: int) -> Path:
         return self.evals_dir / f"step-{step:08d}.npz"
 
-    def write_eval(self, step: int, results: ProbeResults, fingerprint: str = "") -> None:
+    def write_eval(self, step: int, results: ProbeResults, fingerprint: str = "",
+                   robust: VariantOutcomes | None = None) -> None:
         """The per-probe results of the evaluation at `step` (option scores packed flat with offsets), with the probe
-        set's fingerprint, so that a file from another probe set is never read as this one's."""
+        set's fingerprint, so that a file from another probe set is never read as this one's; with robustness on,
+        each robust probe's variants (`robust_*` arrays, see `VariantOutcomes`) in the same file."""
         self.evals_dir.mkdir(parents=True, exist_ok=True)
         flat, offsets = pack_ragged(results.option_scores)
+        extra = robust.to_arrays() if robust is not None else {}
         with atomic_write(self.eval_path(step), "wb") as f:
             np.savez(f, outcome=results.outcome.astype(np.int8), pred_index=results.pred_index.astype(np.int32),
                      margin=results.margin.astype(np.float32), gold_logprob=results.gold_logprob.astype(np.float32),
                      option_scores=flat, option_offsets=offsets, n_tokens=results.n_tokens.astype(np.int32),
                      stopped=results.stopped.astype(np.int8), detail=np.asarray(results.detail, dtype=str),
-                     nonfinite=results.nonfinite.astype(np.int8), fingerprint=np.asarray(fingerprint))
+                     nonfinite=results.nonfinite.astype(np.int8), fingerprint=np.asarray(fingerprint), **extra)
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         """The evaluation's commit point: written after every other file of it."""
@@ -219,6 +224,10 @@ class RunRecord:
         if "nonfinite" in z:
             r.nonfinite = z["nonfinite"].astype(bool)
         return r
+
+    def read_robust(self, step: int) -> VariantOutcomes | None:
+        """The variants of one evaluation (robustness on), or None when it scored none."""
+        return VariantOutcomes.from_arrays(self.read_eval(step))
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "metrics.jsonl")

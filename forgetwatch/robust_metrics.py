@@ -26,11 +26,21 @@ Example:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["robust_figures", "position_bias", "fragile_probes"]
+from .metrics import wilson_interval
+
+__all__ = ["robust_figures", "position_bias", "fragile_probes", "robust_rows", "robust_scalars", "fragile_changes",
+           "SCALARS"]
+
+# the curves logged per group: scalar name -> its metrics.jsonl field
+SCALARS = {"robust_accuracy": "robust_accuracy_post", "robust_forgetting": "robust_forgetting",
+           "consistency": "consistency_post", "consistency_change": "consistency_change", "fragile": "fragile",
+           "position_bias": "position_bias_post", "position_bias_change": "position_bias_change"}
 
 
 def robust_figures(base: np.ndarray, now: np.ndarray) -> dict[str, Any]:
@@ -95,3 +105,64 @@ def position_bias(chosen: np.ndarray, gold: np.ndarray, num_choices: np.ndarray,
         total += 0.5 * float(np.abs(pc - pg).sum()) * m
         weight += m
     return total / weight if weight else float("nan")
+
+
+def robust_rows(base: Any, now: Any, groups: Mapping[str, np.ndarray], lettered: bool) -> dict[str, dict[str, Any]]:
+    """Each group's robust figures as `metrics.jsonl` fields, for `VariantOutcomes` of the same probes and variants.
+
+    `groups` maps a group's name to a boolean mask over the robust probes (`base.ids`); a group without robust probes
+    gets no row. `robust_forgetting` carries its Wilson 95% interval (`robust_forgetting_ci_low` / `_high`, what a
+    budget's lower bound reads); position bias is measured in lettered modes only.
+
+    Example:
+        >>> from forgetwatch.robustness import VariantOutcomes
+        >>> o = VariantOutcomes(["q"], np.ones((1, 2), bool), np.zeros((1, 2), int), np.zeros((1, 2), int),
+        ...                     np.array([2]), np.zeros((1, 2), bool))
+        >>> robust_rows(o, o, {"overall": np.array([True])}, lettered=False)["overall"]["consistency_change"]
+        0.0
+    """
+    if base.ids != now.ids or base.right.shape != now.right.shape:
+        raise ValueError("base and now must hold the same robust probes and variants")
+    out = {}
+    for name, mask in groups.items():
+        mask = np.asarray(mask, bool)
+        if not mask.any():
+            continue
+        f = robust_figures(base.right[mask], now.right[mask])
+        low, high = wilson_interval(f["robust_lost"], f["robust_pre"]) if f["robust_pre"] else (math.nan, math.nan)
+        row = {"robust_n": f["n"], "robust_variants": f["variants"] - 1, "robust_pre": f["robust_pre"],
+               "robust_post": f["robust_post"], "robust_lost": f["robust_lost"],
+               "robust_accuracy_pre": f["robust_accuracy_pre"], "robust_accuracy_post": f["robust_accuracy_post"],
+               "robust_forgetting": f["robust_forgetting"], "robust_forgetting_ci_low": low,
+               "robust_forgetting_ci_high": high, "consistency_pre": f["consistency_pre"],
+               "consistency_post": f["consistency_post"], "consistency_change": f["consistency_change"],
+               "fragile": f["fragile"]}
+        if lettered and (base.num_choices[mask] > 0).any():
+            pre = position_bias(base.chosen[mask], base.gold[mask], base.num_choices[mask], base.balanced[mask])
+            post = position_bias(now.chosen[mask], now.gold[mask], now.num_choices[mask], now.balanced[mask])
+            row.update(position_bias_pre=pre, position_bias_post=post, position_bias_change=post - pre)
+        out[name] = row
+    return out
+
+
+def robust_scalars(row: Mapping[str, Any]) -> dict[str, float]:
+    """The robustness curves of one group from its metrics.jsonl row; absent or NaN figures are left out."""
+    out = {}
+    for name, field_name in SCALARS.items():
+        v = row.get(field_name)
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            out[name] = float(v)
+    return out
+
+
+def fragile_changes(prev: Any, now: Any) -> list[tuple[int, str]]:
+    """(row, kind) of the robust probes whose robustness changed while their original form stayed right: "robust→fragile"
+    (right in every variant before, now right only in some, its original form among them) and "fragile→robust".
+    A change of the original form itself is a plain flip (1→0 or 0→1), not listed here; probes scored NaN / inf
+    either time are left out."""
+    ok = ~(prev.nonfinite.any(1) | now.nonfinite.any(1))
+    was_all, is_all = prev.right.all(1), now.right.all(1)
+    both_right = prev.right[:, 0] & now.right[:, 0]
+    out = [(int(i), "robust→fragile") for i in np.flatnonzero(ok & both_right & was_all & ~is_all)]
+    out += [(int(i), "fragile→robust") for i in np.flatnonzero(ok & both_right & ~was_all & is_all)]
+    return sorted(out)

@@ -35,7 +35,7 @@ import numpy as np
 from .probes import Probe
 
 __all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "VariantOutcomes", "make_variants", "max_variants",
-           "check_robustness", "plan_variants", "variant_key", "RobustnessError"]
+           "check_robustness", "plan_variants", "make_plan", "choose_robust", "LETTERED_MODES", "variant_key", "is_variant", "RobustnessError"]
 
 # Bump when a frame, a noise rule or the order of variants changes: variants are part of the cache key.
 VARIANTS_VERSION = 2
@@ -98,7 +98,7 @@ def check_robustness(k: int | None, probes: Sequence[Probe], lettered: bool) -> 
         how = "option orders × frames × noises" if lettered and worst.kind == "mcq" else "frames × noises"
         raise RobustnessError(f"robustness={k}, but probe {worst.id!r} ({worst.kind}"
                               f"{f', {worst.num_choices} options' if worst.kind == 'mcq' else ''}) has {most} variants "
-                              f"besides itself ({how}): use robustness ≤ {most}")
+                              f"besides itself ({how}): use `robustness` ≤ {most}")
 
 
 def variant_key(k: int, seed: int) -> dict[str, int]:
@@ -132,6 +132,26 @@ class VariantOutcomes:
     # [probes, variants] bool: the pure option shifts (no frame, no noise) of probes whose variants hold every shift,
     # over which the gold answer stands at each position equally often: what position bias is measured on
     balanced: np.ndarray
+    # [probes, variants] bool: scored NaN / inf (an overflow): no figure over such a probe can be computed
+    nonfinite: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.nonfinite is None:
+            self.nonfinite = np.zeros(self.right.shape, bool)
+
+    ARRAYS = ("right", "chosen", "gold", "num_choices", "balanced", "nonfinite")
+
+    def to_arrays(self, prefix: str = "robust_") -> dict[str, np.ndarray]:
+        """As `np.savez` keeps them (the record's per-step file): every array, and the ids."""
+        return {f"{prefix}ids": np.asarray(self.ids, dtype=str),
+                **{f"{prefix}{name}": np.asarray(getattr(self, name)) for name in self.ARRAYS}}
+
+    @classmethod
+    def from_arrays(cls, z: Any, prefix: str = "robust_") -> VariantOutcomes | None:
+        """Read back what `to_arrays` wrote; None when the file holds no variants."""
+        if f"{prefix}ids" not in z:
+            return None
+        return cls([str(i) for i in z[f"{prefix}ids"]], *(np.asarray(z[f"{prefix}{name}"]) for name in cls.ARRAYS))
 
 
 @dataclass
@@ -141,28 +161,53 @@ class VariantPlan:
 
     probes: list[Probe]
     variants: dict[str, list[Variant]] = field(default_factory=dict)  # robust probe id -> its variants, itself first
+    k: int = 0
+    seed: int = 0
+    lettered: bool = False
+    per_suite: int | None = None  # `robust_per_suite`: variants on a seeded draw of this many probes per suite
 
     def scored(self) -> list[Probe]:
-        extra = [dataclasses.replace(v.probe, id=f"{pid}{SEP}{v.index}") for pid, vs in self.variants.items() for v in vs[1:]]
-        return [*self.probes, *extra]
+        return [*self.probes, *self.extra()]
 
-    def outcomes(self, results: Any) -> VariantOutcomes:
-        """From the `ProbeResults` of `scored()`."""
-        from .results import CORRECT
+    def extra(self) -> list[Probe]:
+        """The variants alone (variant 0, the probe itself, left out), as probes with `<id>~v<j>` ids."""
+        return [dataclasses.replace(v.probe, id=f"{pid}{SEP}{v.index}") for pid, vs in self.variants.items() for v in vs[1:]]
 
+    def key(self) -> dict[str, Any]:
+        """What the base cache's key says of the variants: base and now must score the same ones."""
+        ids = hashlib.sha256("\n".join(self.variants).encode()).hexdigest()[:16]
+        return {**variant_key(self.k, self.seed), "lettered": self.lettered, "per_suite": self.per_suite,
+                "probes": len(self.variants), "rows": len(self.extra()), "ids": ids}
+
+    def split(self, results: Any) -> tuple[Any, Any]:
+        """The `ProbeResults` of `scored()` as (the probes' own rows, in probe order; the variants' rows)."""
+        n = len(self.probes)
+        if len(results) != n + sum(len(vs) - 1 for vs in self.variants.values()):
+            raise ValueError(f"{len(results)} results for a plan of {n} probes and their variants")
+        return results.take(range(n)), results.take(range(n, len(results)))
+
+    def outcomes(self, results: Any, variants: Any = None) -> VariantOutcomes:
+        """From the `ProbeResults` of `scored()`, or from the probes' own results and the variants' rows (`split`)."""
+        from .results import CORRECT, ProbeResults
+
+        if variants is not None:
+            results = ProbeResults.concat([results, variants])
         ids = list(self.variants)
         k = max((len(vs) for vs in self.variants.values()), default=1)
         pos = {pid: i for i, pid in enumerate(results.ids)}
+        nonfinite_rows = results.nonfinite_mask()
         right = np.zeros((len(ids), k), bool)
         chosen = np.full((len(ids), k), -1, np.int64)
         gold = np.full((len(ids), k), -1, np.int64)
         num = np.zeros(len(ids), np.int64)
         balanced = np.zeros((len(ids), k), bool)
+        nonfinite = np.zeros((len(ids), k), bool)
         for r, pid in enumerate(ids):
             variants = self.variants[pid]
             for v in variants:
                 i = pos[pid if v.index == 0 else f"{pid}{SEP}{v.index}"]
-                bad = results.nonfinite is not None and bool(results.nonfinite[i])
+                bad = bool(nonfinite_rows[i])
+                nonfinite[r, v.index] = bad
                 right[r, v.index] = results.outcome[i] == CORRECT and not bad
                 chosen[r, v.index] = -1 if bad else results.pred_index[i]  # argmax over NaN is no choice
                 gold[r, v.index] = v.probe.gold if v.probe.gold is not None else -1
@@ -170,7 +215,7 @@ class VariantPlan:
             shifts = [v.index for v in variants if v.frame == 0 and v.noise == "none"]
             if num[r] and len({variants[j].shift for j in shifts}) == num[r]:
                 balanced[r, shifts] = True
-        return VariantOutcomes(ids, right, chosen, gold, num, balanced)
+        return VariantOutcomes(ids, right, chosen, gold, num, balanced, nonfinite)
 
 
 def plan_variants(probes: Sequence[Probe], k: int, *, lettered: bool, seed: int = 0,
@@ -193,7 +238,63 @@ def plan_variants(probes: Sequence[Probe], k: int, *, lettered: bool, seed: int 
                                   f"{', '.join(map(repr, unknown[:3]))}): name probes of the set")
     chosen = [p for p in probes if not p.is_behavior and (only is None or p.id in only)]
     check_robustness(k, chosen, lettered)
-    return VariantPlan(list(probes), {p.id: make_variants(p, k, lettered=lettered, seed=seed) for p in chosen})
+    return VariantPlan(list(probes), {p.id: make_variants(p, k, lettered=lettered, seed=seed) for p in chosen},
+                       k=k, seed=seed, lettered=lettered)
+
+
+LETTERED_MODES = ("letter", "generate")  # multiple-choice modes that read the options as a lettered list
+
+
+def make_plan(probes: Sequence[Probe], robustness: int | None, robust_per_suite: int | None = None,
+              mcq_mode: str = "loglik") -> VariantPlan | None:
+    """The variants a run scores with `robustness=K` (None: robustness off), on `robust_per_suite` probes of each
+    suite or all; option order varies only where the options are read as a list (`mcq_mode` letter or generate).
+    One function for the callback, the watcher and the CLI, so that they always plan the same variants.
+
+    Example:
+        >>> plan = make_plan([Probe("q", "mcq", "2 + 2 = ?", ("3", "4"), 1)], 2, mcq_mode="letter")
+        >>> [v.shift for v in plan.variants["q"]]
+        [0, 1, 0]
+    """
+    if robustness is None:
+        if robust_per_suite is not None:
+            raise RobustnessError(f"robust_per_suite={robust_per_suite} says how many probes get variants, but robustness "
+                                  "is off: set `robustness` (e.g. 5) too, or leave robust_per_suite unset")
+        return None
+    plan = plan_variants(probes, robustness, lettered=mcq_mode in LETTERED_MODES,
+                         only=choose_robust(probes, robust_per_suite))
+    plan.per_suite = robust_per_suite
+    return plan
+
+
+def choose_robust(probes: Sequence[Probe], per_suite: int | None, seed: int = 0) -> list[str] | None:
+    """The knowledge probes to score variants of when only `per_suite` per suite should be (None: all of them): a
+    seeded draw within each suite (`source`, or the category when probes carry none), the same in every process.
+
+    Example:
+        >>> ps = [Probe(f"q{i}", "mcq", "?", ("a", "b"), 0, source="s") for i in range(5)]
+        >>> len(choose_robust(ps, 2))
+        2
+    """
+    if per_suite is None:
+        return None
+    if isinstance(per_suite, bool) or not isinstance(per_suite, numbers.Integral) or per_suite < 1:
+        raise RobustnessError(f"`robust_per_suite` is how many probes of each suite get variants: an integer ≥ 1, got "
+                              f"{per_suite!r} (leave it unset for every probe)")
+    suites: dict[str, list[Probe]] = {}
+    for p in probes:
+        if not p.is_behavior:
+            suites.setdefault(p.source or p.category, []).append(p)
+    keep = set()
+    for members in suites.values():
+        members = sorted(members, key=lambda p: _seed(seed, p.id, -1))
+        keep.update(p.id for p in members[:per_suite])
+    return [p.id for p in probes if p.id in keep]
+
+
+def is_variant(probe_id: str) -> bool:
+    """Whether a result row's id names a variant (`<probe id>~v<j>`) rather than a probe."""
+    return SEP in probe_id
 
 
 def _plan(probe: Probe, lettered: bool) -> list[tuple[int, int, str]]:

@@ -38,6 +38,7 @@ from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger
 from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
+from .robustness import make_plan
 from .scoring import ProbeSetError, ScoringConfig
 
 __all__ = ["Watcher", "SidecarError"]
@@ -63,10 +64,13 @@ class Watcher:
         into_trainer_run: after training has ended, append to the trainer's own W&B run instead.
         batch_size: probes per forward (default: the callback's).
         engine: what runs generation, "hf" or "continuous" (default: the callback's).
+        robustness, robust_per_suite: score variants (`forgetwatch.robustness`; default: the callback's). The record's
+            base cache must hold the same variants: `forgetwatch cache ... --robustness K` makes one.
     """
 
     def __init__(self, output_dir: str | os.PathLike, device: str | None = None, report_to: list[str] | None = None,
-                 into_trainer_run: bool = False, batch_size: int | None = None, engine: str | None = None):
+                 into_trainer_run: bool = False, batch_size: int | None = None, engine: str | None = None,
+                 robustness: int | None = None, robust_per_suite: int | None = None):
         self.output_dir = Path(output_dir)
         record_dir = self.output_dir / PREFIX
         start = ("start training with ForgetWatchCallback(probes, scoring=\"sidecar\") (a recipe: --forgetwatch_scoring "
@@ -96,9 +100,20 @@ class Watcher:
         self.config = ScoringConfig(**{**self.manifest["scoring_config"], **{k: v for k, v in given.items() if v}})
         self.precision = self.manifest["precision"]
         self.device = device
+        if robustness is None:  # the callback's, unless given
+            robustness, robust_per_suite = opts.get("robustness"), robust_per_suite or opts.get("robust_per_suite")
+        self.plan = make_plan(self.probes, robustness, robust_per_suite, self.config.mcq_mode)
+        if self.plan is not None and cache.key.get("variants") != self.plan.key():
+            found = cache.key.get("variants")
+            raise SidecarError(
+                f"{cache_path}: the base cache holds {'no variants' if not found else 'other variants (robustness=' + str(found.get('k')) + ')'}"
+                f", and this watcher scores robustness={robustness}: the base must be scored with the same variants. Make "
+                f"it with the base model: `forgetwatch cache --model <base> --probes {record_dir / 'probes.jsonl'} ... "
+                f"--robustness {robustness}{f' --robust-per-suite {robust_per_suite}' if robust_per_suite else ''} "
+                f"-o {cache_path} --force` (the scoring options as in sidecar.json), or watch without --robustness")
         # strict: a record the watcher cannot write stops it (restarted, it scores that step again)
         self.monitor = Monitor(self.probes, budget, RiskRule(opts["at_risk_margin"], opts["at_risk_drop"]),
-                               log_table=opts["log_table"], replay=opts["replay"], strict=True)
+                               log_table=opts["log_table"], replay=opts["replay"], strict=True, plan=self.plan)
         if into_trainer_run and not self.manifest.get("finished"):
             raise SidecarError("--into-trainer-run appends to the trainer's W&B run, which two processes cannot write while "
                                "it is live: wait until training has ended, or leave the flag out (a run of its own beside it)")
@@ -186,7 +201,8 @@ class Watcher:
             model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device,
                                                model_files=self.output_dir / PREFIX / MODEL_FILES)
             with precision_context(model, self.precision):
-                results = score_probes(model, tokenizer, self.probes, self.config, desc=f"forgetwatch watch: {path.name}")
+                scored = self.plan.scored() if self.plan is not None else self.probes
+                results = score_probes(model, tokenizer, scored, self.config, desc=f"forgetwatch watch: {path.name}")
         except (KeyboardInterrupt, SystemExit, ProbeSetError):
             raise  # a probe set that cannot be scored fails on every checkpoint: said once, not retried
         # not loadable (yet), deleted meanwhile, out of memory, untrusted: skip it, keep watching. BaseException: torch's
@@ -201,11 +217,16 @@ class Watcher:
             del model
             free_memory()
         seconds = time.perf_counter() - t0
-        self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds)
+        robust = None
+        if self.plan is not None:
+            results, variants = self.plan.split(results)
+            robust = self.plan.outcomes(results, variants)
+        self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds, robust)
         overall = self.monitor.last_rows["overall"]  # as recorded: missing where probes scored NaN / inf
         missing = f" (missing: {overall['missing']})" if overall.get("missing") else ""
+        robust = f", robust forgetting {overall['robust_forgetting']:.3f}" if "robust_forgetting" in overall else ""
         print(f"scored {path.name} ({len(self.probes)} probes, {seconds:.1f} s): forgetting {overall['forgetting']:.3f}, "
-              f"adjusted {overall['forgetting_adjusted']:.3f}{missing}", flush=True)
+              f"adjusted {overall['forgetting_adjusted']:.3f}{robust}{missing}", flush=True)
         return True
 
     def poll(self) -> int:

@@ -84,7 +84,7 @@ def test_variants_are_the_same_in_another_process():
     (0, "an integer ≥ 1, got 0"),
     (True, "an integer ≥ 1, got True"),
     (2.5, "an integer ≥ 1, got 2.5"),
-    (12, "robustness=12, but probe 's1' (short) has 11 variants besides itself (frames × noises): use robustness ≤ 11"),
+    (12, "robustness=12, but probe 's1' (short) has 11 variants besides itself (frames × noises): use `robustness` ≤ 11"),
 ])
 def test_a_robustness_the_probes_cannot_take_is_refused_with_what_to_change(k, says):
     with pytest.raises(RobustnessError, match=says.replace("(", r"\(").replace(")", r"\)")):
@@ -96,7 +96,7 @@ def test_robustness_needs_knowledge_probes_and_counts_order_only_where_it_matter
         check_robustness(1, [BEHAVIOUR], lettered=True)
     two = Probe("t", "mcq", "Is water wet?", ("yes", "no"), 0)
     check_robustness(23, [two], lettered=True)
-    with pytest.raises(RobustnessError, match=r"has 11 variants besides itself \(frames × noises\): use robustness ≤ 11"):
+    with pytest.raises(RobustnessError, match=r"has 11 variants besides itself \(frames × noises\): use `robustness` ≤ 11"):
         check_robustness(23, [two], lettered=False)
     check_robustness(None, [BEHAVIOUR], lettered=True)  # off: nothing to check
     assert variant_key(3, 0) != variant_key(3, 1) != variant_key(4, 0)
