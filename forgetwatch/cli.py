@@ -133,6 +133,40 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", default=None, help="directory to write to (default: <output_dir>/forgetwatch/report/)")
     r.set_defaults(func=cmd_report)
 
+    ip = sub.add_parser(
+        "interpolate", help="score a checkpoint interpolated toward its base (θ_base + α(θ_ft − θ_base)) at each α, against the "
+        "base cache, beside a task measure: what stepping back toward the base buys in forgetting and costs on the task",
+        description="WiSE-FT without training: for each α of the grid the weights are θ_base + α(θ_ft − θ_base) (a LoRA "
+                    "adapter is scaled by α), streamed tensor by tensor (one model in memory), and scored as `compare` "
+                    "scores a checkpoint. α = 0 is the base, α = 1 the checkpoint. docs/cli.md#interpolate")
+    ip.add_argument("--model", required=True, help="the fine-tuned checkpoint: a model directory (safetensors) or a LoRA adapter directory")
+    ip.add_argument("--probes", required=True, help="the probe set of the base cache: a JSONL file or suite names")
+    ip.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")
+    ip.add_argument("--base-model", default=None,
+                    help="the base model's directory (or Hub id; `smollm2`) (default: the model the base cache was made with)")
+    ip.add_argument("--alphas", default=None, help="the grid: 0,0.5,1 or start:stop:step (default 0:1:0.1)")
+    ip.add_argument("--extrapolate", action="store_true", help="allow α outside [0, 1]")
+    ip.add_argument("--task-data", default=None, help="task measure: the held-out loss on this JSONL (text, messages, or "
+                                                      "prompt + completion rows; nats per answer token; lower is better)")
+    ip.add_argument("--task-max-examples", type=int, default=200, help="with --task-data: at most this many examples (default 200)")
+    ip.add_argument("--task-probes", default=None, help="task measure: accuracy on this probe set of the task (e.g. gsm8k)")
+    ip.add_argument("--task-per-suite", type=int, default=None, help="with suite names in --task-probes: probes per suite")
+    ip.add_argument("--budget", default=None, help="choose the best α within this budget, e.g. "
+                                                   "all_knowledge/forgetting_adjusted=0.05 (names as the callback's budget)")
+    ip.add_argument("--budget-bound", choices=("lower", "point"), default="lower",
+                    help="lower (default): a limit is exceeded when the lower end of the 95%% interval is above it; point")
+    ip.add_argument("--json", action="store_true", help="print every α's figures as JSON")
+    ip.add_argument("--plot", default=None, help="write a PNG of forgetting against the task measure, α by α (the Pareto front)")
+    ip.add_argument("--save-at", nargs=2, metavar=("ALPHA", "OUT"), default=None,
+                    help="also write the model at ALPHA to the directory OUT (refused if it exists, unless --force)")
+    ip.add_argument("--force", action="store_true", help="with --save-at: replace OUT if it exists")
+    ip.add_argument("--allow-other-model", action="store_true",
+                    help="the checkpoint's architecture differs from the base cache's model: compare anyway")
+    ip.add_argument("--revision", default=None, help=argparse.SUPPRESS)
+    ip.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    _scoring_args(ip, defaults=False)
+    ip.set_defaults(func=cmd_interpolate)
+
     w = sub.add_parser("watch", help="score a training run's checkpoints beside it (the callback with scoring='sidecar')")
     w.add_argument("output_dir", help="the trainer's output_dir")
     w.add_argument("--once", action="store_true", help="score the checkpoints already there, then exit")
@@ -733,6 +767,216 @@ def cmd_watch(args: argparse.Namespace) -> int:
     n = watcher.run(once=args.once, poll_seconds=args.poll, timeout=args.timeout)
     print(f"forgetwatch watch: scored {n} checkpoint(s); record: {watcher.monitor.record.root}")
     return 0
+
+
+def cmd_interpolate(args: argparse.Namespace) -> int:
+    from .budgets import Budget, parse_budget
+    from .cache import BaseCache, make_cache_key
+    from .interpolate import InterpolationError, alpha_grid, load_task_data
+    from .models import model_identity
+
+    # everything that can be refused is refused before a model is loaded
+    alphas = alpha_grid(args.alphas, args.extrapolate)
+    save_at = None
+    if args.save_at:
+        try:
+            save_at = (alpha_grid(args.save_at[0], args.extrapolate)[0], Path(args.save_at[1]))
+        except InterpolationError as e:
+            raise InterpolationError(str(e).replace("--alphas", "--save-at")) from None
+        if save_at[1].exists() and not args.force:
+            raise _exists(str(save_at[1]), "a directory or file")
+    task_rows = load_task_data(args.task_data, args.task_max_examples) if args.task_data else None
+    task_probes = load_probes(args.task_probes, per_suite=args.task_per_suite, seed=args.seed) if args.task_probes else None
+    if task_rows is not None and task_probes is not None:
+        raise ValueError("give one task measure: --task-data (held-out loss) or --task-probes (accuracy), not both")
+    probes = _load_probes(args)
+    base = BaseCache.load(args.base)
+    base.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=args.base)
+    base = base.for_probes(probes.ids, args.base)
+    config, dtype, autocast = _scoring_config(args, base.key)
+    budget = Budget(parse_budget(args.budget), "alert", args.budget_bound, probes.groups) if args.budget else None
+    base_dir = _base_model_dir(args.base_model or base.key.get("model", {}).get("name_or_path"), args.base)
+    model, tokenizer, setter = _interpolated_model(args.model, base_dir, dtype, args.device)
+    built, now = base.key.get("model", {}).get("architecture"), model_identity(model)["architecture"]
+    if built and now and built != now and not args.allow_other_model:
+        raise InterpolationError(f"{args.base} was made with a {built}, and --model {args.model} is a {now}: not a fine-tune "
+                                 "of that base (pass --allow-other-model to go on)")
+
+    from .monitor import figure_rows
+
+    steps = []
+    for i, alpha in enumerate(alphas):
+        setter.set(alpha)
+        print(f"α = {alpha:g} ({i + 1} of {len(alphas)})", file=sys.stderr, flush=True)
+        _, results, scoring_key = _score(args, probes, config, dtype, autocast, loaded=(model, tokenizer))
+        if i == 0:
+            base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
+        rows = figure_rows(probes, base.results, results)[2]
+        task = None
+        if task_rows is not None:
+            from .interpolate import held_out_loss
+
+            task = held_out_loss(model, tokenizer, task_rows, batch_size=config.batch_size)
+        elif task_probes is not None:
+            task = _score(args, task_probes, config, dtype, autocast, loaded=(model, tokenizer))[1].accuracy
+        breaches = budget.check(rows) if budget is not None else []
+        missing = [name for name, row in rows.items() if row.get("missing")]
+        steps.append({"alpha": alpha, "metrics": rows, "task": task, "breaches": [b.describe() for b in breaches],
+                      "within_budget": None if budget is None else not breaches and not missing})
+    task_kind = "loss" if task_rows is not None else "accuracy" if task_probes is not None else None
+    chosen = _choose_alpha(steps, task_kind, budget is not None)
+    if save_at is not None:
+        setter.set(save_at[0])
+        setter.save(save_at[1], tokenizer)
+    if args.plot:
+        _plot_interpolation(steps, task_kind, args.plot, chosen)
+    if args.json:
+        print(strict_json({"model": args.model, "base": args.base, "base_model": str(base_dir), "task": task_kind,
+                           "budget": budget.to_dict() if budget else None, "chosen_alpha": chosen, "alphas": steps}, indent=1))
+    else:
+        print(format_interpolation(steps, task_kind))
+        if budget is not None:
+            print(f"\nwithin budget {', '.join(f'{k}={v:g}' for k, v in budget.to_dict()['limits'].items())}: "
+                  + (f"α = {chosen:g} (" + ("the best task measure among those within" if task_kind else "the largest")
+                     + ")" if chosen is not None else "no α (even the base is over it?)"))
+    if save_at is not None:
+        print(f"wrote the model at α = {save_at[0]:g} to {save_at[1]}", file=sys.stderr)
+    return 0
+
+
+def _base_model_dir(name: str | None, cache: str) -> Path:
+    """The base model's local directory (its weights are streamed from there)."""
+    from .models import check_model_path, smollm2_path
+
+    if not name:
+        raise ValueError(f"{cache} does not say which model it was made with: pass --base-model")
+    if name == "smollm2":
+        return smollm2_path()
+    local = check_model_path(name)
+    if local is not None:
+        return local
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+
+
+def _interpolated_model(path: str, base_dir: Path, dtype: str, device: str | None):
+    """(model, tokenizer, setter): the checkpoint loaded once, and what moves it along α (weights, or a LoRA's scale)."""
+    from .interpolate import InterpolationError, Interpolator, LoraScaler
+    from .models import check_model_path, load_checkpoint, load_model, local_model_path
+
+    directory = check_model_path(path)
+    if directory is None:
+        raise InterpolationError(f"--model {path}: interpolate reads a local checkpoint directory")
+    adapter = directory / "adapter_config.json"
+    if adapter.is_file():
+        said = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path") or ""
+        if local_model_path(said) != local_model_path(str(base_dir)) and said not in (str(base_dir), "smollm2"):
+            raise InterpolationError(f"{adapter}: the adapter was trained on {said or 'an unnamed base'}, not on the base "
+                                     f"model {base_dir}: interpolate an adapter toward its own base (--base-model, or a cache "
+                                     "made with that model)")
+        model, tokenizer = load_checkpoint(directory, dtype=dtype, device=device)
+        return model, tokenizer, _Setter(LoraScaler(model), model, merged=True)
+    model, tokenizer = load_model(str(directory), dtype=dtype, device=device)
+    return model, tokenizer, _Setter(Interpolator(model, base_dir, directory), model, merged=False)
+
+
+class _Setter:
+    def __init__(self, inner, model, merged: bool):
+        self.inner, self.model, self.merged = inner, model, merged
+
+    def set(self, alpha: float) -> None:
+        self.inner.set(alpha)
+
+    def save(self, out: Path, tokenizer) -> None:
+        import shutil
+
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        model = self.model.merge_and_unload() if self.merged else self.model  # a LoRA at α: merged into full weights
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        tmp.rename(out)
+
+
+def _choose_alpha(steps: list[dict[str, Any]], task_kind: str | None, budgeted: bool) -> float | None:
+    """Among the α within budget: the best task measure (lowest loss, highest accuracy), else the largest α."""
+    if not budgeted:
+        return None
+    ok = [s for s in steps if s["within_budget"]]
+    if not ok:
+        return None
+    if task_kind is None or any(s["task"] is None or s["task"] != s["task"] for s in ok):
+        return max(s["alpha"] for s in ok)
+    sign = 1 if task_kind == "loss" else -1
+    return min(ok, key=lambda s: (sign * s["task"], -s["alpha"]))["alpha"]
+
+
+def format_interpolation(steps: list[dict[str, Any]], task_kind: str | None) -> str:
+    """One row per α: forgetting, backward transfer and accuracy of the knowledge probes, behaviour where there is some,
+    and the task measure."""
+    first = steps[0]["metrics"]
+    group = "all_knowledge" if "all_knowledge" in first else "overall"
+    behaviour = "all_behavior" if "all_behavior" in first else None
+    head = f"{'α':>6}{'F':>8}{'F adj':>8}{'BT':>8}{'acc':>8}"
+    if behaviour:
+        head += f"{'instr.':>9}{'runaway':>9}{'refused':>9}"
+    if task_kind:
+        head += f"{'task ' + task_kind:>15}"
+    if steps[0]["within_budget"] is not None:
+        head += f"{'budget':>9}"
+    lines = [head, "-" * len(head)]
+    for s in steps:
+        m = s["metrics"][group]
+        line = (f"{s['alpha']:>6g}{_num(m.get('forgetting')):>8}{_num(m.get('forgetting_adjusted')):>8}"
+                f"{_num(m.get('backward_transfer')):>8}{_num(m.get('accuracy_post')):>8}")
+        if behaviour:
+            b = s["metrics"][behaviour]
+            line += f"{_num(b.get('instruct_compliance')):>9}{_num(b.get('runaway_rate')):>9}{_num(b.get('over_refusal_rate')):>9}"
+        if task_kind:
+            line += f"{_num(s['task']):>15}"
+        if s["within_budget"] is not None:
+            line += f"{'within' if s['within_budget'] else 'over':>9}"
+        lines.append(line)
+    what = "knowledge probes" if group == "all_knowledge" else "all probes"
+    lines.append(f"F, F adj, BT, acc: {what}, each against the base cache (α = 0 is the base, α = 1 the checkpoint)"
+                 + ("; instr.: instructions followed, runaway: answers that hit the token limit, refused: harmless requests "
+                    "refused" if behaviour else "")
+                 + ("; task loss: nats per answer token on --task-data (lower is better)" if task_kind == "loss" else "")
+                 + ("; task accuracy: on --task-probes" if task_kind == "accuracy" else ""))
+    return "\n".join(lines)
+
+
+def _plot_interpolation(steps: list[dict[str, Any]], task_kind: str | None, path: str, chosen: float | None) -> None:
+    """Forgetting (chance-adjusted where it exists) against the task measure, one point per α, the Pareto front joined."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ._io import atomic_write
+
+    group = "all_knowledge" if "all_knowledge" in steps[0]["metrics"] else "overall"
+    adjusted = bool(steps[0]["metrics"][group].get("adjusted"))
+    key = "forgetting_adjusted" if adjusted else "forgetting"
+    xs = [s["task"] if task_kind else s["alpha"] for s in steps]
+    ys = [s["metrics"][group].get(key) for s in steps]
+    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(xs, ys, "o-", color="tab:red", alpha=0.35)
+    better = (lambda a, b: a <= b) if task_kind == "loss" else (lambda a, b: a >= b)
+    front = [i for i in range(len(steps)) if not any(
+        j != i and better(xs[j], xs[i]) and ys[j] <= ys[i] and (xs[j], ys[j]) != (xs[i], ys[i]) for j in range(len(steps)))]
+    ax.plot([xs[i] for i in front], [ys[i] for i in front], "o", color="tab:red", markersize=8, label="Pareto front")
+    for s, x, y in zip(steps, xs, ys, strict=True):
+        ax.annotate(f"α={s['alpha']:g}" + (" (chosen)" if s["alpha"] == chosen else ""), (x, y), fontsize=8,
+                    textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel({"loss": "task loss (nats per answer token, lower is better)", "accuracy": "task accuracy"}.get(task_kind, "α"))
+    ax.set_ylabel(("chance-adjusted " if adjusted else "") + "forgetting since base")
+    ax.set_title("Interpolation toward the base: forgetting against the task")
+    ax.legend(fontsize="small", frameon=False)
+    FigureCanvasAgg(fig)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
 
 
 def _compare_plan(args: argparse.Namespace, probes: ProbeSet, key: dict[str, Any], mcq_mode: str):

@@ -32,7 +32,7 @@ from .results import CORRECT, ProbeResults
 from .robust_metrics import fragile_changes, robust_rows, robust_scalars
 from .robustness import VariantOutcomes, VariantPlan
 
-__all__ = ["PREFIX", "Monitor"]
+__all__ = ["PREFIX", "Monitor", "figure_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -423,6 +423,15 @@ class Monitor:
                 "vs_base": "robust at base" if self.base_robust.right[r].all() else "not robust at base",
             })
         return rows
+
+
+def figure_rows(probes: ProbeSet, base: ProbeResults, results: ProbeResults, risk_rule: RiskRule | None = None
+                ) -> tuple[dict, dict, dict[str, dict[str, Any]]]:
+    """(forgetting report, drift, metrics.jsonl rows by group) of `results` against `base`, as an evaluation of a run
+    computes them, for a comparison outside a run (`forgetwatch interpolate`); a budget's `check` reads the rows."""
+    monitor = Monitor(probes, risk_rule=risk_rule)
+    monitor.base = base
+    return monitor.figures(results)
 
 
 def scalars_of(report, drift, rows) -> dict[str, float]:

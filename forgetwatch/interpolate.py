@@ -1,0 +1,260 @@
+"""Interpolation toward the base (WiSE-FT, Wortsman et al. 2022): θ(α) = θ_base + α (θ_ft − θ_base), no training.
+
+`forgetwatch interpolate` scores the probes at each α of a grid against the base cache, beside a task measure, to show
+what each step back toward the base buys in forgetting and costs in task skill. This module holds the torch side:
+
+- `Interpolator` sets a fine-tuned model's weights to θ(α) in place, streaming the base's and the checkpoint's tensors
+  one at a time from their safetensors files (never a second model in memory);
+- `LoraScaler` scales a PEFT LoRA adapter by α (its `scaling`, the adapter's contribution; α = 0 is the base);
+- `held_out_loss` is the task measure on a dataset the user names: mean negative log-likelihood per answer token.
+
+Example:
+    >>> interp = Interpolator(model, base_dir="base/", tuned_dir="outputs/ckpt")  # doctest: +SKIP
+    >>> interp.set(0.5)  # the model now holds the midpoint  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._io import read_jsonl
+
+__all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "held_out_loss", "load_task_data",
+           "DEFAULT_ALPHAS"]
+
+DEFAULT_ALPHAS = tuple(round(i / 10, 1) for i in range(11))
+
+
+class InterpolationError(ValueError):
+    """Two models that cannot be interpolated, or a setting that cannot be applied: the message says what to change."""
+
+
+def alpha_grid(spec: str | Sequence[float] | None, extrapolate: bool = False) -> list[float]:
+    """The α values to score, sorted: `"0,0.25,0.5,1"`, `"0:1:0.1"` (start:stop:step, both ends included), or the default
+    0, 0.1, …, 1. Outside [0, 1] only with `extrapolate`.
+
+    Example:
+        >>> alpha_grid("0:1:0.25")
+        [0.0, 0.25, 0.5, 0.75, 1.0]
+        >>> alpha_grid("0.5,1.5")
+        Traceback (most recent call last):
+        forgetwatch.interpolate.InterpolationError: --alphas: 1.5 is outside [0, 1] (0 is the base, 1 the checkpoint); pass --extrapolate to go beyond them
+    """
+    if spec is None:
+        return list(DEFAULT_ALPHAS)
+    if isinstance(spec, str):
+        text = spec.strip()
+        try:
+            if ":" in text:
+                start, stop, step = (float(x) for x in text.split(":"))
+                if step <= 0 or stop < start:
+                    raise ValueError
+                n = int(math.floor((stop - start) / step + 1e-9))
+                values = [round(start + i * step, 10) for i in range(n + 1)]
+            else:
+                values = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise InterpolationError(f"--alphas {spec!r}: give numbers separated by commas (0,0.5,1) or start:stop:step "
+                                     "(0:1:0.1)") from None
+    else:
+        values = [float(x) for x in spec]
+    if not values:
+        raise InterpolationError(f"--alphas {spec!r}: no α to score")
+    for a in values:
+        if not math.isfinite(a):
+            raise InterpolationError(f"--alphas: {a} is not a number")
+        if not extrapolate and not 0 <= a <= 1:
+            raise InterpolationError(f"--alphas: {a:g} is outside [0, 1] (0 is the base, 1 the checkpoint); pass "
+                                     "--extrapolate to go beyond them")
+    return sorted(set(values))
+
+
+class _Tensors:
+    """A model directory's safetensors weights by name, read one tensor at a time (memory-mapped)."""
+
+    def __init__(self, directory: Path, what: str):
+        self.directory = directory
+        index = directory / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            self.files = {name: directory / f for name, f in weight_map.items()}
+        elif (directory / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(directory / "model.safetensors", "pt") as f:
+                self.files = {name: directory / "model.safetensors" for name in f.keys()}  # noqa: SIM118
+        else:
+            found = ", ".join(sorted(p.name for p in directory.iterdir())[:8]) if directory.is_dir() else "no such directory"
+            raise InterpolationError(f"{what} {directory}: no safetensors weights (model.safetensors or its index) to "
+                                     f"stream ({found}); save it with `save_pretrained` (safetensors is its default)")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        from safetensors import safe_open
+
+        with safe_open(self.files[name], "pt") as f:
+            return tuple(f.get_slice(name).get_shape())
+
+    def by_file(self, names: Sequence[str]) -> dict[Path, list[str]]:
+        out: dict[Path, list[str]] = {}
+        for name in names:
+            out.setdefault(self.files[name], []).append(name)
+        return out
+
+
+class Interpolator:
+    """Sets `model` (loaded from the fine-tuned checkpoint) to θ_base + α (θ_ft − θ_base), in place.
+
+    Both sides are read from their safetensors files a tensor at a time, in float32, and the result cast to the
+    parameter's dtype: memory is one model plus one tensor of each file. Every parameter must exist in both files with
+    the model's shape (tied weights count once); anything else is refused before any scoring, naming the tensor.
+
+    Args:
+        model: the fine-tuned model (its parameters are overwritten by `set`).
+        base_dir, tuned_dir: the base model's and the checkpoint's directories.
+    """
+
+    def __init__(self, model: Any, base_dir: str | os.PathLike, tuned_dir: str | os.PathLike):
+        self.model = model
+        self.base = _Tensors(Path(base_dir), "the base model")
+        self.tuned = _Tensors(Path(tuned_dir), "the checkpoint")
+        seen: set[int] = set()
+        self.params: dict[str, torch.nn.Parameter] = {}
+        for name, p in model.named_parameters(remove_duplicate=True):
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                self.params[name] = p
+        for side in (self.base, self.tuned):
+            missing = [n for n in self.params if n not in side.files]
+            if missing:
+                raise InterpolationError(f"{side.directory}: no tensor {missing[0]!r} ({len(missing)} of the model's "
+                                         f"{len(self.params)} missing): not the same architecture as the checkpoint; "
+                                         "interpolate a fine-tune toward its own base")
+            for name, p in self.params.items():
+                if side.shape(name) != tuple(p.shape):
+                    raise InterpolationError(f"{side.directory}: tensor {name!r} has shape {list(side.shape(name))}, the "
+                                             f"model's is {list(p.shape)}: not the same architecture; interpolate a "
+                                             "fine-tune toward its own base")
+
+    @torch.no_grad()
+    def set(self, alpha: float) -> None:
+        from safetensors import safe_open
+
+        names = list(self.params)
+        tuned_files = self.tuned.by_file(names)
+        for path, group in self.base.by_file(names).items():
+            with safe_open(path, "pt") as base:
+                for tuned_path, tuned_names in tuned_files.items():
+                    mine = [n for n in tuned_names if n in group]
+                    if not mine:
+                        continue
+                    with safe_open(tuned_path, "pt") as tuned:
+                        for name in mine:
+                            p = self.params[name]
+                            b = base.get_tensor(name).float()
+                            if alpha == 0:  # exactly the base (and alpha 1 exactly the checkpoint)
+                                value = b
+                            elif alpha == 1:
+                                value = tuned.get_tensor(name).float()
+                            else:
+                                value = b + alpha * (tuned.get_tensor(name).float() - b)
+                            p.data.copy_(value.to(dtype=p.dtype, device=p.device))
+
+
+class LoraScaler:
+    """Scales every LoRA adapter of a PEFT model by α: its update `B A · scaling` becomes `α · B A · scaling`, so α = 0 is
+    the base model and α = 1 the adapter as trained; nothing is copied."""
+
+    def __init__(self, model: Any):
+        from peft.tuners.lora import LoraLayer
+
+        self.layers = [(m, dict(m.scaling)) for m in model.modules() if isinstance(m, LoraLayer)]
+        if not self.layers:
+            raise InterpolationError("the adapter holds no LoRA layers; interpolate supports LoRA adapters and full weights")
+
+    def set(self, alpha: float) -> None:
+        for module, scaling in self.layers:
+            for name, value in scaling.items():
+                module.scaling[name] = value * alpha
+
+
+def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> list[dict[str, Any]]:
+    """A held-out task set: JSONL rows with `text`, or `messages` (chat, the last one the assistant's answer), or
+    `prompt` and `completion`. Every row is checked before any scoring; a bad one is refused with its line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InterpolationError(f"--task-data {path}: no such file (a JSONL of held-out examples: text, messages, or "
+                                 "prompt + completion)")
+    rows = []
+    for lineno, row in read_jsonl(path, InterpolationError, objects=True):
+        ok = (isinstance(row.get("text"), str) and row["text"].strip()) or (
+            isinstance(row.get("messages"), list) and row["messages"] and isinstance(row["messages"][-1], dict)
+            and row["messages"][-1].get("role") == "assistant") or (
+            isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str) and row["completion"])
+        if not ok:
+            raise InterpolationError(f"{path}, line {lineno}: a task example needs `text`, or `messages` ending with the "
+                                     "assistant's answer, or `prompt` and `completion`; this row has "
+                                     f"{', '.join(sorted(row)) or 'nothing'}")
+        rows.append(row)
+        if max_examples and len(rows) >= max_examples:
+            break
+    if not rows:
+        raise InterpolationError(f"--task-data {path}: no examples")
+    return rows
+
+
+@torch.no_grad()
+def held_out_loss(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], max_length: int = 1024,
+                  batch_size: int = 8) -> float:
+    """Mean negative log-likelihood per answer token (nats) of `rows` (`load_task_data`): the whole text for `text`
+    rows, the answer only for `messages` (the last turn) and `prompt` + `completion` rows."""
+    from .forward import model_device, pad_token_id
+
+    pairs = [_encode(tokenizer, r, max_length) for r in rows]
+    device = model_device(model)
+    pad = pad_token_id(tokenizer)
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(pairs), batch_size):
+            batch = pairs[i : i + batch_size]
+            width = max(len(ids) for ids, _ in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            for j, (tokens, start) in enumerate(batch):
+                ids[j, : len(tokens)] = torch.tensor(tokens)
+                mask[j, : len(tokens)] = 1
+                labels[j, start : len(tokens)] = torch.tensor(tokens[start:])
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+            logp = torch.log_softmax(logits[:, :-1], dim=-1)
+            target = labels[:, 1:].to(device)
+            keep = target != -100
+            nll = -logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            total += float(nll[keep].sum())
+            count += int(keep.sum())
+    finally:
+        model.train(was_training)
+    return total / count if count else float("nan")
+
+
+def _encode(tokenizer: Any, row: dict[str, Any], max_length: int) -> tuple[list[int], int]:
+    """(token ids, index of the first answer token)."""
+    if "text" in row:
+        ids = tokenizer(row["text"], add_special_tokens=True)["input_ids"][:max_length]
+        return ids, 1
+    if "messages" in row:
+        prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=False)
+        whole = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+    else:
+        prompt, whole = row["prompt"], row["prompt"] + row["completion"]
+    start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids = tokenizer(whole, add_special_tokens=False)["input_ids"][:max_length]
+    return ids, min(start, len(ids))
