@@ -191,6 +191,11 @@ class KLAnchor:
         mean, self._kl_sum, self._kl_n = self._kl_sum / self._kl_n, 0.0, 0
         return mean
 
+    def pop_logs(self) -> dict[str, float]:
+        """What the trainer's logs get since the last call: `anchor_kl`."""
+        kl = self.pop_mean_kl()
+        return {} if kl is None else {"anchor_kl": round(kl, 6)}
+
 
 def _identity(model: Any) -> dict[str, Any]:
     import os
@@ -211,11 +216,12 @@ def _rank_world() -> tuple[int, int]:
 
 
 class AnchorMixin:
-    """Adds a `KLAnchor`'s term to the trainer's loss at every training micro-batch (see the module doc).
+    """Adds a `KLAnchor`'s term to the trainer's loss at every training micro-batch (see the module doc), or any term
+    with the same `loss(model, micro_batch, batch_size)` and `pop_logs()` (`forgetwatch.penalty.MarginPenalty`).
 
     Put it before the trainer class (`class MyTrainer(AnchorMixin, SFTTrainer)`, or `with_anchor(SFTTrainer)`) and
-    pass `anchor=`; evaluation losses are left as they are. The trainer's logs get `anchor_kl`, the mean per-token KL
-    to the base on the anchored conversations since the last log.
+    pass `anchor=`; evaluation losses are left as they are. The trainer's logs get the term's figures since the last
+    log (`anchor_kl`, the mean per-token KL to the base on the anchored conversations; the penalty's `penalty_hinge`).
     """
 
     def __init__(self, *args: Any, anchor: KLAnchor | None = None, **kwargs: Any):
@@ -253,9 +259,7 @@ class AnchorMixin:
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if self.anchor is not None and "loss" in logs:
-            kl = self.anchor.pop_mean_kl()
-            if kl is not None:
-                logs = {**logs, "anchor_kl": round(kl, 6)}
+            logs = {**logs, **self.anchor.pop_logs()}
         super().log(logs, *args, **kwargs)
 
 

@@ -93,6 +93,9 @@ class ForgetWatchArguments:
     forgetwatch_base_outputs: str | None = field(default=None, metadata={"help": "The base model's answers and top-k log-probabilities on the pool (for replay_targets=base and the KL anchor): made before training when the file is absent, reused when it matches the model, tokenizer and pool, never overwritten (default <output_dir>/base_outputs.parquet). `forgetwatch base-outputs` makes one ahead."})
     forgetwatch_anchor_beta: float = field(default=0.0, metadata={"help": "KL anchor to the base on pool conversations: the weight of KL(base || model) on their answer tokens, from the cached top-k log-probabilities (0 = off; e.g. 1.0 weighs each anchored conversation like one training example)."})
     forgetwatch_anchor_ratio: float = field(default=0.1, metadata={"help": "KL anchor: pool conversations drawn per training example, in addition to them (by forgetwatch_replay_strategy: toward the categories that forget, or uniform)."})
+    forgetwatch_penalty_beta: float = field(default=0.0, metadata={"help": "Explicit 1→0 penalty (SFT): the weight of max(0, min(base margin, floor) − margin now) on held-out multiple-choice items of the pool the base answers right (0 = off; e.g. 1.0). docs/replay.md"})
+    forgetwatch_penalty_ratio: float = field(default=0.1, metadata={"help": "1→0 penalty: pool items drawn per training example (by forgetwatch_replay_strategy)."})
+    forgetwatch_penalty_floor: float = field(default=2.0, metadata={"help": "1→0 penalty: the margin (nats) worth defending: an item is pulled back when its margin falls below its base margin or this, whichever is smaller."})
 
     def __post_init__(self) -> None:
         from .anchor import check_beta
@@ -107,6 +110,17 @@ class ForgetWatchArguments:
         ratio = self.forgetwatch_anchor_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
             raise ValueError(f"forgetwatch_anchor_ratio (pool conversations per training example) must be in (0, 8], got {ratio!r}")
+        try:
+            self.forgetwatch_penalty_beta = check_beta(self.forgetwatch_penalty_beta)
+        except ValueError as e:
+            raise ValueError(f"forgetwatch_penalty_beta: {str(e).replace('KL anchor', '1→0 penalty')}") from None
+        for name, low, high in (("forgetwatch_penalty_ratio", 0, 8), ("forgetwatch_penalty_floor", 0, math.inf)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+                raise ValueError(f"{name} must be a number in ({low}, {high}], got {value!r}")
+        if self.forgetwatch_penalty_beta and self.forgetwatch_anchor_beta:
+            raise ValueError("forgetwatch_penalty_beta and forgetwatch_anchor_beta: one term at a time (each is measured "
+                             "on its own in benchmarks/RESULTS.md); set one of them to 0")
         if self.forgetwatch_replay_targets == "base" and not self.forgetwatch_replay_mix:
             logger.warning("forgetwatch: forgetwatch_replay_targets=base does nothing while forgetwatch_replay_mix is 0: "
                            "set the replay share (e.g. 0.1)")
@@ -114,7 +128,8 @@ class ForgetWatchArguments:
     def to_kwargs(self) -> dict[str, Any]:
         """The callback's keyword arguments (the replay fields are `mix_replay`'s, see `replay_kwargs`)."""
         return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)
-                if not f.name.startswith((PREFIX + "_replay_", PREFIX + "_anchor_", PREFIX + "_base_outputs"))}
+                if not f.name.startswith((PREFIX + "_replay_", PREFIX + "_anchor_", PREFIX + "_penalty_",
+                                          PREFIX + "_base_outputs"))}
 
     def replay_kwargs(self) -> dict[str, Any] | None:
         """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""

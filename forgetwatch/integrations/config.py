@@ -190,7 +190,8 @@ def _refusal(message: str, keys: Mapping[str, Any], source: str, lines: Mapping[
 # builds its own data and loss and only gets the callback, so a value other than the default is refused, not ignored.
 RECIPE_ONLY = ("forgetwatch_replay_mix", "forgetwatch_replay_pool", "forgetwatch_replay_strategy",
                "forgetwatch_replay_targets", "forgetwatch_base_outputs", "forgetwatch_anchor_beta",
-               "forgetwatch_anchor_ratio")
+               "forgetwatch_anchor_ratio", "forgetwatch_penalty_beta", "forgetwatch_penalty_ratio",
+               "forgetwatch_penalty_floor")
 
 
 def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: str = "config",

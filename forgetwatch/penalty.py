@@ -1,0 +1,245 @@
+"""An explicit 1→0 penalty: push back when a probe the base knew loses its margin (issue 30).
+
+Harmon et al. end on "objectives that explicitly penalise 1→0" as the first next step. `MarginPenalty` does that on a
+pool of held-out multiple-choice items (the rest of the monitored suites, never the monitored probes): at every training
+micro-batch it draws pool items at `ratio` per training example (by category: toward the categories the monitor sees
+forgetting, or uniformly, the same machinery and record as replay), reads the current model's margin on each in the
+scoring form (the gold option's summed log-likelihood after the question minus the best wrong option's, as
+`mcq_mode="loglik"` scores it), and adds
+
+    beta · Σ_drawn max(0, min(margin_base, floor) − margin_now) / batch_size
+
+for the items the base answered right: nothing while an item keeps the margin it had (or `floor` nats, whichever is
+smaller), a pull back as it slips toward a flip. Items the base got wrong are drawn and run like the others (every rank
+runs the same forwards, as FSDP and ZeRO need) and weigh 0.
+
+The base's margins are read from the model itself when training begins (it is the base then, as for the callback's base
+scoring), on every rank, and kept in `<output_dir>/forgetwatch/penalty_base.json` for a resumed run.
+
+Use it as the KL anchor is used: `with_anchor(SFTTrainer)(..., anchor=penalty, callbacks=[watch, penalty])`.
+
+Example:
+    >>> watch = ForgetWatchCallback(probes="arc_easy,sciq", per_suite=50, eval_steps=20)  # doctest: +SKIP
+    >>> penalty = MarginPenalty("arc_easy,sciq", beta=1.0, monitor=watch, tokenizer=tokenizer)  # doctest: +SKIP
+    >>> trainer = with_anchor(SFTTrainer)(model=model, args=args, train_dataset=train, callbacks=[watch, penalty],
+    ...                                   anchor=penalty)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from ._io import atomic_write
+from .anchor import _rank_world, check_beta
+from .mixing import STRATEGIES, ReplayMixer
+from .modes import ScoringConfig
+from .prompts import loglik_request
+from .requests import encode
+
+__all__ = ["MarginPenalty", "BASE_FILE"]
+
+logger = logging.getLogger(__name__)
+
+BASE_FILE = "penalty_base.json"  # under <output_dir>/forgetwatch/: the base's margins, for a resumed run
+
+
+class MarginPenalty(TrainerCallback):
+    """The 1→0 penalty's pool, draws, base margins and loss term (see the module doc).
+
+    Args:
+        pool: suite names (every probe of them but the monitored ones), a probe file or a `ProbeSet`; its multiple-choice
+            items are used.
+        beta: the weight of the term (≥ 0; 0 makes it do nothing).
+        ratio: pool items drawn per training example (> 0; e.g. 0.1).
+        floor: the margin (nats) worth defending: an item is pulled back when its margin falls below its base margin or
+            this, whichever is smaller (2 nats: the at-risk rule's threshold, RESULTS §7).
+        strategy: "closed_loop" (toward the categories the monitor sees forgetting) or "uniform".
+        monitor: the run's `ForgetWatchCallback`: steers the closed loop, and its probes are held out of the pool.
+        tokenizer: the trainer's tokenizer.
+        seed: the seed of every draw.
+        max_length: the trainer's `max_length`: items longer than it are left out (with a warning).
+        per_category: at most this many items per category (a seeded draw: the suites hold thousands, and the base's
+            margins are read on every item when training begins); None for all.
+    """
+
+    def __init__(self, pool: Any, beta: float, ratio: float = 0.1, floor: float = 2.0, strategy: str = "closed_loop",
+                 monitor: Any = None, tokenizer: Any = None, seed: int = 0, max_length: int | None = None,
+                 per_category: int | None = 100):
+        from .distill import pool_probes
+
+        self.beta = check_beta(beta)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
+            raise ValueError(f"the 1→0 penalty's `ratio` (pool items per training example) must be in (0, 8], got {ratio!r}")
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
+            raise ValueError(f"the 1→0 penalty's `floor` (the margin in nats worth defending) must be > 0, got {floor!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"`strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+        if strategy == "closed_loop" and monitor is None:
+            raise ValueError("a closed-loop penalty follows a monitor: pass `monitor=` (the run's ForgetWatchCallback), or "
+                             "use strategy='uniform'")
+        if tokenizer is None:
+            raise ValueError("the 1→0 penalty needs the trainer's `tokenizer` (it reads margins in the scoring form)")
+        items = [p for p in pool_probes(pool, exclude=monitor.probes if monitor is not None else None) if p.kind == "mcq"]
+        if not items:
+            raise ValueError(f"the 1→0 penalty's pool ({pool}) holds no multiple-choice items: margins need options")
+        if monitor is not None:
+            wanted = set(monitor.probes.categories)
+            if not wanted & {p.category for p in items}:
+                raise ValueError(f"none of the pool's categories ({', '.join(sorted({p.category for p in items}))}) is "
+                                 "monitored, so the loop cannot weigh them")
+            items = [p for p in items if p.category in wanted]
+        if per_category is not None:
+            rank = {p.id: hashlib.sha256(f"{seed}\0{p.id}".encode()).hexdigest() for p in items}
+            chosen: dict[str, list[str]] = {}
+            for p in sorted(items, key=lambda p: rank[p.id]):
+                if len(chosen.setdefault(p.category, [])) < per_category:
+                    chosen[p.category].append(p.id)
+            keep = {i for ids in chosen.values() for i in ids}
+            items = [p for p in items if p.id in keep]
+        by_category: dict[str, list[dict[str, int]]] = {}
+        for i, p in enumerate(items):
+            by_category.setdefault(p.category, []).append({"row": i})
+        self.items, self.floor, self.ratio, self.tokenizer = items, float(floor), float(ratio), tokenizer
+        self.config = ScoringConfig(mcq_mode="loglik", chat_template=monitor.config.chat_template if monitor else None)
+        encoded = [self._encode(p) for p in items]
+        if max_length is not None:  # the trainer never sees longer rows: such items are left out, said once
+            fits = [len(ctx) + max(map(len, toks)) <= max_length for ctx, toks in encoded]
+            if not all(fits):
+                logger.warning("forgetwatch: the 1→0 penalty leaves out %d of its %d pool items, longer than max_length=%d "
+                               "tokens (first: %s)", fits.count(False), len(items), max_length,
+                               next(p.id for p, ok in zip(items, fits, strict=True) if not ok))
+                items = [p for p, ok in zip(items, fits, strict=True) if ok]
+                encoded = [e for e, ok in zip(encoded, fits, strict=True) if ok]
+            if not items:
+                raise ValueError(f"every item of the 1→0 penalty's pool is longer than max_length={max_length} tokens: "
+                                 "raise max_length or choose another pool")
+            by_category = {}
+            for i, p in enumerate(items):
+                by_category.setdefault(p.category, []).append({"row": i})
+            self.items = items
+        self._tokens = encoded
+        self.sampler = ReplayMixer([{}], by_category, 0.0, strategy=strategy, floor=0.1, seed=seed)
+        self.sampler.ratio = self.ratio
+        self.sampler.kind = f"1→0 penalty: beta {self.beta}"
+        if monitor is not None:
+            monitor.attach_mixer(self.sampler)
+        self.base_margin: np.ndarray | None = None  # per item; NaN where the base was wrong (no penalty there)
+        self._sum, self._n, self._active = 0.0, 0, 0
+
+    # -- the base's margins -------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        path = Path(args.output_dir) / "forgetwatch" / BASE_FILE
+        ids = [p.id for p in self.items]
+        if state.global_step > 0:  # resumed: the model is no longer the base
+            saved = _read(path)
+            if saved is None or saved.get("ids") != ids:
+                raise ValueError(f"{path}: resuming at step {state.global_step} needs the base's margins on the penalty's "
+                                 "pool that the first run kept there (the model has changed since), and "
+                                 + ("it is missing" if saved is None else "it was made for another pool")
+                                 + ": resume with the same pool, or start the run again")
+            self.base_margin = np.array([math.nan if m is None else m for m in saved["margin"]], np.float64)
+            return
+        from .distributed import score_distributed
+
+        results = score_distributed(getattr(model, "module", model), self.tokenizer, self.items, self.config,
+                                    desc="forgetwatch: the penalty's pool at base")
+        right = (results.outcome == 1) & np.isfinite(results.margin)
+        self.base_margin = np.where(right, results.margin.astype(np.float64), math.nan)
+        if state.is_world_process_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(path) as f:
+                f.write(json.dumps({"ids": ids, "margin": [None if math.isnan(m) else float(m) for m in self.base_margin],
+                                    "floor": self.floor}) + "\n")
+
+    # -- the loss term ------------------------------------------------------------------------------------------
+    def draws(self, micro_batch: int, batch_size: int) -> list[int]:
+        """The pool items drawn for micro-batch `micro_batch` of `batch_size` examples (as the KL anchor draws)."""
+        per = self.ratio * batch_size
+        first, last = math.floor(micro_batch * per), math.floor((micro_batch + 1) * per)
+        rank, world = _rank_world()
+        out = []
+        for n in range(first, last):
+            position = n * world + rank
+            self.sampler._read = max(self.sampler._read, position)
+            cat, i = self.sampler.draw(position)
+            out.append(self.sampler.pool[cat][i]["row"])
+        return out
+
+    def margins(self, model: Any, rows: list[int]) -> torch.Tensor:
+        """The current model's margin on each item (differentiable): the gold option's summed log-likelihood after the
+        question minus the best wrong option's, one row per option."""
+        seqs, spans, owner = [], [], []
+        for r in rows:
+            ctx, options = self._tokens[r]
+            for toks in options:
+                seqs.append(ctx + toks)
+                spans.append((len(ctx), len(ctx) + len(toks)))
+                owner.append(r)
+        device = next(model.parameters()).device
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for j, s in enumerate(seqs):
+            ids[j, : len(s)], mask[j, : len(s)] = torch.tensor(s), 1
+        logp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float(), dim=-1)
+        scores = [logp[j, a - 1 : b - 1].gather(-1, ids[j, a:b].to(device)[:, None]).sum() for j, (a, b) in enumerate(spans)]
+        out, k = [], 0
+        for r in rows:
+            n = len(self._tokens[r][1])
+            s = torch.stack(scores[k : k + n])
+            gold = self.items[r].gold
+            out.append(s[gold] - torch.cat([s[:gold], s[gold + 1 :]]).max())
+            k += n
+        return torch.stack(out)
+
+    def loss(self, model: Any, micro_batch: int, batch_size: int) -> torch.Tensor | None:
+        """`beta · Σ hinge / batch_size` over this micro-batch's draws, or None when it draws none."""
+        if self.base_margin is None:
+            raise RuntimeError("MarginPenalty: on_train_begin did not run; pass the penalty in `callbacks=` too")
+        rows = self.draws(micro_batch, batch_size)
+        if not rows or self.beta == 0:
+            return None
+        now = self.margins(model, rows)
+        base = torch.as_tensor(self.base_margin[rows], dtype=torch.float32, device=now.device)
+        known = torch.isfinite(base)
+        target = torch.clamp(torch.nan_to_num(base, nan=0.0), max=self.floor)
+        hinge = torch.where(known, torch.relu(target - now), torch.zeros_like(now))
+        n = int(known.sum())
+        if n:
+            self._sum, self._n = self._sum + float(hinge.detach()[known].sum()), self._n + n
+            self._active += int((hinge.detach() > 0).sum())
+        return self.beta * hinge.sum() / batch_size
+
+    def pop_logs(self) -> dict[str, float]:
+        """For the trainer's logs since the last call: the mean hinge (nats) over drawn items the base knew, and the
+        share of them pulled back (margin below its target)."""
+        if not self._n:
+            return {}
+        out = {"penalty_hinge": round(self._sum / self._n, 6), "penalty_active": round(self._active / self._n, 4)}
+        self._sum, self._n, self._active = 0.0, 0, 0
+        return out
+
+    def _encode(self, probe: Any) -> tuple[list[int], list[list[int]]]:
+        """Token ids as log-likelihood scoring builds them (`forgetwatch.engines.hf`): the question, then each option
+        as encode(context + option) past the context's tokens."""
+        chat = self.config.uses_chat(self.tokenizer, generative=False)
+        context, options = loglik_request(probe, self.tokenizer, chat, self.config.system_prompt)
+        ctx = encode(self.tokenizer, [context], chat)[0]
+        whole = encode(self.tokenizer, [context + o for o in options], chat)
+        return ctx, [w[len(ctx):] or w[-1:] for w in whole]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,141 @@
+"""The explicit 1→0 penalty (issue 30, item 2): margins in the scoring form, the base's margins read when training
+begins, a hinge that pulls back items slipping toward a flip, the trajectory untouched at beta 0, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_model
+from test_anchor import _trainer
+from test_callback import make_probes
+
+from forgetwatch import ForgetWatchCallback, Probe, ProbeSet, score_probes
+from forgetwatch.anchor import with_anchor
+from forgetwatch.penalty import BASE_FILE, MarginPenalty
+from forgetwatch.record import RunRecord
+from forgetwatch.scoring import ScoringConfig
+
+pytest.importorskip("trl")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
+
+
+def pool() -> ProbeSet:
+    """Held-out items of the monitored categories (other ids than `make_probes`'), multiple choice and short answers."""
+    items = []
+    for i in range(12):
+        s, g = (i + 3) % 7 + i % 5, (i + 1) % 4
+        items.append(Probe(f"padd{i}", "mcq", f"{(i + 3) % 7} + {i % 5} = ?", tuple(str(s - g + j) for j in range(4)), g,
+                           category="add"))
+    for i in range(8):
+        items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
+    items.append(Probe("pshort0", "short", "What is 5 + 5?", answers=("10",), numeric=True, category="short"))
+    return ProbeSet(items)
+
+
+def penalty(tokenizer, beta=1.0, **kw) -> MarginPenalty:
+    kw.setdefault("strategy", "uniform")
+    return MarginPenalty(pool(), beta=beta, ratio=1.0, tokenizer=tokenizer, **kw)
+
+
+def test_margins_are_the_scoring_forms(tokenizer):
+    """The penalty's differentiable margins equal log-likelihood scoring's, item by item; short answers are left out."""
+    p = penalty(tokenizer)
+    assert [x.id for x in p.items] == [x.id for x in pool() if x.kind == "mcq"]
+    model = build_model(tokenizer)
+    rows = list(range(len(p.items)))
+    with torch.no_grad():
+        mine = p.margins(model, rows).numpy()
+    scored = score_probes(model, tokenizer, p.items, ScoringConfig(mcq_mode="loglik"))
+    np.testing.assert_allclose(mine, scored.margin, atol=2e-4)
+    assert p.margins(model, [0, 3]).requires_grad
+
+
+def test_the_base_margins_are_read_when_training_begins_and_kept(tokenizer, tmp_path):
+    from trl import SFTTrainer
+
+    p = penalty(tokenizer)
+    t = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path, anchor=p, callbacks=[p], max_steps=2)
+    t.train()
+    base = score_probes(build_model(tokenizer), tokenizer, p.items, ScoringConfig(mcq_mode="loglik"))
+    right = base.outcome == 1
+    assert 0 < right.sum() < len(right)  # some items the base knew, some not: both cases are exercised
+    np.testing.assert_allclose(p.base_margin[right], base.margin[right], atol=1e-5)
+    assert np.isnan(p.base_margin[~right]).all()
+    saved = json.loads((tmp_path / "forgetwatch" / BASE_FILE).read_text())
+    assert saved["ids"] == [x.id for x in p.items] and [m is None for m in saved["margin"]] == list(~right)
+
+
+def test_the_penalty_pulls_back_and_at_beta_zero_changes_nothing(tokenizer, tmp_path):
+    from trl import SFTTrainer
+
+    plain = _trainer(SFTTrainer, tokenizer, tmp_path / "plain")
+    plain.train()
+    zero = penalty(tokenizer, beta=0.0)
+    z = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "zero", anchor=zero, callbacks=[zero])
+    z.train()
+    for a, b in zip(plain.model.parameters(), z.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    strong = penalty(tokenizer, beta=20.0, floor=5.0)
+    s = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "strong", anchor=strong, callbacks=[strong])
+    s.train()
+    logged = [h for h in s.state.log_history if "penalty_hinge" in h]
+    assert len(logged) == 4 and all("loss" in h and 0 <= h["penalty_active"] <= 1 for h in logged)
+
+    def shortfall(model) -> float:  # how far the items the base knew are below their targets
+        with torch.no_grad():
+            now = strong.margins(model, list(range(len(strong.items)))).numpy()
+        known = np.isfinite(strong.base_margin)
+        target = np.minimum(strong.base_margin[known], strong.floor)
+        return float(np.maximum(target - now[known], 0).sum())
+
+    assert shortfall(s.model) < shortfall(plain.model)
+
+
+def test_resume_reads_the_base_margins_back_and_draws_the_same(tokenizer, tmp_path):
+    from trl import SFTTrainer
+
+    def run(out, resume=False):
+        watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4)
+        p = MarginPenalty(pool(), beta=5.0, ratio=0.5, monitor=watch, tokenizer=tokenizer)
+        t = _trainer(with_anchor(SFTTrainer), tokenizer, out, anchor=p, callbacks=[watch, p], save_strategy="steps",
+                     save_steps=2)
+        t.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
+        return t.model, p, RunRecord(out / "forgetwatch").read_mix()
+
+    whole, p_whole, mix = run(tmp_path / "whole")
+    assert any(m["kind"].startswith("1→0 penalty") for m in mix["mixers"])
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    resumed, p_cut, _ = run(tmp_path / "cut", resume=True)
+    np.testing.assert_array_equal(p_cut.base_margin, p_whole.base_margin)  # read back, not scored on a trained model
+    for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    (tmp_path / "cut" / "forgetwatch" / BASE_FILE).unlink()
+    with pytest.raises(ValueError, match=f"{BASE_FILE}: resuming at step 6 needs the base's margins"):
+        run(tmp_path / "cut", resume=True)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"beta": -1.0}, "must be a number >= 0"),
+    ({"ratio": 0}, "`ratio`"),
+    ({"floor": 0}, "`floor`"),
+    ({"strategy": "closed_loop"}, "pass `monitor=`"),
+    ({"tokenizer": None}, "needs the trainer's `tokenizer`"),
+])
+def test_bad_settings_are_refused(tokenizer, kwargs, says):
+    args = {"beta": 1.0, "tokenizer": tokenizer, "strategy": "uniform", **kwargs}
+    with pytest.raises(ValueError, match=says):
+        MarginPenalty(pool(), **args)
+
+
+def test_a_pool_without_multiple_choice_or_holding_monitored_probes(tokenizer):
+    shorts = ProbeSet([Probe("s", "short", "2 + 2?", answers=("4",), category="add")])
+    with pytest.raises(ValueError, match="holds no multiple-choice items"):
+        MarginPenalty(shorts, beta=1.0, strategy="uniform", tokenizer=tokenizer)
+    watch = ForgetWatchCallback(make_probes(), eval_steps=2)
+    p = MarginPenalty(ProbeSet([*make_probes(), *pool()]), beta=1.0, monitor=watch, tokenizer=tokenizer)
+    assert not {x.id for x in p.items} & set(watch.probes.ids)  # the monitored probes are held out
