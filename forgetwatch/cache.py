@@ -149,9 +149,11 @@ class BaseCache:
         results, reference = _validated(path, cols, where)
         n = key["probes"]["n"]
         variants = None
-        mine = [i for i, pid in enumerate(results.ids) if is_variant(pid)]
-        if mine or isinstance(key.get("variants"), dict):
-            rows = key.get("variants", {}).get("rows") if isinstance(key.get("variants"), dict) else None
+        if isinstance(key.get("variants"), dict):
+            # only a key that says so holds variants: without robustness a probe's own id may hold "~v" (ids are the
+            # user's), and with it no probe's may (`plan_variants` refuses them), so these rows are the variants
+            mine = [i for i, pid in enumerate(results.ids) if is_variant(pid)]
+            rows = key["variants"].get("rows")
             if rows != len(mine):
                 raise CacheFormatError(f"{path}: {len(mine)} rows of variants (ids with {SEP!r}), but its key says "
                                        f"{rows!r}: {_REBUILD}")

@@ -242,3 +242,24 @@ def test_plan_refuses_ids_it_does_not_know_and_takes_numpy_integers():
     with pytest.raises(RobustnessError, match=r"1 probe id\(s\) to score variants of are not in the probe set \(first: 'nope'\)"):
         plan_variants([MCQ, SHORT], 1, lettered=True, only=["q1", "nope"])
     assert len(plan_variants([MCQ], np.int64(2), lettered=True).scored()) == 3
+
+
+@pytest.mark.parametrize("ext", ["parquet", "jsonl"])
+def test_a_cache_without_variants_keeps_probe_ids_that_hold_the_separator(tmp_path, ext):
+    """Without robustness a probe's id may hold "~v" (ids are the user's; only `plan_variants` refuses them): its
+    cache is read back as probes, not refused as rows of variants its key does not name."""
+    from forgetwatch.cache import BaseCache, CacheFormatError, make_cache_key
+    from forgetwatch.probes import ProbeSet
+    from forgetwatch.results import ProbeResults
+
+    probes = ProbeSet([Probe("doc~v2", "short", "?", answers=("x",)), SHORT])
+    results = ProbeResults.empty(probes.ids)
+    results.outcome[:] = [1, 0]
+    key = make_cache_key({}, probes, {})
+    path = BaseCache(key, results).save(tmp_path / f"base.{ext}")
+    cache = BaseCache.load(path, expect=key).for_probes(probes.ids, path)
+    assert cache.results.ids == ["doc~v2", "s1"] and cache.results.outcome.tolist() == [1, 0] and cache.variants is None
+    # rows beyond the key's probes are still refused
+    BaseCache(key, ProbeResults.concat([results, ProbeResults.empty(["s1~v1"])])).save(path)
+    with pytest.raises(CacheFormatError, match="3 rows, but it was made for 2 probes"):
+        BaseCache.load(path)
