@@ -7,6 +7,7 @@
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --scoring generate          # FSDP2 on CPU, a SCORING config
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --model DIR --base-cache C  # a saved model, a CLI cache
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --anchor 1.0 [--fsdp]             # the KL anchor
+    torchrun --nproc_per_node 2 tests/ddp_train.py OUT --penalty 1.0 [--fsdp]            # the 1->0 penalty
 
 Training writes the forgetwatch record to OUT/forgetwatch/ and the final weights to OUT/final/ (rank 0).
 Every rank appends what it did to OUT/trace-rank<R>.jsonl: each `score_probes` call made inside
@@ -182,7 +183,8 @@ def _tracing_trainer(out: Path, names: dict, sft: bool = False):
 
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
-          replay: float | None = None, sft: bool = False, sidecar: bool = False, anchor: float | None = None) -> None:
+          replay: float | None = None, sft: bool = False, sidecar: bool = False, anchor: float | None = None,
+          penalty: float | None = None) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -246,14 +248,19 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         from trl import SFTTrainer as trainer_class
 
         dataset = Dataset.from_list(dataset)
-    extra = {}
+    extra, callbacks = {}, [callback]
     if anchor is not None:
         trainer_class, extra = _anchored(out, trainer_class, model, tokenizer, callback, anchor)
-    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback],
+    if penalty is not None:
+        trainer_class, extra = _penalized(out, trainer_class, tokenizer, callback, penalty)
+        callbacks.append(extra["anchor"])
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                             **extra)
     trainer.train()
     if replay is not None:
         _trace(out, event="mix", schedule=[list(e) for e in callback._mixers[0].schedule])
+    if penalty is not None:
+        _trace(out, event="penalty_base", margin=[None if m != m else float(m) for m in extra["anchor"].base_margin])
     backend = dist.get_backend() if dist.is_initialized() else None
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     _trace(out, event="done", backend=backend, world_size=world_size, global_step=trainer.state.global_step,
@@ -289,6 +296,26 @@ def _anchored(out: Path, trainer_class, model, tokenizer, callback, beta: float)
 
     anchor.draws = traced
     return with_anchor(trainer_class), {"anchor": anchor}
+
+
+def _penalized(out: Path, trainer_class, tokenizer, callback, beta: float):
+    """The trainer class with the 1→0 penalty on held-out items of the monitored categories, tracing its draws."""
+    from forgetwatch.anchor import with_anchor
+    from forgetwatch.penalty import MarginPenalty
+    from forgetwatch.probes import ProbeSet
+
+    pool = ProbeSet([Probe(f"penalty-{c}{i}", "mcq", f"Which {c} word is {_WORDS[i]}?", (_WORDS[i], _WORDS[i + 1]), 0,
+                           category=c) for c in ("science", "trivia", "math") for i in range(4)])
+    penalty = MarginPenalty(pool, beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer, max_length=64)
+    draws = penalty.draws
+
+    def traced(micro_batch, batch_size):
+        rows = draws(micro_batch, batch_size)
+        _trace(out, event="penalty", micro_batch=micro_batch, rows=rows)
+        return rows
+
+    penalty.draws = traced
+    return with_anchor(trainer_class), {"anchor": penalty}
 
 
 def _allow_fsdp_on_cpu() -> None:
@@ -388,12 +415,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft", action="store_true", help="TRL's SFTTrainer instead of transformers' Trainer")
     parser.add_argument("--sidecar", action="store_true", help="scoring='sidecar': checkpoints for `forgetwatch watch`")
     parser.add_argument("--anchor", type=float, help="a KL anchor to the base with this beta (closed loop, ratio 0.5)")
+    parser.add_argument("--penalty", type=float, help="the 1->0 penalty with this beta (closed loop, ratio 0.5)")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar, a.anchor)
+        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar, a.anchor,
+              a.penalty)
 
 
 if __name__ == "__main__":

@@ -348,3 +348,18 @@ def test_the_kl_anchor_under_ddp(tmp_path, sft):
     assert [d["rows"] for d in draws[0]] != [d["rows"] for d in draws[1]]  # each rank its own conversations
     mix = json.loads((tmp_path / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]
     assert [step for _, step, _ in mix["schedule"]] == [2, 4]  # the closed loop steered the anchor on every rank
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["DDP", "FSDP2"])
+def test_the_1_to_0_penalty_across_processes(tmp_path, fsdp):
+    """The 1→0 penalty in 2 processes: the base's margins are read on every rank alike when training begins (and kept
+    once), every rank runs a penalty forward at the same micro-batches on its own draws, and the run ends."""
+    run = torchrun(tmp_path, "--penalty=1.0", "--max-steps=4", "--sft", *(["--fsdp"] if fsdp else []))
+    check_ok(run)
+    bases = [[r for r in trace(tmp_path, rank) if r["event"] == "penalty_base"] for rank in range(2)]
+    assert bases[0] and bases[0][0]["margin"] == bases[1][0]["margin"]
+    kept = json.loads((tmp_path / "forgetwatch" / "penalty_base.json").read_text())
+    assert kept["margin"] == pytest.approx(bases[0][0]["margin"], nan_ok=True)
+    draws = {rank: [r for r in trace(tmp_path, rank) if r["event"] == "penalty"] for rank in range(2)}
+    assert [d["micro_batch"] for d in draws[0]] == [d["micro_batch"] for d in draws[1]] == [0, 1, 2, 3]
+    assert [len(d["rows"]) for d in draws[0]] == [len(d["rows"]) for d in draws[1]] == [1, 1, 1, 1]
