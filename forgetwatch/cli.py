@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the checkpoint's architecture differs from the base cache's model: compare anyway")
     ip.add_argument("--revision", default=None, help=argparse.SUPPRESS)
     ip.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
-    _scoring_args(ip, defaults=False)
+    _scoring_args(ip, defaults=False, robustness=False)  # it scores no variants: --robustness would be ignored
     ip.set_defaults(func=cmd_interpolate)
 
     w = sub.add_parser("watch", help="score a training run's checkpoints beside it (the callback with scoring='sidecar')")
@@ -236,8 +236,9 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
 
 
-def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
-    # `compare` takes every scoring option from the base cache unless given, so both sides match.
+def _scoring_args(p: argparse.ArgumentParser, defaults: bool, robustness: bool = True) -> None:
+    # `compare` takes every scoring option from the base cache unless given, so both sides match. `robustness`: the
+    # command scores variants (--robustness, --robust-per-suite); one that does not must not take them
     d = (lambda v: v) if defaults else (lambda v: None)
     note = "" if defaults else " (default: as in the base cache)"
     p.add_argument("--mcq-mode", choices=MCQ_MODES, default=d("loglik"), help=f"how multiple-choice probes are scored{note}")
@@ -261,6 +262,8 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool) -> None:
                         "continuous batching, where it is faster: docs/speed.md); the same answers either way")
     p.add_argument("--per-suite", type=int, default=None, help="with suite names in --probes: probes per suite")
     p.add_argument("--seed", type=int, default=0, help="with suite names in --probes: subsampling seed")
+    if not robustness:
+        return
     p.add_argument("--robustness", type=int, default=None, metavar="K",
                    help="also score K variants of each knowledge probe (option orders in letter/generate modes, question "
                         "frames, lower case, typos) for robust accuracy, consistency and position bias; each variant costs "

@@ -354,3 +354,18 @@ def test_a_yaml_robustness_the_probes_cannot_take_names_its_key_and_line(tmp_pat
         parse_keys(keys, source="config.yaml", lines={"forgetwatch_probes": 6, "forgetwatch_robustness": 7})
     args = parse_keys({**keys, "forgetwatch_robustness": 4, "forgetwatch_robust_per_suite": 2}, source="config.yaml")
     assert ForgetWatchCallback.from_args(args).plan.k == 4
+
+
+def test_interpolate_takes_no_robustness_it_would_ignore(capsys):
+    """`interpolate` shares the scoring options of `cache` / `compare` but scores no variants: --robustness is refused
+    by its parser, not accepted and ignored."""
+    from forgetwatch.cli import build_parser
+
+    for flag in ("--robustness", "--robust-per-suite"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["interpolate", "--model", "m", "--probes", "p.jsonl", "--base", "b.parquet", flag, "2"])
+        assert f"unrecognized arguments: {flag} 2" in capsys.readouterr().err
+    given = ["--model", "m", "--probes", "p.jsonl", "--robustness", "2", "--robust-per-suite", "3"]
+    for argv in (["cache", *given, "-o", "b.parquet"], ["compare", *given, "--base", "b.parquet"]):  # they score variants
+        args = build_parser().parse_args(argv)
+        assert (args.robustness, args.robust_per_suite) == (2, 3)
