@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--engine", choices=ENGINES, default=None,
                    help="what runs generation: hf or continuous (transformers' continuous batching) (default: the callback's)")
     w.add_argument("--robustness", type=int, default=None, metavar="K",
-                   help="score K variants of each knowledge probe (default: the callback's robustness); the record's base "
-                        "cache must hold the same variants")
+                   help="score K variants of each knowledge probe (default: the callback's robustness; 0: none); the "
+                        "record's base cache must hold the same variants")
     w.add_argument("--robust-per-suite", type=int, default=None, metavar="N",
                    help="with --robustness: variants of only N probes per suite (default: the callback's)")
     w.set_defaults(func=cmd_watch)
@@ -267,7 +267,7 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool, robustness: bool =
     p.add_argument("--robustness", type=int, default=None, metavar="K",
                    help="also score K variants of each knowledge probe (option orders in letter/generate modes, question "
                         "frames, lower case, typos) for robust accuracy, consistency and position bias; each variant costs "
-                        f"about one probe{note or ' (default: none)'}")
+                        f"about one probe{(note[:-1] + '; 0: none)') if note else ' (default: none)'}")
     p.add_argument("--robust-per-suite", type=int, default=None, metavar="N",
                    help=f"with --robustness: variants of only N probes per suite (a seeded draw){note}")
 
@@ -983,8 +983,12 @@ def _plot_interpolation(steps: list[dict[str, Any]], task_kind: str | None, path
 
 
 def _compare_plan(args: argparse.Namespace, probes: ProbeSet, key: dict[str, Any], mcq_mode: str):
-    """The variants `compare` scores: --robustness as given, else the base cache's (so both sides match)."""
+    """The variants `compare` scores: --robustness as given (0: none), else the base cache's (so both sides match)."""
     robustness, per_suite = args.robustness, args.robust_per_suite
+    if robustness == 0:  # the cache's variants left aside: its probes' own rows serve
+        if per_suite is not None:
+            raise ValueError("--robust-per-suite says how many probes get variants, and --robustness 0 scores none: drop one")
+        return None
     found = key.get("variants") if isinstance(key.get("variants"), dict) else None
     if robustness is None and found is not None:
         robustness, per_suite = found.get("k"), per_suite if per_suite is not None else found.get("per_suite")
@@ -1001,8 +1005,11 @@ def _robust_compare(plan, probes: ProbeSet, base, results, variants, report: dic
     bad = pre.nonfinite.any(1) | now.nonfinite.any(1)
     if bad.any():
         first = [pre.ids[int(i)] for i in np.flatnonzero(bad)[:3]]
-        raise ValueError(f"{int(bad.sum())} probes have variants scored NaN or inf (first: {', '.join(first)}): the "
-                         "robust figures cannot be computed. Score in float32 (--dtype float32 --autocast none)")
+        where = " and ".join(w for w, m in (("the base cache", pre.nonfinite.any()), ("the model", now.nonfinite.any())) if m)
+        raise ValueError(f"{int(bad.sum())} probes have variants scored NaN or inf by {where} (first: {', '.join(first)}): "
+                         "the robust figures cannot be computed. Score in float32 (--dtype float32 --autocast none"
+                         + (", and make the cache again so" if pre.nonfinite.any() else "") + "), or compare without "
+                         "variants (--robustness 0)")
     index = np.array([probes.index_of(pid) for pid in pre.ids], np.int64)
     categories = np.array([p.category for p in probes])
     groups = {"overall": np.ones(len(index), bool)}

@@ -31,7 +31,7 @@ from typing import Any
 
 from ._io import pid_alive, read_json
 from .budgets import Budget, parse_budget
-from .cache import BaseCache, make_cache_key
+from .cache import BaseCache, diff_keys, make_cache_key
 from .drift import RiskRule
 from .lock import acquire
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
@@ -102,12 +102,17 @@ class Watcher:
         self.device = device
         if robustness is None:  # the callback's, unless given
             robustness, robust_per_suite = opts.get("robustness"), robust_per_suite or opts.get("robust_per_suite")
+        elif robustness == 0:  # none, whatever the callback scored
+            robustness = robust_per_suite = None
         self.plan = make_plan(self.probes, robustness, robust_per_suite, self.config.mcq_mode)
         if self.plan is not None and cache.key.get("variants") != self.plan.key():
             found = cache.key.get("variants")
+            said = ("no variants" if not isinstance(found, dict) else "other variants ("
+                    + "; ".join(diff_keys(self.plan.key(), found)) + ")")
             raise SidecarError(
-                f"{cache_path}: the base cache holds {'no variants' if not found else 'other variants (robustness=' + str(found.get('k')) + ')'}"
-                f", and this watcher scores robustness={robustness}: the base must be scored with the same variants. Make "
+                f"{cache_path}: the base cache holds {said}, and this watcher scores robustness={robustness}"
+                f"{f' on {robust_per_suite} probes per suite' if robust_per_suite else ''}: the base must be scored with "
+                "the same variants. Make "
                 f"it with the base model: `forgetwatch cache --model <base> --probes {record_dir / 'probes.jsonl'} ... "
                 f"--robustness {robustness}{f' --robust-per-suite {robust_per_suite}' if robust_per_suite else ''} "
                 f"-o {cache_path} --force` (the scoring options as in sidecar.json), or watch without --robustness")

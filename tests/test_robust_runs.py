@@ -369,3 +369,26 @@ def test_interpolate_takes_no_robustness_it_would_ignore(capsys):
     for argv in (["cache", *given, "-o", "b.parquet"], ["compare", *given, "--base", "b.parquet"]):  # they score variants
         args = build_parser().parse_args(argv)
         assert (args.robustness, args.robust_per_suite) == (2, 3)
+
+
+def test_robustness_0_scores_no_variants_and_a_watcher_names_what_differs(robust_run, tokenizer, tiny_model_dir, tmp_path,
+                                                                          capsys):
+    """`--robustness 0`: compare and watch leave a cache's / callback's variants aside; a watcher asked for other
+    variants than the cache's says which part of them differs."""
+    from forgetwatch.watch import SidecarError, Watcher
+
+    probes = tmp_path / "probes.jsonl"
+    make_probes().to_jsonl(probes)
+    base = tmp_path / "base.parquet"
+    assert cli(["cache", "--model", str(tiny_model_dir), "--probes", str(probes), "--robustness", "2",
+                "--max-new-tokens", "4", "-o", str(base)]) == 0
+    capsys.readouterr()
+    assert cli(["compare", "--model", str(tiny_model_dir), "--probes", str(probes), "--base", str(base), "--json",
+                "--robustness", "0"]) == 0
+    assert "robustness" not in json.loads(capsys.readouterr().out)
+    side = tmp_path / "side"
+    cached = str(robust_run.record.root / "base.parquet")  # robustness=3 on every probe
+    sft_trainer(tokenizer, side, [robust_watcher(scoring="sidecar", base_cache=cached)], max_steps=2).train()
+    with pytest.raises(SidecarError, match=r"other variants \(.*per_suite: cache has None, now 2.*robustness=3 on 2 probes per suite"):
+        Watcher(side, device="cpu", robustness=3, robust_per_suite=2)
+    assert Watcher(side, device="cpu", robustness=0).plan is None
