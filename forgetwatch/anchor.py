@@ -152,16 +152,7 @@ class KLAnchor:
     def draws(self, micro_batch: int, batch_size: int) -> list[int]:
         """The pool rows drawn for micro-batch `micro_batch` (counted from the start of training) of `batch_size`
         examples: `ratio` per example on every prefix of the run (the same count on every rank, each its own rows)."""
-        per = self.ratio * batch_size
-        first, last = math.floor(micro_batch * per), math.floor((micro_batch + 1) * per)
-        rank, world = _rank_world()
-        out = []
-        for n in range(first, last):
-            position = n * world + rank
-            self.sampler._read = max(self.sampler._read, position)
-            cat, i = self.sampler.draw(position)
-            out.append(self.sampler.pool[cat][i]["row"])
-        return out
+        return draw_rows(self.sampler, self.ratio, micro_batch, batch_size)
 
     def loss(self, model: Any, micro_batch: int, batch_size: int) -> torch.Tensor | None:
         """`beta · Σ mean-token KL / batch_size` over this micro-batch's draws, or None when it draws none."""
@@ -195,6 +186,22 @@ class KLAnchor:
         """What the trainer's logs get since the last call: `anchor_kl`."""
         kl = self.pop_mean_kl()
         return {} if kl is None else {"anchor_kl": round(kl, 6)}
+
+
+def draw_rows(sampler: ReplayMixer, ratio: float, micro_batch: int, batch_size: int) -> list[int]:
+    """The pool rows a loss term (the KL anchor, the 1→0 penalty) draws for micro-batch `micro_batch` of `batch_size`
+    examples: `ratio` per example on every prefix of the run, the same count on every rank (FSDP and ZeRO need every
+    rank to run as many forwards), each rank its own positions of the sampler's stream, by its category weights."""
+    per = ratio * batch_size
+    first, last = math.floor(micro_batch * per), math.floor((micro_batch + 1) * per)
+    rank, world = _rank_world()
+    out = []
+    for n in range(first, last):
+        position = n * world + rank
+        sampler._read = max(sampler._read, position)
+        cat, i = sampler.draw(position)
+        out.append(sampler.pool[cat][i]["row"])
+    return out
 
 
 def _identity(model: Any) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import wilson_interval
+from .metrics import row_scalars, wilson_interval
 from .probes import Probe
 from .refusals import refusal_rule
 from .results import CORRECT, WRONG, ProbeResults
@@ -162,12 +162,7 @@ SCALARS = {
 def behavior_scalars(row: dict[str, Any]) -> dict[str, float]:
     """The behaviour curves of one group from its metrics.jsonl row (`BehaviorStats.to_dict()` merged in); a figure
     that is absent or NaN (no such probe in the group) is left out."""
-    out = {}
-    for name, field_name in SCALARS.items():
-        v = row.get(field_name)
-        if v is not None and not (isinstance(v, float) and math.isnan(v)):
-            out[name] = float(v)
-    return out
+    return row_scalars(row, SCALARS)
 
 
 def compute_behavior(base: ProbeResults, now: ProbeResults, categories: Sequence[str] | None = None,

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -456,3 +457,19 @@ def _factorize_categories(categories: Sequence[str] | None, n: int) -> tuple[lis
     lookup = {name: j for j, name in enumerate(ordered)}
     codes = np.fromiter(map(lookup.__getitem__, seq), dtype=np.intp, count=n)
     return ordered, codes
+
+
+def row_scalars(row: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, float]:
+    """The curves `names` lists (logged name -> metrics.jsonl field) from one group's metrics.jsonl row; a figure that
+    is absent or NaN (no such probe in the group) is left out.
+
+    Example:
+        >>> row_scalars({"a": 0.5, "b": float("nan")}, {"x": "a", "y": "b", "z": "c"})
+        {'x': 0.5}
+    """
+    out = {}
+    for name, field_name in names.items():
+        v = row.get(field_name)
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            out[name] = float(v)
+    return out

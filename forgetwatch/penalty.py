@@ -39,7 +39,7 @@ import torch
 from transformers import TrainerCallback
 
 from ._io import atomic_write
-from .anchor import _rank_world, check_beta
+from .anchor import check_beta, draw_rows
 from .mixing import STRATEGIES, ReplayMixer
 from .modes import ScoringConfig
 from .prompts import loglik_request
@@ -163,16 +163,7 @@ class MarginPenalty(TrainerCallback):
     # -- the loss term ------------------------------------------------------------------------------------------
     def draws(self, micro_batch: int, batch_size: int) -> list[int]:
         """The pool items drawn for micro-batch `micro_batch` of `batch_size` examples (as the KL anchor draws)."""
-        per = self.ratio * batch_size
-        first, last = math.floor(micro_batch * per), math.floor((micro_batch + 1) * per)
-        rank, world = _rank_world()
-        out = []
-        for n in range(first, last):
-            position = n * world + rank
-            self.sampler._read = max(self.sampler._read, position)
-            cat, i = self.sampler.draw(position)
-            out.append(self.sampler.pool[cat][i]["row"])
-        return out
+        return draw_rows(self.sampler, self.ratio, micro_batch, batch_size)
 
     def margins(self, model: Any, rows: list[int]) -> torch.Tensor:
         """The current model's margin on each item (differentiable): the gold option's summed log-likelihood after the

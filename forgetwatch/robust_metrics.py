@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import wilson_interval
+from .metrics import row_scalars, wilson_interval
 
 __all__ = ["robust_figures", "position_bias", "fragile_probes", "robust_rows", "robust_scalars", "fragile_changes",
            "SCALARS"]
@@ -147,12 +147,7 @@ def robust_rows(base: Any, now: Any, groups: Mapping[str, np.ndarray], lettered:
 
 def robust_scalars(row: Mapping[str, Any]) -> dict[str, float]:
     """The robustness curves of one group from its metrics.jsonl row; absent or NaN figures are left out."""
-    out = {}
-    for name, field_name in SCALARS.items():
-        v = row.get(field_name)
-        if v is not None and not (isinstance(v, float) and math.isnan(v)):
-            out[name] = float(v)
-    return out
+    return row_scalars(row, SCALARS)
 
 
 def fragile_changes(prev: Any, now: Any) -> list[tuple[int, str]]:
