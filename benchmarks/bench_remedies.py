@@ -58,10 +58,9 @@ Readings of the protocol where it is not explicit (each the one closest to §12'
   and §12's held-out draw (§12's own draw is stratified the same way); no prompt-length filter (§12's held-out had none).
 - Task cost: an arm's mean task loss over seeds / the control's − 1 (§12's); its interval pairs seeds. The mean cut:
   1 − mean F(remedy) / mean F(control) over the seeds both have; the mean per-seed difference is given beside it.
-- Interpolation's task loss is `forgetwatch interpolate`'s (whole answers, up to 1,024 tokens), not the runs' (cut at 128
-  tokens): comparable α to α and arm to arm, not to the runs' figure. In the plot an interpolated point's task cost is
-  taken against the control's interpolated loss at α = 1 (mean of its seeds 6 and 7). The α rule uses the control's mean
-  end-point held-out F over all its seeds × 0.7.
+- Interpolation's task loss is `forgetwatch interpolate`'s with `--task-max-length 128`, cut as the runs' is. In the
+  plot an interpolated point's task cost is taken against the control's interpolated loss at α = 1 (mean of its seeds
+  6 and 7). The α rule uses the control's mean end-point held-out F over all its seeds × 0.7.
 - Runs that fail are reported and left out (started again by the next `--run`); a seed missing in one arm leaves the
   paired figures to the seeds both arms have, said in the output.
 """
@@ -470,7 +469,8 @@ def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     with open(_out(st) / f"interp-{name}.log", "w") as log:
         proc = subprocess.run([_cli(), "interpolate", "--model", str(model), "--probes", str(_out(st) / "held_out.jsonl"),
                                "--base", str(_out(st) / "base-held_out.parquet"), "--alphas", st.alphas,
-                               "--task-data", str(_out(st) / "task.jsonl"), "--json", "--device", "cpu"],
+                               "--task-data", str(_out(st) / "task.jsonl"), "--task-max-length", str(s12.MAX_LENGTH),
+                               "--json", "--device", "cpu"],
                               env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
     if proc.returncode != 0:
         print(f"interp {name}: FAILED ({proc.returncode}; {_out(st)}/interp-{name}.log)", flush=True)

@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("--task-data", default=None, help="task measure: the held-out loss on this JSONL (text, messages, or "
                                                       "prompt + completion rows; nats per answer token; lower is better)")
     ip.add_argument("--task-max-examples", type=int, default=200, help="with --task-data: at most this many examples (default 200)")
+    ip.add_argument("--task-max-length", type=int, default=1024,
+                    help="with --task-data: examples cut at this many tokens, as training cut them (default 1024)")
     ip.add_argument("--task-probes", default=None, help="task measure: accuracy on this probe set of the task (e.g. gsm8k)")
     ip.add_argument("--task-per-suite", type=int, default=None, help="with suite names in --task-probes: probes per suite")
     ip.add_argument("--budget", default=None, help="choose the best α within this budget, e.g. "
@@ -788,6 +790,8 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             raise InterpolationError(str(e).replace("--alphas", "--save-at")) from None
         if save_at[1].exists() and not args.force:
             raise _exists(str(save_at[1]), "a directory or file")
+    if args.task_max_length < 2:
+        raise ValueError(f"--task-max-length {args.task_max_length}: an example needs at least 2 tokens to have a loss")
     task_rows = load_task_data(args.task_data, args.task_max_examples) if args.task_data else None
     task_probes = load_probes(args.task_probes, per_suite=args.task_per_suite, seed=args.seed) if args.task_probes else None
     if task_rows is not None and task_probes is not None:
@@ -819,7 +823,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
         if task_rows is not None:
             from .interpolate import held_out_loss
 
-            task = held_out_loss(model, tokenizer, task_rows, batch_size=config.batch_size)
+            task = held_out_loss(model, tokenizer, task_rows, max_length=args.task_max_length, batch_size=config.batch_size)
         elif task_probes is not None:
             task = _score(args, task_probes, config, dtype, autocast, loaded=(model, tokenizer))[1].accuracy
         breaches = budget.check(rows) if budget is not None else []

@@ -57,7 +57,7 @@ def interpolate(capsys, t, *extra, model="ft") -> dict:
 
 
 def test_alpha_0_is_the_base_and_alpha_1_the_checkpoint_as_compare_scores_it(tuned, capsys):
-    out = interpolate(capsys, tuned, "--alphas", "0,0.5,1", "--task-data", str(tuned["task"]))
+    out = interpolate(capsys, tuned, "--alphas", "0,0.5,1", "--task-data", str(tuned["task"]), "--task-max-length", "48")
     assert [s["alpha"] for s in out["alphas"]] == [0, 0.5, 1]
     zero, one = out["alphas"][0]["metrics"], out["alphas"][-1]["metrics"]
     for group, row in zero.items():  # the base against its own cache: nothing flipped, nothing drifted
@@ -71,6 +71,13 @@ def test_alpha_0_is_the_base_and_alpha_1_the_checkpoint_as_compare_scores_it(tun
     assert any(one["overall"][k] > 0 for k in ("forgotten", "learned"))  # the fine-tune moved
     losses = [s["task"] for s in out["alphas"]]
     assert losses[-1] < losses[0]  # the fine-tune learned its own data: the loss falls toward α = 1
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forgetwatch.interpolate import held_out_loss, load_task_data
+
+    ft = AutoModelForCausalLM.from_pretrained(tuned["ft"])
+    direct = held_out_loss(ft, AutoTokenizer.from_pretrained(tuned["ft"]), load_task_data(tuned["task"]), max_length=48)
+    assert losses[-1] == pytest.approx(direct, rel=1e-5)  # answers cut at --task-max-length, as training cut them
 
 
 def test_the_weights_at_alpha_are_the_interpolation(tuned, capsys, tmp_path):
