@@ -223,3 +223,11 @@ def test_the_kl_anchor_under_fsdp(tmp_path):
     assert counts[0] == counts[1] == [1, 1, 1, 1]
     done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
     assert [(d["rank"], d["global_step"]) for d in done] == [(0, 4), (1, 4)]
+
+
+@needs_fsdp2
+def test_the_1_to_0_penalty_under_fsdp(tmp_path):
+    """The penalty's base margins (read by every rank at train begin) and its extra forwards under FSDP2's gathers."""
+    from test_distributed import check_penalty_run
+
+    check_penalty_run(tmp_path, fsdp=True)
