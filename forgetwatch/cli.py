@@ -802,8 +802,9 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     base = base.for_probes(probes.ids, args.base)
     config, dtype, autocast = _scoring_config(args, base.key)
     budget = Budget(parse_budget(args.budget), "alert", args.budget_bound, probes.groups) if args.budget else None
-    base_dir = _base_model_dir(args.base_model or base.key.get("model", {}).get("name_or_path"), args.base)
-    model, tokenizer, setter = _interpolated_model(args.model, base_dir, dtype, args.device)
+    base_name = args.base_model or base.key.get("model", {}).get("name_or_path")
+    base_dir = _base_model_dir(base_name, args.base)
+    model, tokenizer, setter = _interpolated_model(args.model, base_dir, dtype, args.device, base_name)
     built, now = base.key.get("model", {}).get("architecture"), model_identity(model)["architecture"]
     if built and now and built != now and not args.allow_other_model:
         raise InterpolationError(f"{args.base} was made with a {built}, and --model {args.model} is a {now}: not a fine-tune "
@@ -867,7 +868,7 @@ def _base_model_dir(name: str | None, cache: str) -> Path:
     return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
 
 
-def _interpolated_model(path: str, base_dir: Path, dtype: str, device: str | None):
+def _interpolated_model(path: str, base_dir: Path, dtype: str, device: str | None, base_name: str | None = None):
     """(model, tokenizer, setter): the checkpoint loaded once, and what moves it along α (weights, or a LoRA's scale)."""
     from .interpolate import InterpolationError, Interpolator, LoraScaler
     from .models import check_model_path, load_checkpoint, load_model, local_model_path
@@ -878,7 +879,8 @@ def _interpolated_model(path: str, base_dir: Path, dtype: str, device: str | Non
     adapter = directory / "adapter_config.json"
     if adapter.is_file():
         said = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path") or ""
-        if local_model_path(said) != local_model_path(str(base_dir)) and said not in (str(base_dir), "smollm2"):
+        same = {local_model_path(str(base_dir)), str(base_dir), "smollm2", base_name, local_model_path(base_name or "")}
+        if said not in same and local_model_path(said) not in same:
             raise InterpolationError(f"{adapter}: the adapter was trained on {said or 'an unnamed base'}, not on the base "
                                      f"model {base_dir}: interpolate an adapter toward its own base (--base-model, or a cache "
                                      "made with that model)")
