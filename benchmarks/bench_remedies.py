@@ -283,16 +283,7 @@ def _prepared(st: Setting) -> dict:
 
 def _check_prepared(st: Setting) -> None:
     """The runs kept in git come from one preparation: a fresh `--prepare` must make the same files, or they do not mix."""
-    now, path = _prepared(st), _done(st) / "prepared.json"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(now, indent=1))
-        return
-    kept = json.loads(path.read_text())
-    if kept != now:
-        diff = [k for k in kept if kept.get(k) != now.get(k)]
-        raise SystemExit(f"--prepare made other files than the finished runs used ({', '.join(diff)}): their results "
-                         f"cannot be mixed with new runs; move {path.parent} aside to start the experiment again")
+    s12.check_prepared(_prepared(st), _done(st))
 
 
 def _require_prepared(st: Setting) -> None:

@@ -152,16 +152,22 @@ def _prepared() -> dict:
 
 def _check_prepared() -> None:
     """The runs kept in git were made from one preparation: a fresh `--prepare` must make the same, or they do not mix."""
-    now, path = _prepared(), DONE / "prepared.json"
+    check_prepared(_prepared(), DONE)
+
+
+def check_prepared(now: dict, done: Path) -> None:
+    """Keep `now` (what `--prepare` made) in `done`/prepared.json the first time; later, refuse a preparation that made
+    other files than the finished runs in `done` used."""
+    path = done / "prepared.json"
     if not path.is_file():
-        DONE.mkdir(parents=True, exist_ok=True)
+        done.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(now, indent=1))
         return
     kept = json.loads(path.read_text())
     if kept != now:
         diff = [k for k in kept if kept.get(k) != now.get(k)]
         raise SystemExit(f"--prepare made other files than the finished runs used ({', '.join(diff)}): their results "
-                         f"cannot be mixed with new runs; move {DONE} aside to start the experiment again")
+                         f"cannot be mixed with new runs; move {done} aside to start the experiment again")
 
 
 def _prompt_tokens(tok, probe) -> int:

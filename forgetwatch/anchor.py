@@ -96,13 +96,7 @@ class KLAnchor:
         from .mixing import check_pool
 
         self.beta = check_beta(beta)
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
-            raise ValueError(f"the KL anchor's `ratio` (pool conversations per training example) must be in (0, 8], got {ratio!r}")
-        if strategy not in STRATEGIES:
-            raise ValueError(f"`strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
-        if strategy == "closed_loop" and monitor is None:
-            raise ValueError("a closed-loop anchor follows a monitor: pass `monitor=` (the run's ForgetWatchCallback), "
-                             "or use strategy='uniform'")
+        check_draws("the KL anchor", "anchor", "pool conversations", ratio, strategy, monitor)
         if not isinstance(outputs, BaseOutputs):
             outputs = BaseOutputs.load(outputs)
         path = outputs.source
@@ -186,6 +180,17 @@ class KLAnchor:
         """What the trainer's logs get since the last call: `anchor_kl`."""
         kl = self.pop_mean_kl()
         return {} if kl is None else {"anchor_kl": round(kl, 6)}
+
+
+def check_draws(what: str, noun: str, items: str, ratio: Any, strategy: str, monitor: Any) -> None:
+    """Refuse a loss term's draw settings (the KL anchor's, the 1→0 penalty's), saying what to change."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
+        raise ValueError(f"{what}'s `ratio` ({items} per training example) must be in (0, 8], got {ratio!r}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    if strategy == "closed_loop" and monitor is None:
+        raise ValueError(f"a closed-loop {noun} follows a monitor: pass `monitor=` (the run's ForgetWatchCallback), or use "
+                         "strategy='uniform'")
 
 
 def draw_rows(sampler: ReplayMixer, ratio: float, micro_batch: int, batch_size: int) -> list[int]:

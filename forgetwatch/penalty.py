@@ -39,8 +39,8 @@ import torch
 from transformers import TrainerCallback
 
 from ._io import atomic_write
-from .anchor import check_beta, draw_rows
-from .mixing import STRATEGIES, ReplayMixer
+from .anchor import check_beta, check_draws, draw_rows
+from .mixing import ReplayMixer
 from .modes import ScoringConfig
 from .prompts import loglik_request
 from .requests import encode
@@ -77,15 +77,9 @@ class MarginPenalty(TrainerCallback):
         from .distill import pool_probes
 
         self.beta = check_beta(beta)
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
-            raise ValueError(f"the 1→0 penalty's `ratio` (pool items per training example) must be in (0, 8], got {ratio!r}")
+        check_draws("the 1→0 penalty", "penalty", "pool items", ratio, strategy, monitor)
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
             raise ValueError(f"the 1→0 penalty's `floor` (the margin in nats worth defending) must be > 0, got {floor!r}")
-        if strategy not in STRATEGIES:
-            raise ValueError(f"`strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
-        if strategy == "closed_loop" and monitor is None:
-            raise ValueError("a closed-loop penalty follows a monitor: pass `monitor=` (the run's ForgetWatchCallback), or "
-                             "use strategy='uniform'")
         if tokenizer is None:
             raise ValueError("the 1→0 penalty needs the trainer's `tokenizer` (it reads margins in the scoring form)")
         items = [p for p in pool_probes(pool, exclude=monitor.probes if monitor is not None else None) if p.kind == "mcq"]
