@@ -35,7 +35,7 @@ import numpy as np
 from .probes import Probe
 
 __all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "VariantOutcomes", "make_variants", "max_variants",
-           "check_robustness", "plan_variants", "make_plan", "choose_robust", "LETTERED_MODES", "variant_key", "is_variant", "RobustnessError"]
+           "check_robustness", "plan_variants", "make_plan", "serves", "choose_robust", "LETTERED_MODES", "variant_key", "is_variant", "RobustnessError"]
 
 # Bump when a frame, a noise rule or the order of variants changes: variants are part of the cache key.
 VARIANTS_VERSION = 2
@@ -265,6 +265,22 @@ def make_plan(probes: Sequence[Probe], robustness: int | None, robust_per_suite:
                          only=choose_robust(probes, robust_per_suite))
     plan.per_suite = robust_per_suite
     return plan
+
+
+def serves(found: Any, wanted: dict[str, Any]) -> bool:
+    """Whether a base cache made with the variants `found` (its key's `variants`) holds every variant `wanted` needs:
+    the same ones, or more of them on the same probes (variants are taken in a fixed order, so K's variants are the
+    first K of any larger K's).
+
+    Example:
+        >>> five = {"k": 5, "seed": 0, "version": 2, "lettered": False, "per_suite": None, "probes": 3, "rows": 15, "ids": "x"}
+        >>> serves(five, {**five, "k": 3, "rows": 9}), serves({**five, "k": 3, "rows": 9}, five)
+        (True, False)
+    """
+    if not isinstance(found, dict):
+        return False
+    same = {k: v for k, v in found.items() if k not in ("k", "rows")} == {k: v for k, v in wanted.items() if k not in ("k", "rows")}
+    return same and isinstance(found.get("k"), int) and found["k"] >= wanted.get("k", 0)
 
 
 def choose_robust(probes: Sequence[Probe], per_suite: int | None, seed: int = 0) -> list[str] | None:

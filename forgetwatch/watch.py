@@ -38,7 +38,7 @@ from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger
 from .monitor import PREFIX, Monitor
 from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
-from .robustness import make_plan
+from .robustness import make_plan, serves
 from .scoring import ProbeSetError, ScoringConfig
 
 __all__ = ["Watcher", "SidecarError"]
@@ -105,7 +105,7 @@ class Watcher:
         elif robustness == 0:  # none, whatever the callback scored
             robustness = robust_per_suite = None
         self.plan = make_plan(self.probes, robustness, robust_per_suite, self.config.mcq_mode)
-        if self.plan is not None and cache.key.get("variants") != self.plan.key():
+        if self.plan is not None and not serves(cache.key.get("variants"), self.plan.key()):
             found = cache.key.get("variants")
             said = ("no variants" if not isinstance(found, dict) else "other variants ("
                     + "; ".join(diff_keys(self.plan.key(), found)) + ")")

@@ -145,16 +145,25 @@ def test_the_base_cache_is_keyed_by_its_variants(robust_run, tokenizer, tmp_path
     plan = make_plan(robust_run.callback.probes, K)
     assert cache.key["variants"] == plan.key() and cache.key["variants"]["rows"] == 32 * K
     assert cache.variants.ids == [p.id for p in plan.extra()] and len(cache.results) == 32
-    # a run without robustness uses it as it is (the probes' own rows); one with other variants scores the base again
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        sft_trainer(tokenizer, tmp_path / "plain", [watcher(base_cache=str(path))], max_steps=2).train()
-    assert "Scoring the base model now" not in caplog.text
+    # a run without robustness uses it as it is (the probes' own rows), and so does one with fewer of its variants (the
+    # first K of a larger K); one that needs variants it lacks scores the base again
+    for name, extra in (("plain", {}), ("fewer", {"robustness": 2})):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+            sft_trainer(tokenizer, tmp_path / name, [watcher(base_cache=str(path), **extra)], max_steps=2).train()
+        assert "Scoring the base model now" not in caplog.text, name
+    fewer = metric_rows(load_record(tmp_path / "fewer"))[0]["metrics"]["overall"]
+    assert fewer["robust_variants"] == 2 and fewer["consistency_change"] == 0
+    right = BaseCache.load(path).variants
+    plan2 = make_plan(robust_run.callback.probes, 2)
+    np.testing.assert_array_equal(load_record(tmp_path / "fewer").read_robust(0).right,
+                                  plan2.outcomes(cache.results, right).right)  # the cache's own first 2 variants
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        sft_trainer(tokenizer, tmp_path / "other", [watcher(base_cache=str(path), robustness=2)], max_steps=2).train()
-    assert "variants.k: cache has 3, now 2" in caplog.text and "--robustness 2" in caplog.text
+        sft_trainer(tokenizer, tmp_path / "other", [watcher(base_cache=str(path), robustness=4)], max_steps=2).train()
+    assert "variants.k: cache has 3, now 4" in caplog.text and "--robustness 4" in caplog.text
     assert "Scoring the base model now" in caplog.text
-    assert BaseCache.load(tmp_path / "other" / "forgetwatch" / "base.parquet").key["variants"]["k"] == 2
+    assert BaseCache.load(tmp_path / "other" / "forgetwatch" / "base.parquet").key["variants"]["k"] == 4
     assert BaseCache.load(path).key["variants"]["k"] == K  # the given cache is never overwritten
 
 
