@@ -455,7 +455,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.model != "smollm2":
         check_model_path(args.model)
     config, dtype, autocast = _scoring_config(args)
-    plan = make_plan(probes, args.robustness, args.robust_per_suite, config.mcq_mode)
+    plan = _cli_plan(probes, args.robustness, args.robust_per_suite, config.mcq_mode)
     variants_key = plan.key() if plan is not None else None
     old = _existing_cache(args.output, probes) if exists else None
     model, tokenizer = _load_model(args, dtype)
@@ -998,7 +998,18 @@ def _compare_plan(args: argparse.Namespace, probes: ProbeSet, key: dict[str, Any
     found = key.get("variants") if isinstance(key.get("variants"), dict) else None
     if robustness is None and found is not None:
         robustness, per_suite = found.get("k"), per_suite if per_suite is not None else found.get("per_suite")
-    return make_plan(probes, robustness, per_suite, mcq_mode)
+    return _cli_plan(probes, robustness, per_suite, mcq_mode)
+
+
+def _cli_plan(probes: ProbeSet, robustness: int | None, per_suite: int | None, mcq_mode: str):
+    """`make_plan`, its refusals in the command line's words (--robustness, not `robustness`)."""
+    try:
+        return make_plan(probes, robustness, per_suite, mcq_mode)
+    except ValueError as e:
+        text = str(e)
+        for name, flag in (("robust_per_suite", "--robust-per-suite"), ("robustness", "--robustness")):
+            text = text.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag} ")
+        raise type(e)(text) from None
 
 
 def _robust_compare(plan, probes: ProbeSet, base, results, variants, report: dict) -> tuple[dict, list[dict[str, Any]]]:

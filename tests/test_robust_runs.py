@@ -401,3 +401,14 @@ def test_robustness_0_scores_no_variants_and_a_watcher_names_what_differs(robust
     with pytest.raises(SidecarError, match=r"other variants \(.*per_suite: cache has None, now 2.*robustness=3 on 2 probes per suite"):
         Watcher(side, device="cpu", robustness=3, robust_per_suite=2)
     assert Watcher(side, device="cpu", robustness=0).plan is None
+
+
+def test_the_command_line_refuses_in_its_own_words(tmp_path, capsys):
+    probes = tmp_path / "probes.jsonl"
+    make_probes().to_jsonl(probes)
+    assert cli(["cache", "--model", "smollm2", "--probes", str(probes), "--robustness", "99", "-o", str(tmp_path / "c.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "--robustness 99, but probe 'add0'" in err and "use --robustness ≤ 11" in err and "`robustness`" not in err
+    assert cli(["cache", "--model", "smollm2", "--probes", str(probes), "--robust-per-suite", "3", "-o",
+                str(tmp_path / "c.parquet")]) == 2
+    assert "--robust-per-suite 3 says how many probes get variants" in capsys.readouterr().err
