@@ -283,19 +283,28 @@ def _anchored(out: Path, trainer_class, model, tokenizer, callback, beta: float)
     from forgetwatch.anchor import KLAnchor, with_anchor
     from forgetwatch.distill import make_base_outputs
 
-    pool = [Probe(f"anchor-{c}{i}", "mcq", f"Which {c} word is {_WORDS[i]}?", (_WORDS[i], _WORDS[i + 1]), 0, category=c)
-            for c in ("science", "trivia", "math") for i in range(4)]
-    outputs = make_base_outputs(model, tokenizer, pool, max_length=64)
+    outputs = make_base_outputs(model, tokenizer, _term_pool("anchor"), max_length=64)
     anchor = KLAnchor(outputs, beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer, model=model, max_length=64)
-    draws = anchor.draws
+    return with_anchor(trainer_class), {"anchor": _traced_draws(out, anchor, "anchor")}
+
+
+def _term_pool(prefix: str) -> list[Probe]:
+    """Pool items of the monitored categories for a loss term (the anchor, the penalty)."""
+    return [Probe(f"{prefix}-{c}{i}", "mcq", f"Which {c} word is {_WORDS[i]}?", (_WORDS[i], _WORDS[i + 1]), 0, category=c)
+            for c in ("science", "trivia", "math") for i in range(4)]
+
+
+def _traced_draws(out: Path, term, event: str):
+    """`term` with each micro-batch's draws written to the trace as `event`."""
+    draws = term.draws
 
     def traced(micro_batch, batch_size):
         rows = draws(micro_batch, batch_size)
-        _trace(out, event="anchor", micro_batch=micro_batch, rows=rows)
+        _trace(out, event=event, micro_batch=micro_batch, rows=rows)
         return rows
 
-    anchor.draws = traced
-    return with_anchor(trainer_class), {"anchor": anchor}
+    term.draws = traced
+    return term
 
 
 def _penalized(out: Path, trainer_class, tokenizer, callback, beta: float):
@@ -304,18 +313,9 @@ def _penalized(out: Path, trainer_class, tokenizer, callback, beta: float):
     from forgetwatch.penalty import MarginPenalty
     from forgetwatch.probes import ProbeSet
 
-    pool = ProbeSet([Probe(f"penalty-{c}{i}", "mcq", f"Which {c} word is {_WORDS[i]}?", (_WORDS[i], _WORDS[i + 1]), 0,
-                           category=c) for c in ("science", "trivia", "math") for i in range(4)])
-    penalty = MarginPenalty(pool, beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer, max_length=64)
-    draws = penalty.draws
-
-    def traced(micro_batch, batch_size):
-        rows = draws(micro_batch, batch_size)
-        _trace(out, event="penalty", micro_batch=micro_batch, rows=rows)
-        return rows
-
-    penalty.draws = traced
-    return with_anchor(trainer_class), {"anchor": penalty}
+    penalty = MarginPenalty(ProbeSet(_term_pool("penalty")), beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer,
+                            max_length=64)
+    return with_anchor(trainer_class), {"anchor": _traced_draws(out, penalty, "penalty")}
 
 
 def _allow_fsdp_on_cpu() -> None:
