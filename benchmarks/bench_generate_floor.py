@@ -38,6 +38,7 @@ from bench_behavior import per_probe_loop  # noqa: E402
 
 from forgetwatch.engines import ContinuousBatchingEngine, HFEngine  # noqa: E402
 from forgetwatch.models import load_model  # noqa: E402
+from forgetwatch.probes import ProbeSet  # noqa: E402
 from forgetwatch.prompts import behavior_prompt  # noqa: E402
 from forgetwatch.requests import encode  # noqa: E402
 from forgetwatch.scoring import ScoringConfig, score_probes  # noqa: E402
@@ -101,6 +102,10 @@ def shared_prefix(tok, probes, config) -> dict:
             "mean_prompt_tokens": sum(map(len, ids)) / len(ids)}
 
 
+def _suite(name: str, args) -> ProbeSet:
+    return ProbeSet.from_jsonl(Path(args.probes_dir) / f"{name}.jsonl") if args.probes_dir else load_suite(name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
@@ -108,13 +113,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a check that the script runs: 12 prompts, 6 + 2 timed")
     ap.add_argument("--continuous", action="store_true", help="only 3.: continuous batching against the refilling batch")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--probes-dir", default=None,
+                    help="read the suites from DIR/instructions.jsonl and DIR/over_refusal.jsonl (`ProbeSet.to_jsonl`): for a "
+                         "machine without the suites' data package")
     args = ap.parse_args()
     args.out = args.out or str(_common.RESULTS_DIR / f"generate_floor{'_continuous' if args.continuous else ''}.json")
     _common.set_threads(args.threads)
     model, tok = load_model("smollm2")
     model.eval()
     config = ScoringConfig()
-    suite = load_suite("instructions", n=12 if args.quick else None)
+    suite = _suite("instructions", args)
+    if args.quick:
+        suite = suite.subsample(12, seed=0)
     if args.continuous:
         return continuous(model, tok, config, suite, args)
     out: dict = {"model": "SmolLM2-135M-Instruct", "machine": _common.machine(), "threads": args.threads,
@@ -133,7 +143,7 @@ def main() -> None:
 
     # 2. timings: the 32 probes of RESULTS §11, batched (static, refill) against one generate per probe
     if not args.counts_only:
-        refusal = load_suite("over_refusal")
+        refusal = _suite("over_refusal", args)
         probes = suite.subsample(6 if args.quick else 24, seed=1) + refusal.subsample(2 if args.quick else 8, seed=1)
         t_static, r_static = run(model, tok, probes, config, refill=False)
         t_refill, r_refill = run(model, tok, probes, config, refill=True)
@@ -154,7 +164,7 @@ def main() -> None:
 
 def continuous(model, tok, config, suite, args) -> None:
     """3.: the refilling batch against transformers' continuous batching, on the same prompts, one process."""
-    refusal = load_suite("over_refusal")
+    refusal = _suite("over_refusal", args)
     probes = suite.subsample(6 if args.quick else 24, seed=1) + refusal.subsample(2 if args.quick else 8, seed=1)
     engines = {"refill": lambda: HFEngine(model, tok, batch_size=config.batch_size),
                "continuous": lambda: ContinuousBatchingEngine(model, tok, batch_size=config.batch_size)}

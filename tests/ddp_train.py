@@ -8,6 +8,7 @@
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --fsdp --model DIR --base-cache C  # a saved model, a CLI cache
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --anchor 1.0 [--fsdp]             # the KL anchor
     torchrun --nproc_per_node 2 tests/ddp_train.py OUT --penalty 1.0 [--fsdp]            # the 1->0 penalty
+    python tests/ddp_train.py OUT --cuda --penalty 1.0 --robustness 2   # on the GPU (one per rank), not use_cpu
 
 Training writes the forgetwatch record to OUT/forgetwatch/ and the final weights to OUT/final/ (rank 0).
 Every rank appends what it did to OUT/trace-rank<R>.jsonl: each `score_probes` call made inside
@@ -184,7 +185,7 @@ def _tracing_trainer(out: Path, names: dict, sft: bool = False):
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
           replay: float | None = None, sft: bool = False, sidecar: bool = False, anchor: float | None = None,
-          penalty: float | None = None) -> None:
+          penalty: float | None = None, cuda: bool = False, robustness: int = 0) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -214,11 +215,11 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         sharding = {**sharding, "max_length": 64}
     args = TrainingArguments(
         output_dir=str(out),
-        use_cpu=True,
+        use_cpu=not cuda,
         # use_cpu under torchrun picks MPI when torch has it, else gloo: be explicit. Only under a launcher:
         # accelerate 1.15 crashes on a backend given to a single process ("Default process group has not been
         # initialized"), since it keeps the backend but sets up no process group.
-        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ddp_backend=("nccl" if cuda else "gloo") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         max_steps=max_steps,
         per_device_train_batch_size=2,
         learning_rate=5e-3,
@@ -236,6 +237,8 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         options.update(budget={"forgetting": 0.0}, on_budget=on_budget)
     if sidecar:
         options.update(scoring="sidecar")
+    if robustness:
+        options.update(robustness=robustness)
     callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS, base_cache=str(base_cache) if base_cache else None,
                                    **options)
     callback.config = dataclasses.replace(callback.config, pack_choices=pack)
@@ -416,13 +419,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sidecar", action="store_true", help="scoring='sidecar': checkpoints for `forgetwatch watch`")
     parser.add_argument("--anchor", type=float, help="a KL anchor to the base with this beta (closed loop, ratio 0.5)")
     parser.add_argument("--penalty", type=float, help="the 1->0 penalty with this beta (closed loop, ratio 0.5)")
+    parser.add_argument("--cuda", action="store_true", help="train and score on the GPU (nccl under a launcher)")
+    parser.add_argument("--robustness", type=int, default=0, help="ForgetWatchCallback(robustness=K)")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
         train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar, a.anchor,
-              a.penalty)
+              a.penalty, a.cuda, a.robustness)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,13 @@ def free_port() -> int:
 def clean_env() -> dict[str, str]:
     """This process's environment for a child run, without the launcher's rank variables and without the ACCELERATE_*
     ones that transformers 4 leaves behind (any `TrainingArguments(bf16=True)` made by an earlier test sets
-    ACCELERATE_MIXED_PRECISION=bf16 in os.environ, and a child Trainer would train in bf16 although told fp32)."""
+    ACCELERATE_MIXED_PRECISION=bf16 in os.environ, and a child Trainer would train in bf16 although told fp32).
+
+    No GPU either: the child runs are CPU runs (gloo, `use_cpu`), and on a machine with fewer GPUs than ranks FSDP2's
+    default mesh and accelerate still set the device cuda:<rank> ("invalid device ordinal", seen on a 1-GPU H200)."""
     ranks = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
-    return {k: v for k, v in os.environ.items() if k not in ranks and not k.startswith("ACCELERATE_")}
+    env = {k: v for k, v in os.environ.items() if k not in ranks and not k.startswith("ACCELERATE_")}
+    return {**env, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def torchrun(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
