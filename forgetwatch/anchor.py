@@ -38,10 +38,10 @@ from .mixing import STRATEGIES, ReplayMixer
 __all__ = ["AnchorMixin", "KLAnchor", "check_beta", "topk_kl", "with_anchor"]
 
 
-def check_beta(beta: Any) -> float:
-    """The anchor's weight: a finite number ≥ 0 (0 is off)."""
+def check_beta(beta: Any, what: str = "the KL anchor") -> float:
+    """A loss term's weight (the anchor's, the penalty's): a finite number ≥ 0 (0 is off)."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"the KL anchor's `beta` must be a number >= 0 (0 turns it off; e.g. 1.0), got {beta!r}")
+        raise ValueError(f"{what}'s `beta` must be a number >= 0 (0 turns it off; e.g. 1.0), got {beta!r}")
     return float(beta)
 
 

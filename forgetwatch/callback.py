@@ -111,9 +111,9 @@ class ForgetWatchArguments:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
             raise ValueError(f"forgetwatch_anchor_ratio (pool conversations per training example) must be in (0, 8], got {ratio!r}")
         try:
-            self.forgetwatch_penalty_beta = check_beta(self.forgetwatch_penalty_beta)
+            self.forgetwatch_penalty_beta = check_beta(self.forgetwatch_penalty_beta, "the 1→0 penalty")
         except ValueError as e:
-            raise ValueError(f"forgetwatch_penalty_beta: {str(e).replace('KL anchor', '1→0 penalty')}") from None
+            raise ValueError(f"forgetwatch_penalty_beta: {e}") from None
         for name, low, high in (("forgetwatch_penalty_ratio", 0, 8), ("forgetwatch_penalty_floor", 0, math.inf)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:

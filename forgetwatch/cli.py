@@ -370,34 +370,36 @@ def _score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autoc
     return model, results, config.key(tokenizer, describe_precision(model, autocast=autocast))
 
 
-def _check_output(path: str, suffixes: tuple[str, ...], example: str, inputs: dict[str, str | None] | None = None) -> bool:
-    """Refuse an `-o` that cannot be written, before any time is spent: the file of an input (always), a directory, an
-    unsupported suffix, a parent directory that is missing, not a directory, or not writable. True if it exists (the
-    caller decides whether it may be replaced)."""
+def _check_output(path: str, suffixes: tuple[str, ...], example: str, inputs: dict[str, str | None] | None = None,
+                  option: str = "-o") -> bool:
+    """Refuse an `-o` (or another `option`) that cannot be written, before any time is spent: the file of an input
+    (always), a directory, an unsupported suffix, a parent directory that is missing, not a directory, or not writable.
+    True if it exists (the caller decides whether it may be replaced)."""
     out = Path(path)
     for flag, given in (inputs or {}).items():
         if given and _same_file(out, Path(given)):
-            raise ValueError(f"-o {path} is the {flag} file itself ({given}): writing the results there would replace it. "
-                             "Choose another -o (this is refused even with --force)")
+            raise ValueError(f"{option} {path} is the {flag} file itself ({given}): writing the results there would "
+                             f"replace it. Choose another {option} (this is refused even with --force)")
     if out.is_dir():
-        raise ValueError(f"-o {path} is a directory; give a file in it, e.g. -o {quote(out / example)}")
+        raise ValueError(f"{option} {path} is a directory; give a file in it, e.g. {option} {quote(out / example)}")
     if out.suffix not in suffixes:
-        raise ValueError(f"-o {path}: the file name must end in {' or '.join(suffixes)} (it decides the format), "
-                         f"e.g. -o {quote(out.with_suffix(suffixes[0]) if out.suffix else out.parent / example)}")
+        raise ValueError(f"{option} {path}: the file name must end in {' or '.join(suffixes)} (it decides the format), "
+                         f"e.g. {option} {quote(out.with_suffix(suffixes[0]) if out.suffix else out.parent / example)}")
     parent = out.parent
     if not parent.exists():
-        raise ValueError(f"-o {path}: the directory {parent} does not exist. Create it first (mkdir -p {quote(parent)}) "
-                         "or choose another -o; it is not created for you, in case the path is mistyped")
+        raise ValueError(f"{option} {path}: the directory {parent} does not exist. Create it first (mkdir -p "
+                         f"{quote(parent)}) or choose another {option}; it is not created for you, in case the path is "
+                         "mistyped")
     if not parent.is_dir():
-        raise ValueError(f"-o {path}: {parent} is not a directory")
+        raise ValueError(f"{option} {path}: {parent} is not a directory")
     if out.exists() and not out.is_file():
-        raise ValueError(f"-o {path} exists and is not a regular file; choose another -o")
+        raise ValueError(f"{option} {path} exists and is not a regular file; choose another {option}")
     try:  # the real test (permissions, read-only mounts, quotas at zero): create a file where the results will go
         fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ValueError(f"-o {path}: cannot write in {parent} ({e.strerror or e}); choose another -o") from None
+        raise ValueError(f"{option} {path}: cannot write in {parent} ({e.strerror or e}); choose another {option}") from None
     return out.exists()
 
 
@@ -410,9 +412,9 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _exists(path: str, what: str) -> ValueError:
-    return ValueError(f"-o {path} exists ({what}), and forgetwatch never replaces a file without being asked: choose "
-                      "another -o, or pass --force to replace it")
+def _exists(path: str, what: str, option: str = "-o") -> ValueError:
+    return ValueError(f"{option} {path} exists ({what}), and forgetwatch never replaces a file without being asked: choose "
+                      f"another {option}, or pass --force to replace it")
 
 
 def _save(cache, path: str, replace: bool) -> None:
@@ -785,11 +787,18 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     save_at = None
     if args.save_at:
         try:
-            save_at = (alpha_grid(args.save_at[0], args.extrapolate)[0], Path(args.save_at[1]))
+            at = alpha_grid(args.save_at[0], args.extrapolate)
         except InterpolationError as e:
             raise InterpolationError(str(e).replace("--alphas", "--save-at")) from None
+        if len(at) != 1:
+            raise InterpolationError(f"--save-at {args.save_at[0]}: give one α to save the model at (e.g. --save-at 0.5 "
+                                     "OUT), not a grid")
+        save_at = (at[0], Path(args.save_at[1]))
         if save_at[1].exists() and not args.force:
-            raise _exists(str(save_at[1]), "a directory or file")
+            raise _exists(str(save_at[1]), "a directory or file", "--save-at ALPHA")
+    if args.plot and _check_output(args.plot, (".png",), "front.png", {"--probes": args.probes, "--base": args.base,
+                                   "--task-data": args.task_data, "--model": args.model}, option="--plot") and not args.force:
+        raise _exists(args.plot, "a file", "--plot")
     if args.task_max_length < 2:
         raise ValueError(f"--task-max-length {args.task_max_length}: an example needs at least 2 tokens to have a loss")
     task_rows = load_task_data(args.task_data, args.task_max_examples) if args.task_data else None
@@ -802,13 +811,23 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     base = base.for_probes(probes.ids, args.base)
     config, dtype, autocast = _scoring_config(args, base.key)
     budget = Budget(parse_budget(args.budget), "alert", args.budget_bound, probes.groups) if args.budget else None
-    base_name = args.base_model or base.key.get("model", {}).get("name_or_path")
+    cached = base.key.get("model", {}).get("name_or_path")
+    if args.base_model and cached and not _model_names(args.base_model) & _model_names(cached) and not args.allow_other_model:
+        raise InterpolationError(f"{args.base} was made with {cached}, not with --base-model {args.base_model}: α = 0 would "
+                                 "be scored as a drift from another model. Give the cache's own base (or make a cache with "
+                                 "this one: forgetwatch cache --model ...), or pass --allow-other-model to go on")
+    base_name = args.base_model or cached
     base_dir = _base_model_dir(base_name, args.base)
     model, tokenizer, setter = _interpolated_model(args.model, base_dir, dtype, args.device, base_name)
     built, now = base.key.get("model", {}).get("architecture"), model_identity(model)["architecture"]
     if built and now and built != now and not args.allow_other_model:
         raise InterpolationError(f"{args.base} was made with a {built}, and --model {args.model} is a {now}: not a fine-tune "
                                  "of that base (pass --allow-other-model to go on)")
+    task_pairs = None
+    if task_rows is not None:  # every row encoded now, so that a row the model cannot read is refused before scoring
+        from .interpolate import encode_task_rows
+
+        task_pairs = encode_task_rows(tokenizer, task_rows, args.task_max_length, source=args.task_data)
 
     from .monitor import figure_rows
 
@@ -821,10 +840,10 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
         rows = figure_rows(probes, base.results, results)[2]
         task = None
-        if task_rows is not None:
+        if task_pairs is not None:
             from .interpolate import held_out_loss
 
-            task = held_out_loss(model, tokenizer, task_rows, max_length=args.task_max_length, batch_size=config.batch_size)
+            task = held_out_loss(model, tokenizer, task_pairs, batch_size=config.batch_size)
         elif task_probes is not None:
             task = _score(args, task_probes, config, dtype, autocast, loaded=(model, tokenizer))[1].accuracy
         breaches = budget.check(rows) if budget is not None else []
@@ -834,8 +853,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     task_kind = "loss" if task_rows is not None else "accuracy" if task_probes is not None else None
     chosen = _choose_alpha(steps, task_kind, budget is not None)
     if save_at is not None:
-        setter.set(save_at[0])
-        setter.save(save_at[1], tokenizer)
+        setter.save(save_at[0], save_at[1], tokenizer)
     if args.plot:
         _plot_interpolation(steps, task_kind, args.plot, chosen)
     if args.json:
@@ -870,40 +888,65 @@ def _base_model_dir(name: str | None, cache: str) -> Path:
 
 def _interpolated_model(path: str, base_dir: Path, dtype: str, device: str | None, base_name: str | None = None):
     """(model, tokenizer, setter): the checkpoint loaded once, and what moves it along α (weights, or a LoRA's scale)."""
-    from .interpolate import InterpolationError, Interpolator, LoraScaler
-    from .models import check_model_path, load_checkpoint, load_model, local_model_path
+    from .interpolate import InterpolationError, Interpolator, LoraScaler, check_lora_config
+    from .models import check_model_path, load_checkpoint, load_model
 
     directory = check_model_path(path)
     if directory is None:
         raise InterpolationError(f"--model {path}: interpolate reads a local checkpoint directory")
     adapter = directory / "adapter_config.json"
     if adapter.is_file():
-        said = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path") or ""
-        same = {local_model_path(str(base_dir)), str(base_dir), "smollm2", base_name, local_model_path(base_name or "")}
-        if said not in same and local_model_path(said) not in same:
+        config = json.loads(adapter.read_text(encoding="utf-8"))
+        check_lora_config(config, adapter)
+        said = config.get("base_model_name_or_path") or ""
+        if not _model_names(said) & (_model_names(str(base_dir)) | _model_names(base_name or "")):
             raise InterpolationError(f"{adapter}: the adapter was trained on {said or 'an unnamed base'}, not on the base "
                                      f"model {base_dir}: interpolate an adapter toward its own base (--base-model, or a cache "
                                      "made with that model)")
         model, tokenizer = load_checkpoint(directory, dtype=dtype, device=device)
-        return model, tokenizer, _Setter(LoraScaler(model), model, merged=True)
+        return model, tokenizer, _Setter(LoraScaler(model), base_dir, directory)
     model, tokenizer = load_model(str(directory), dtype=dtype, device=device)
-    return model, tokenizer, _Setter(Interpolator(model, base_dir, directory), model, merged=False)
+    return model, tokenizer, _Setter(Interpolator(model, base_dir, directory), base_dir, directory)
+
+
+def _model_names(name: str) -> set[str]:
+    """The spellings of one model: as given and resolved; `smollm2` and the checkpoint it converts to are one."""
+    from .models import local_model_path, smollm2_path
+
+    if not name:
+        return set()
+    names = {name, local_model_path(name)}
+    if name == "smollm2":
+        names.add(local_model_path(str(smollm2_path())))
+    return names
 
 
 class _Setter:
-    def __init__(self, inner, model, merged: bool):
-        self.inner, self.model, self.merged = inner, model, merged
+    """Moves the scoring model along α, and writes θ(α) at the checkpoint's own precision (not the scoring one)."""
+
+    def __init__(self, inner, base_dir: Path, tuned_dir: Path):
+        self.inner, self.base_dir, self.tuned_dir = inner, base_dir, tuned_dir
 
     def set(self, alpha: float) -> None:
         self.inner.set(alpha)
 
-    def save(self, out: Path, tokenizer) -> None:
+    def save(self, alpha: float, out: Path, tokenizer) -> None:
         import shutil
 
+        from .interpolate import LoraScaler, save_interpolated, save_lora_merged
+
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        model = self.model.merge_and_unload() if self.merged else self.model  # a LoRA at α: merged into full weights
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        try:
+            if isinstance(self.inner, LoraScaler):  # a LoRA at α: merged into the base's full weights
+                save_lora_merged(self.base_dir, self.tuned_dir, alpha, tmp)
+            else:
+                save_interpolated(self.base_dir, self.tuned_dir, alpha, tmp)
+            tokenizer.save_pretrained(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         tmp.rename(out)

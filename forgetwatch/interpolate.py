@@ -6,7 +6,8 @@ what each step back toward the base buys in forgetting and costs in task skill. 
 - `Interpolator` sets a fine-tuned model's weights to θ(α) in place, streaming the base's and the checkpoint's tensors
   one at a time from their safetensors files (never a second model in memory);
 - `LoraScaler` scales a PEFT LoRA adapter by α (its `scaling`, the adapter's contribution; α = 0 is the base);
-- `held_out_loss` is the task measure on a dataset the user names: mean negative log-likelihood per answer token.
+- `held_out_loss` is the task measure on a dataset the user names: mean negative log-likelihood per answer token;
+- `save_interpolated` / `save_lora_merged` write θ(α) at the checkpoint's own precision (not the scoring one).
 
 Example:
     >>> interp = Interpolator(model, base_dir="base/", tuned_dir="outputs/ckpt")  # doctest: +SKIP
@@ -27,7 +28,7 @@ import torch
 from ._io import read_jsonl
 
 __all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "held_out_loss", "load_task_data",
-           "DEFAULT_ALPHAS"]
+           "encode_task_rows", "check_lora_config", "save_interpolated", "save_lora_merged", "DEFAULT_ALPHAS"]
 
 DEFAULT_ALPHAS = tuple(round(i / 10, 1) for i in range(11))
 
@@ -112,7 +113,7 @@ class Interpolator:
     """Sets `model` (loaded from the fine-tuned checkpoint) to θ_base + α (θ_ft − θ_base), in place.
 
     Both sides are read from their safetensors files a tensor at a time, in float32, and the result cast to the
-    parameter's dtype: memory is one model plus one tensor of each file. Every parameter must exist in both files with
+    parameter's dtype: memory is one model plus one tensor of each file (θ(α) is made in place in the base's). Every parameter must exist in both files with
     the model's shape (tied weights count once); anything else is refused before any scoring, naming the tensor.
 
     Args:
@@ -130,6 +131,11 @@ class Interpolator:
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 self.params[name] = p
+        extra = sorted(set(self.base.files) - set(self.tuned.files))
+        if extra:  # e.g. an untied lm_head in the base and a tied one in the checkpoint: α = 0 would not be the base
+            raise InterpolationError(f"{self.base.directory}: tensor {extra[0]!r} ({len(extra)} in all) is not in the "
+                                     f"checkpoint {self.tuned.directory} (weights tied in one and not in the other?): not "
+                                     "the same architecture; interpolate a fine-tune toward its own base")
         for side in (self.base, self.tuned):
             missing = [n for n in self.params if n not in side.files]
             if missing:
@@ -157,14 +163,112 @@ class Interpolator:
                     with safe_open(tuned_path, "pt") as tuned:
                         for name in mine:
                             p = self.params[name]
-                            b = base.get_tensor(name).float()
-                            if alpha == 0:  # exactly the base (and alpha 1 exactly the checkpoint)
-                                value = b
-                            elif alpha == 1:
-                                value = tuned.get_tensor(name).float()
-                            else:
-                                value = b + alpha * (tuned.get_tensor(name).float() - b)
+                            value = _at(alpha, base, tuned, name)
                             p.data.copy_(value.to(dtype=p.dtype, device=p.device))
+
+
+def _at(alpha: float, base: Any, tuned: Any, name: str) -> torch.Tensor:
+    """θ(α) of one tensor from two open safetensors files, in float32: exactly the base at α = 0 and the checkpoint at
+    α = 1; in between, made in place in the base's tensor (two tensors in memory, not five)."""
+    if alpha == 1:
+        return tuned.get_tensor(name).float()
+    b = base.get_tensor(name).float()
+    return b if alpha == 0 else b.lerp_(tuned.get_tensor(name).float(), alpha)
+
+
+def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike, alpha: float,
+                      out: str | os.PathLike) -> None:
+    """Write θ(α) as a model directory at `out`: the checkpoint's files, its weights replaced by θ_base + α (θ_ft −
+    θ_base), each tensor in the checkpoint's own dtype (whatever precision the probes were scored in), shard by shard
+    as the checkpoint is sharded (memory: one shard). Tensors that are not floating point are the checkpoint's.
+
+    Example:
+        >>> save_interpolated("base/", "outputs/ckpt", 0.5, "outputs/ckpt-wise-0.5")  # doctest: +SKIP
+    """
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    base, tuned = _Tensors(Path(base_dir), "the base model"), _Tensors(Path(tuned_dir), "the checkpoint")
+    missing = [n for n in tuned.files if n not in base.files]
+    if missing:
+        raise InterpolationError(f"{base.directory}: no tensor {missing[0]!r} ({len(missing)} of the checkpoint's "
+                                 f"{len(tuned.files)} missing): not the same architecture as the checkpoint")
+    out = Path(out)
+    out.mkdir(parents=True)
+    weights = set(tuned.files.values()) | {tuned.directory / "model.safetensors.index.json"}
+    for f in tuned.directory.iterdir():  # config, generation config, tokenizer: as the checkpoint has them
+        if f.is_file() and f not in weights and not f.name.endswith((".bin", ".pt", ".pth")):
+            shutil.copy2(f, out / f.name)
+    if (tuned.directory / "model.safetensors.index.json").is_file():
+        shutil.copy2(tuned.directory / "model.safetensors.index.json", out / "model.safetensors.index.json")
+    base_files = base.by_file(list(tuned.files))
+    for path, names in tuned.by_file(list(tuned.files)).items():
+        shard: dict[str, torch.Tensor] = {}
+        with safe_open(path, "pt") as t:
+            metadata = t.metadata() or {"format": "pt"}
+            for base_path, base_names in base_files.items():
+                mine = [n for n in names if n in base_names]
+                if not mine:
+                    continue
+                with safe_open(base_path, "pt") as b:
+                    for name in mine:
+                        kind = t.get_slice(name).get_dtype()
+                        if kind.startswith("F8"):
+                            raise InterpolationError(f"{path}: tensor {name!r} is {kind}: interpolate reads float64, "
+                                                     "float32, float16 and bfloat16 weights; dequantise the checkpoint")
+                        shard[name] = _at(alpha, b, t, name).to(_FLOATS[kind]) if kind in _FLOATS else t.get_tensor(name)
+        save_file(shard, str(out / path.name), metadata=metadata)
+
+
+_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def save_lora_merged(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, alpha: float,
+                     out: str | os.PathLike) -> None:
+    """Write the base with a LoRA adapter merged in at scale α, as full weights in the base's own dtype. Loads the base
+    once more, in float32 on the CPU, whatever the probes were scored in.
+
+    Example:
+        >>> save_lora_merged("base/", "outputs/adapter", 0.5, "outputs/merged-0.5")  # doctest: +SKIP
+    """
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(AutoConfig.from_pretrained(base_dir), "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), adapter_dir)
+    LoraScaler(model).set(alpha)
+    model.merge_and_unload().to(dtype).save_pretrained(out)
+
+
+def check_lora_config(config: dict[str, Any], path: str | os.PathLike) -> None:
+    """Refuse an adapter whose effect α cannot scale: only LoRA's update B A is scaled, so layers kept whole
+    (`modules_to_save`), DoRA's magnitude, trained biases and trained token rows would stay as trained, and α = 0
+    would not be the base.
+
+    Example:
+        >>> check_lora_config({"peft_type": "LORA", "use_dora": True}, "adapter_config.json")
+        Traceback (most recent call last):
+        forgetwatch.interpolate.InterpolationError: adapter_config.json: a DoRA adapter (use_dora): α scales only LoRA's update B A, so the rest would stay as trained and α = 0 would not be the base. Merge it into full weights (model.merge_and_unload().save_pretrained(DIR)) and interpolate DIR instead
+    """
+    parts = []
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        parts.append(f"a {config.get('peft_type')} adapter, not LoRA")
+    if config.get("use_dora"):
+        parts.append("a DoRA adapter (use_dora)")
+    if config.get("modules_to_save"):
+        parts.append(f"layers trained whole (modules_to_save: {', '.join(map(str, config['modules_to_save']))})")
+    if config.get("bias") not in (None, "none"):
+        parts.append(f"trained biases (bias: {config['bias']})")
+    if config.get("trainable_token_indices"):
+        parts.append("trained token rows (trainable_token_indices)")
+    if parts:
+        raise InterpolationError(f"{path}: {'; '.join(parts)}: α scales only LoRA's update B A, so the rest would stay as "
+                                 "trained and α = 0 would not be the base. Merge it into full weights "
+                                 "(model.merge_and_unload().save_pretrained(DIR)) and interpolate DIR instead")
 
 
 class LoraScaler:
@@ -184,6 +288,14 @@ class LoraScaler:
                 module.scaling[name] = value * alpha
 
 
+class TaskData(list):
+    """The rows of a task file, with the line each came from (for messages that name it)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path, self.lines = path, []
+
+
 def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> list[dict[str, Any]]:
     """A held-out task set: JSONL rows with `text`, or `messages` (chat, the last one the assistant's answer), or
     `prompt` and `completion`. Every row is checked before any scoring; a bad one is refused with its line."""
@@ -191,7 +303,7 @@ def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> 
     if not path.is_file():
         raise InterpolationError(f"--task-data {path}: no such file (a JSONL of held-out examples: text, messages, or "
                                  "prompt + completion)")
-    rows = []
+    rows = TaskData(path)
     for lineno, row in read_jsonl(path, InterpolationError, objects=True):
         ok = (isinstance(row.get("text"), str) and row["text"].strip()) or (
             isinstance(row.get("messages"), list) and row["messages"] and isinstance(row["messages"][-1], dict)
@@ -202,6 +314,7 @@ def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> 
                                      "assistant's answer, or `prompt` and `completion`; this row has "
                                      f"{', '.join(sorted(row)) or 'nothing'}")
         rows.append(row)
+        rows.lines.append(lineno)
         if max_examples and len(rows) >= max_examples:
             break
     if not rows:
@@ -209,14 +322,44 @@ def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> 
     return rows
 
 
+def encode_task_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_length: int = 1024,
+                     source: str | os.PathLike | None = None) -> list[tuple[list[int], int]]:
+    """Each row as (token ids cut at `max_length`, index of its first answer token), every one checked: a chat row
+    needs the tokenizer's chat template, and the answer must keep a token after the cut. A row that fails is refused
+    with its line, before any scoring.
+
+    Example:
+        >>> encode_task_rows(tokenizer, [{"prompt": "2 + 2 =", "completion": " 4"}])  # doctest: +SKIP
+        [([17, 489, 17, 426, 604], 4)]
+    """
+    lines = getattr(rows, "lines", None) or list(range(1, len(rows) + 1))
+    where = source or getattr(rows, "path", None) or "--task-data"
+    pairs = []
+    for row, line in zip(rows, lines, strict=True):
+        if "messages" in row and not getattr(tokenizer, "chat_template", None):
+            raise InterpolationError(f"{where}, line {line}: a chat row (messages) needs the checkpoint's chat template, "
+                                     "and its tokenizer has none: give text, or prompt and completion, rows instead, or "
+                                     "save the tokenizer with its chat template")
+        try:
+            ids, start = _encode(tokenizer, row, max_length)
+        except (ValueError, TypeError, KeyError) as e:
+            raise InterpolationError(f"{where}, line {line}: the tokenizer cannot encode this row ({e})") from None
+        if start >= len(ids) or len(ids) < 2:
+            raise InterpolationError(f"{where}, line {line}: nothing of the answer is left within --task-max-length "
+                                     f"{max_length} (it starts at token {start} of {len(ids)}): raise --task-max-length, "
+                                     "or leave out rows whose prompt is that long")
+        pairs.append((ids, start))
+    return pairs
+
+
 @torch.no_grad()
-def held_out_loss(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], max_length: int = 1024,
-                  batch_size: int = 8) -> float:
-    """Mean negative log-likelihood per answer token (nats) of `rows` (`load_task_data`): the whole text for `text`
-    rows, the answer only for `messages` (the last turn) and `prompt` + `completion` rows."""
+def held_out_loss(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]] | Sequence[tuple[list[int], int]],
+                  max_length: int = 1024, batch_size: int = 8) -> float:
+    """Mean negative log-likelihood per answer token (nats) of `rows` (`load_task_data`, or `encode_task_rows`' pairs):
+    the whole text for `text` rows, the answer only for `messages` (the last turn) and `prompt` + `completion` rows."""
     from .forward import model_device, pad_token_id
 
-    pairs = [_encode(tokenizer, r, max_length) for r in rows]
+    pairs = list(rows) if rows and isinstance(rows[0], tuple) else encode_task_rows(tokenizer, rows, max_length)
     device = model_device(model)
     pad = pad_token_id(tokenizer)
     total, count = 0.0, 0

@@ -13,8 +13,10 @@ for the items the base answered right: nothing while an item keeps the margin it
 smaller), a pull back as it slips toward a flip. Items the base got wrong are drawn and run like the others (every rank
 runs the same forwards, as FSDP and ZeRO need) and weigh 0.
 
-The base's margins are read from the model itself when training begins (it is the base then, as for the callback's base
-scoring), on every rank, and kept in `<output_dir>/forgetwatch/penalty_base.json` for a resumed run.
+The base's margins are read from the model itself at the first training micro-batch, before any optimizer step (it
+is the base then), through the same forward as the margins they are compared with: the same padding, and the trainer's
+own precision (under bf16 mixed precision the scoring form's packed forward rounds differently, and the penalty would
+pull at the base itself). On every rank; kept in `<output_dir>/forgetwatch/penalty_base.json` for a resumed run.
 
 Use it as the KL anchor is used: `with_anchor(SFTTrainer)(..., anchor=penalty, callbacks=[watch, penalty])`.
 
@@ -49,6 +51,7 @@ __all__ = ["MarginPenalty", "BASE_FILE"]
 
 logger = logging.getLogger(__name__)
 
+BASE_CHUNK = 16  # pool items a forward when the base's margins are read (every rank runs the same chunks)
 BASE_FILE = "penalty_base.json"  # under <output_dir>/forgetwatch/: the base's margins, for a resumed run
 
 
@@ -68,7 +71,7 @@ class MarginPenalty(TrainerCallback):
         seed: the seed of every draw.
         max_length: the trainer's `max_length`: items longer than it are left out (with a warning).
         per_category: at most this many items per category (a seeded draw: the suites hold thousands, and the base's
-            margins are read on every item when training begins); None for all.
+            margins are read on every item at the first micro-batch); None for all.
     """
 
     def __init__(self, pool: Any, beta: float, ratio: float = 0.1, floor: float = 2.0, strategy: str = "closed_loop",
@@ -76,7 +79,7 @@ class MarginPenalty(TrainerCallback):
                  per_category: int | None = 100):
         from .distill import pool_probes
 
-        self.beta = check_beta(beta)
+        self.beta = check_beta(beta, "the 1→0 penalty")
         check_draws("the 1→0 penalty", "penalty", "pool items", ratio, strategy, monitor)
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
             raise ValueError(f"the 1→0 penalty's `floor` (the margin in nats worth defending) must be > 0, got {floor!r}")
@@ -103,7 +106,9 @@ class MarginPenalty(TrainerCallback):
         for i, p in enumerate(items):
             by_category.setdefault(p.category, []).append({"row": i})
         self.items, self.floor, self.ratio, self.tokenizer = items, float(floor), float(ratio), tokenizer
-        self.config = ScoringConfig(mcq_mode="loglik", chat_template=monitor.config.chat_template if monitor else None)
+        # the monitor's prompt form (its chat template setting and system prompt), so that margins are read as it reads them
+        self.config = ScoringConfig(mcq_mode="loglik", chat_template=monitor.config.chat_template if monitor else None,
+                                    system_prompt=monitor.config.system_prompt if monitor else None)
         encoded = [self._encode(p) for p in items]
         if max_length is not None:  # the trainer never sees longer rows: such items are left out, said once
             fits = [len(ctx) + max(map(len, toks)) <= max_length for ctx, toks in encoded]
@@ -127,6 +132,7 @@ class MarginPenalty(TrainerCallback):
         if monitor is not None:
             monitor.attach_mixer(self.sampler)
         self.base_margin: np.ndarray | None = None  # per item; NaN where the base was wrong (no penalty there)
+        self._base_at: tuple[Path, bool] | None = None  # (where to keep them, main process?) until they are read
         self._sum, self._n, self._active = 0.0, 0, 0
 
     # -- the base's margins -------------------------------------------------------------------------------------
@@ -142,16 +148,34 @@ class MarginPenalty(TrainerCallback):
                                  + ": resume with the same pool, or start the run again")
             self.base_margin = np.array([math.nan if m is None else m for m in saved["margin"]], np.float64)
             return
-        from .distributed import score_distributed
+        self.base_margin = None
+        self._base_at = (path, state.is_world_process_zero)  # read at the first micro-batch (see the module doc)
 
-        results = score_distributed(getattr(model, "module", model), self.tokenizer, self.items, self.config,
-                                    desc="forgetwatch: the penalty's pool at base")
-        right = (results.outcome == 1) & np.isfinite(results.margin)
-        self.base_margin = np.where(right, results.margin.astype(np.float64), math.nan)
-        if state.is_world_process_zero:
+    @torch.no_grad()
+    def _read_base(self, model: Any) -> None:
+        """The base's margins on every pool item, in the training forward's form and precision (eval mode: no
+        dropout), in chunks; NaN where the base is wrong (argmax over the options, exact ties to the lowest index)."""
+        path, main = self._base_at
+        was_training = model.training
+        model.eval()
+        try:
+            margins = []
+            for i in range(0, len(self.items), BASE_CHUNK):
+                rows = list(range(i, min(i + BASE_CHUNK, len(self.items))))
+                for r, scores in zip(rows, self._option_scores(model, rows), strict=True):
+                    s = scores.double().cpu().numpy()
+                    gold = self.items[r].gold
+                    right = np.isfinite(s).all() and int(np.argmax(s)) == gold
+                    margins.append(float(s[gold] - np.delete(s, gold).max()) if right else math.nan)
+        finally:
+            model.train(was_training)
+        self.base_margin = np.array(margins, np.float64)
+        self._base_at = None
+        if main:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(path) as f:
-                f.write(json.dumps({"ids": ids, "margin": [None if math.isnan(m) else float(m) for m in self.base_margin],
+                f.write(json.dumps({"ids": [p.id for p in self.items],
+                                    "margin": [None if math.isnan(m) else float(m) for m in self.base_margin],
                                     "floor": self.floor}) + "\n")
 
     # -- the loss term ------------------------------------------------------------------------------------------
@@ -162,6 +186,14 @@ class MarginPenalty(TrainerCallback):
     def margins(self, model: Any, rows: list[int]) -> torch.Tensor:
         """The current model's margin on each item (differentiable): the gold option's summed log-likelihood after the
         question minus the best wrong option's, one row per option."""
+        out = []
+        for r, s in zip(rows, self._option_scores(model, rows), strict=True):
+            gold = self.items[r].gold
+            out.append(s[gold] - torch.cat([s[:gold], s[gold + 1 :]]).max())
+        return torch.stack(out)
+
+    def _option_scores(self, model: Any, rows: list[int]) -> list[torch.Tensor]:
+        """Each item's options' summed log-likelihoods after its question, one padded row per option."""
         seqs, spans, owner = [], [], []
         for r in rows:
             ctx, options = self._tokens[r]
@@ -180,16 +212,16 @@ class MarginPenalty(TrainerCallback):
         out, k = [], 0
         for r in rows:
             n = len(self._tokens[r][1])
-            s = torch.stack(scores[k : k + n])
-            gold = self.items[r].gold
-            out.append(s[gold] - torch.cat([s[:gold], s[gold + 1 :]]).max())
+            out.append(torch.stack(scores[k : k + n]))
             k += n
-        return torch.stack(out)
+        return out
 
     def loss(self, model: Any, micro_batch: int, batch_size: int) -> torch.Tensor | None:
         """`beta · Σ hinge / batch_size` over this micro-batch's draws, or None when it draws none."""
         if self.base_margin is None:
-            raise RuntimeError("MarginPenalty: on_train_begin did not run; pass the penalty in `callbacks=` too")
+            if self._base_at is None:
+                raise RuntimeError("MarginPenalty: on_train_begin did not run; pass the penalty in `callbacks=` too")
+            self._read_base(model)
         rows = self.draws(micro_batch, batch_size)
         if not rows or self.beta == 0:
             return None

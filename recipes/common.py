@@ -92,7 +92,7 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_pa
                                floor=fw_args.forgetwatch_penalty_floor, strategy=fw_args.forgetwatch_replay_strategy,
                                monitor=callbacks[0], tokenizer=_tokenizer(model_path), seed=training_args.seed,
                                max_length=getattr(training_args, "max_length", None))
-        callbacks.append(anchor)  # it reads the base's margins when training begins
+        callbacks.append(anchor)  # it keeps the base's margins (read at the first micro-batch) for a resume
         if training_args.process_index == 0:
             print(f"1→0 penalty: beta {anchor.beta}, {anchor.ratio} pool items per example, floor {anchor.floor} nats, "
                   f"{fw_args.forgetwatch_replay_strategy}, over {len(anchor.items)} held-out multiple-choice items")

@@ -153,8 +153,10 @@ def test_another_architecture_or_an_adapter_of_another_base_is_refused(tuned, ca
     build_model(tok, hidden=96).save_pretrained(wide)
     tok.save_pretrained(wide)
     assert cli(run(tuned, "--alphas", "1", "--base-model", str(wide))) == 2
+    assert "was made with" in capsys.readouterr().err  # not the cache's base
+    assert cli(run(tuned, "--alphas", "1", "--base-model", str(wide), "--allow-other-model")) == 2
     err = capsys.readouterr().err
-    assert "has shape" in err and "not the same architecture" in err
+    assert "has shape" in err and "not the same architecture" in err  # and not the checkpoint's either
     config = json.loads((tuned["lora"] / "adapter_config.json").read_text())
     other = tmp_path / "other-lora"
     other.mkdir()
@@ -171,3 +173,116 @@ def test_alpha_grids():
     assert alpha_grid("-0.5,1.5", extrapolate=True) == [-0.5, 1.5]
     with pytest.raises(InterpolationError):
         alpha_grid("1:0:0.1")
+
+
+def _copy(src, dst):
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize("part, says", [
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"use_dora": True}, "DoRA"),
+    ({"bias": "all"}, "bias"),
+    ({"trainable_token_indices": [1, 2]}, "trainable_token_indices"),
+])
+def test_adapter_parts_that_alpha_cannot_scale_are_refused_before_scoring(tuned, capsys, monkeypatch, tmp_path, part, says):
+    """Only the LoRA update B A is scaled by α: layers kept whole (modules_to_save), DoRA's magnitude, trained biases
+    and trained token rows would stay at α = 1, so α = 0 would not be the base (review of issue 30)."""
+    import forgetwatch.scoring as scoring
+
+    monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
+    adapter = _copy(tuned["lora"], tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, **part}))
+    assert cli(["interpolate", "--model", str(adapter), *run(tuned, "--alphas", "0,1")[3:]]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "merge_and_unload" in err
+
+
+def test_a_base_model_other_than_the_caches_is_refused(tuned, capsys, tmp_path):
+    """The base cache was made with one model; interpolating toward another would score α = 0 as a drift from the
+    cached base (review of issue 30: forgotten 4, learned 7 at α = 0, silently)."""
+    tok = build_tokenizer()
+    other = tmp_path / "other-base"
+    build_model(tok, seed=1).save_pretrained(other)
+    tok.save_pretrained(other)
+    assert cli(run(tuned, "--alphas", "0", "--base-model", str(other))) == 2
+    err = capsys.readouterr().err
+    assert "was made with" in err and "--allow-other-model" in err
+    assert cli(run(tuned, "--alphas", "0", "--base-model", str(other), "--allow-other-model")) == 0
+    capsys.readouterr()
+    assert cli(run(tuned, "--alphas", "0", "--base-model", str(tuned["base"]))) == 0  # the cache's own base: fine
+
+
+def test_save_at_writes_the_checkpoints_precision_not_the_scoring_one(tuned, capsys, tmp_path):
+    """A cache scored in bf16 loads the model in bf16 to score; the model saved at α is still θ(α) in the checkpoint's
+    own dtype (review of issue 30: α = 1 came out in bf16, 4.8e-4 off the checkpoint)."""
+    cache = tmp_path / "bf16.parquet"
+    assert cli(["cache", "--model", str(tuned["base"]), "--probes", str(tuned["probes"]), "--max-new-tokens", "4",
+                "--dtype", "bfloat16", "-o", str(cache)]) == 0
+    out = tmp_path / "at1"
+    assert cli(["interpolate", "--model", str(tuned["ft"]), "--probes", str(tuned["probes"]), "--base", str(cache),
+                "--alphas", "1", "--save-at", "1", str(out), "--base-model", str(tuned["base"])]) == 0
+    capsys.readouterr()
+    ft, saved = load_file(tuned["ft"] / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(saved) == set(ft)
+    for name, t in saved.items():
+        assert t.dtype == ft[name].dtype and torch.equal(t, ft[name]), name
+    assert json.loads((out / "config.json").read_text()).get("dtype") != "bfloat16"
+    merged = tmp_path / "lora-at-half"
+    assert cli(["interpolate", "--model", str(tuned["lora"]), "--probes", str(tuned["probes"]), "--base", str(cache),
+                "--alphas", "1", "--save-at", "0.5", str(merged), "--base-model", str(tuned["base"])]) == 0
+    capsys.readouterr()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tuned["base"]), tuned["lora"])
+    from forgetwatch.interpolate import LoraScaler
+
+    LoraScaler(ref).set(0.5)
+    ref = ref.merge_and_unload().state_dict()
+    for name, t in load_file(merged / "model.safetensors").items():
+        assert t.dtype == torch.float32, name
+        torch.testing.assert_close(t, ref[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_task_rows_that_cannot_be_read_by_the_model_are_refused_before_scoring(tuned, capsys, monkeypatch, tmp_path):
+    """Chat rows need the checkpoint's chat template, and an answer cut away by --task-max-length has no loss: both
+    refused with the line before any α is scored (review of issue 30: the template error came mid-loop)."""
+    import forgetwatch.scoring as scoring
+
+    monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
+    assert cli(run(tuned, "--alphas", "0,1", "--task-data", str(tuned["task"]), "--task-max-length", "4")) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "--task-max-length" in err
+    plain = _copy(tuned["ft"], tmp_path / "no-template")
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    assert cli(["interpolate", "--model", str(plain), "--probes", str(tuned["probes"]), "--base", str(tuned["cache"]),
+                "--base-model", str(tuned["base"]), "--alphas", "0,1", "--task-data", str(tuned["task"])]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "chat template" in err
+
+
+def test_outputs_are_never_replaced_without_force(tuned, capsys, monkeypatch, tmp_path):
+    import forgetwatch.scoring as scoring
+
+    monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert cli(run(tuned, "--alphas", "0,1", "--plot", str(notes))) == 2
+    assert "--plot" in capsys.readouterr().err and notes.read_text() == "mine"
+    assert cli(run(tuned, "--alphas", "0,1", "--plot", str(tuned["probes"]), "--force")) == 2  # an input: never
+    assert "--plot" in capsys.readouterr().err
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert cli(run(tuned, "--alphas", "1", "--save-at", "0.5", str(kept))) == 2
+    err = capsys.readouterr().err
+    assert "--save-at" in err and "-o " not in err
+    assert cli(run(tuned, "--alphas", "1", "--save-at", "0.2,0.5", str(tmp_path / "two"))) == 2
+    assert "one α" in capsys.readouterr().err

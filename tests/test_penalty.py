@@ -55,7 +55,7 @@ def test_margins_are_the_scoring_forms(tokenizer):
     assert p.margins(model, [0, 3]).requires_grad
 
 
-def test_the_base_margins_are_read_when_training_begins_and_kept(tokenizer, tmp_path):
+def test_the_base_margins_are_read_before_the_first_step_and_kept(tokenizer, tmp_path):
     from trl import SFTTrainer
 
     p = penalty(tokenizer)
@@ -64,7 +64,7 @@ def test_the_base_margins_are_read_when_training_begins_and_kept(tokenizer, tmp_
     base = score_probes(build_model(tokenizer), tokenizer, p.items, ScoringConfig(mcq_mode="loglik"))
     right = base.outcome == 1
     assert 0 < right.sum() < len(right)  # some items the base knew, some not: both cases are exercised
-    np.testing.assert_allclose(p.base_margin[right], base.margin[right], atol=1e-5)
+    np.testing.assert_allclose(p.base_margin[right], base.margin[right], atol=2e-4)  # padded rows vs packed: as above
     assert np.isnan(p.base_margin[~right]).all()
     saved = json.loads((tmp_path / "forgetwatch" / BASE_FILE).read_text())
     assert saved["ids"] == [x.id for x in p.items] and [m is None for m in saved["margin"]] == list(~right)
@@ -139,3 +139,19 @@ def test_a_pool_without_multiple_choice_or_holding_monitored_probes(tokenizer):
     watch = ForgetWatchCallback(make_probes(), eval_steps=2)
     p = MarginPenalty(ProbeSet([*make_probes(), *pool()]), beta=1.0, monitor=watch, tokenizer=tokenizer)
     assert not {x.id for x in p.items} & set(watch.probes.ids)  # the monitored probes are held out
+
+
+def test_under_bf16_the_base_itself_is_not_pulled(tokenizer, tmp_path):
+    """At learning rate 0 the model stays the base, so the penalty must stay at 0 at every step. It did not under bf16
+    mixed precision while the base's margins were read in fp32 by the scoring form's packed forward and the current
+    ones under the trainer's autocast, padded (review of issue 30: 3 of 4 items pulled at the base); they are now read
+    by the same forward, at the first micro-batch."""
+    from trl import SFTTrainer
+
+    p = penalty(tokenizer, floor=50.0)  # every item the base knew defended at its full base margin: the strictest case
+    t = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path, anchor=p, callbacks=[p], max_steps=4, learning_rate=0.0,
+                 bf16=True, logging_steps=1)
+    t.train()
+    hinges = [h["penalty_hinge"] for h in t.state.log_history if "penalty_hinge" in h]
+    assert len(hinges) >= 3 and np.isfinite(p.base_margin).sum() > 0
+    assert max(hinges) == 0.0, hinges
