@@ -430,9 +430,11 @@ def main() -> None:
     result["seeds"] = {"training": list(SEEDS), "forgetwatch_seed": "= the training seed", "variant_seed": 0,
                        "bootstrap": {"resamples": 1000, "seed": 0, "unit": "a probe of a run"}}
     result["notes"] = [
-        "runs_missing were not run for lack of time (about 70 min a run, two at a time); sft-s1 was started and "
-        "stopped during its base scoring, its partial record deleted",
-        "held out = grpo-s0 only, which shares its probe draw (forgetwatch_seed 0) with the calibration run sft-s0",
+        "runs were made over three sessions, two at a time (seed 0, then 1, then 2); a first sft-s1 was stopped during "
+        "its base scoring and a first seed-2 pair was stopped by a session's end: their partial records were deleted "
+        "and the runs made again from the start",
+        "grpo-s0 (held out) shares its probe draw (forgetwatch_seed 0) with the calibration run sft-s0: the protocol's "
+        "'forgetwatch_seed = the training seed' and 'shares no probe draw with the held-out ones' cannot both hold",
         "consistency change has no Wilson interval: consistency_drop_ci is a bootstrap over probes of the mean "
         "per-probe drop (1,000 resamples, seed 0); fragile_share_ci is Wilson over the probes robust at base",
         "thresholds: the highest threshold whose recall on the calibration run reaches 50%; for consistency (values "
