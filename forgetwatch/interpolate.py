@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from ._io import read_jsonl
 
 __all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "held_out_loss", "load_task_data",
            "encode_task_rows", "check_lora_config", "save_interpolated", "save_lora_merged", "DEFAULT_ALPHAS"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_ALPHAS = tuple(round(i / 10, 1) for i in range(11))
 
@@ -324,9 +327,10 @@ def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> 
 
 def encode_task_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_length: int = 1024,
                      source: str | os.PathLike | None = None) -> list[tuple[list[int], int]]:
-    """Each row as (token ids cut at `max_length`, index of its first answer token), every one checked: a chat row
-    needs the tokenizer's chat template, and the answer must keep a token after the cut. A row that fails is refused
-    with its line, before any scoring.
+    """Each row as (token ids cut at `max_length`, index of its first answer token), every one checked before any
+    scoring: a chat row needs the tokenizer's chat template, rendered with the prompt as a prefix of the conversation
+    (refused with the row's line otherwise). A row whose answer starts beyond the cut has no token to score: it is left
+    out, as training cuts it, with a warning (refused when every row is).
 
     Example:
         >>> encode_task_rows(tokenizer, [{"prompt": "2 + 2 =", "completion": " 4"}])  # doctest: +SKIP
@@ -334,7 +338,7 @@ def encode_task_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_length:
     """
     lines = getattr(rows, "lines", None) or list(range(1, len(rows) + 1))
     where = source or getattr(rows, "path", None) or "--task-data"
-    pairs = []
+    pairs, cut = [], []
     for row, line in zip(rows, lines, strict=True):
         if "messages" in row and not getattr(tokenizer, "chat_template", None):
             raise InterpolationError(f"{where}, line {line}: a chat row (messages) needs the checkpoint's chat template, "
@@ -344,11 +348,18 @@ def encode_task_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_length:
             ids, start = _encode(tokenizer, row, max_length)
         except (ValueError, TypeError, KeyError) as e:
             raise InterpolationError(f"{where}, line {line}: the tokenizer cannot encode this row ({e})") from None
-        if start >= len(ids) or len(ids) < 2:
-            raise InterpolationError(f"{where}, line {line}: nothing of the answer is left within --task-max-length "
-                                     f"{max_length} (it starts at token {start} of {len(ids)}): raise --task-max-length, "
-                                     "or leave out rows whose prompt is that long")
+        if start >= len(ids) or len(ids) < 2:  # cut away, as training cuts it: no answer token to score
+            cut.append((line, start))
+            continue
         pairs.append((ids, start))
+    if not pairs:
+        line, start = cut[0]
+        raise InterpolationError(f"{where}: no row keeps any of its answer within --task-max-length {max_length} (line "
+                                 f"{line}: the answer starts at token {start}): raise --task-max-length")
+    if cut:
+        logger.warning("forgetwatch: %s: %d of %d task rows have no answer token within --task-max-length %d (first: "
+                       "line %d) and are left out of the task loss, as training cuts them", where, len(cut), len(rows),
+                       max_length, cut[0][0])
     return pairs
 
 
@@ -396,6 +407,10 @@ def _encode(tokenizer: Any, row: dict[str, Any], max_length: int) -> tuple[list[
     if "messages" in row:
         prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=False)
         whole = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        if not whole.startswith(prompt):  # the answer's span is found by the prompt's length: it must be a prefix
+            raise ValueError("the chat template does not render the prompt (with its generation prompt) as a prefix of "
+                             "the whole conversation, so the answer's tokens cannot be found; give prompt and "
+                             "completion rows instead")
     else:
         prompt, whole = row["prompt"], row["prompt"] + row["completion"]
     start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])

@@ -250,14 +250,15 @@ def test_save_at_writes_the_checkpoints_precision_not_the_scoring_one(tuned, cap
 
 
 def test_task_rows_that_cannot_be_read_by_the_model_are_refused_before_scoring(tuned, capsys, monkeypatch, tmp_path):
-    """Chat rows need the checkpoint's chat template, and an answer cut away by --task-max-length has no loss: both
-    refused with the line before any α is scored (review of issue 30: the template error came mid-loop)."""
+    """Chat rows need the checkpoint's chat template, and an answer cut away by --task-max-length has no loss: refused
+    (by line; the cut only when it takes every row) before any α is scored (review of issue 30: the template error came
+    mid-loop)."""
     import forgetwatch.scoring as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
     assert cli(run(tuned, "--alphas", "0,1", "--task-data", str(tuned["task"]), "--task-max-length", "4")) == 2
     err = capsys.readouterr().err
-    assert "line 1" in err and "--task-max-length" in err
+    assert "line 1" in err and "no row keeps any of its answer within --task-max-length 4" in err
     plain = _copy(tuned["ft"], tmp_path / "no-template")
     config = json.loads((plain / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
@@ -286,3 +287,39 @@ def test_outputs_are_never_replaced_without_force(tuned, capsys, monkeypatch, tm
     assert "--save-at" in err and "-o " not in err
     assert cli(run(tuned, "--alphas", "1", "--save-at", "0.2,0.5", str(tmp_path / "two"))) == 2
     assert "one α" in capsys.readouterr().err
+
+
+def test_a_chat_template_that_does_not_render_the_prompt_as_a_prefix_is_refused(tuned, capsys, monkeypatch, tmp_path):
+    """The answer's tokens start where the prompt (with the generation prompt) ends: only right when the template
+    renders the prompt as a prefix of the whole conversation. One that does not (here, as with templates that rewrite
+    earlier turns) is refused by line rather than scoring a misplaced span (review of issue 30)."""
+    import forgetwatch.scoring as scoring
+
+    monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
+    odd = _copy(tuned["ft"], tmp_path / "odd-template")
+    template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant (thinking): {% endif %}")
+    config = json.loads((odd / "tokenizer_config.json").read_text())
+    (odd / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    (odd / "chat_template.jinja").write_text(template)
+    assert cli(["interpolate", "--model", str(odd), "--probes", str(tuned["probes"]), "--base", str(tuned["cache"]),
+                "--base-model", str(tuned["base"]), "--alphas", "0,1", "--task-data", str(tuned["task"])]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "prefix" in err
+
+
+def test_rows_whose_answer_is_cut_away_are_left_out_with_a_warning(tuned, caplog):
+    """As training cuts them: a row whose prompt fills --task-max-length has no answer token; it is left out of the
+    task loss and said, and the loss is the other rows' (what RESULTS §12's held-out loss does)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forgetwatch.interpolate import encode_task_rows, held_out_loss, load_task_data
+
+    tok = AutoTokenizer.from_pretrained(tuned["ft"])
+    rows = load_task_data(tuned["task"])
+    long_first = [{"prompt": "one two three " * 20, "completion": " four"}, *rows[1:]]
+    with caplog.at_level("WARNING", logger="forgetwatch.interpolate"):
+        pairs = encode_task_rows(tok, long_first, max_length=24)
+    assert len(pairs) == len(rows) - 1 and "1 of 8 task rows have no answer token" in caplog.text and "line 1" in caplog.text
+    model = AutoModelForCausalLM.from_pretrained(tuned["ft"])
+    assert held_out_loss(model, tok, long_first, max_length=24) == pytest.approx(held_out_loss(model, tok, rows[1:], max_length=24))
