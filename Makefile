@@ -15,7 +15,7 @@ OLDEST  := requirements/oldest.txt
 # a real Trainer, NaN logits in generate).
 COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.py tests/test_distributed.py \
                 tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py \
-                tests/test_faults.py tests/test_dpo.py tests/test_engines.py
+                tests/test_faults.py tests/test_dpo.py tests/test_engines.py tests/test_interpolate.py tests/test_penalty.py
 
 .PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel check-llamafactory
 

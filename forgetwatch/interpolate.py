@@ -239,7 +239,8 @@ def save_lora_merged(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = getattr(AutoConfig.from_pretrained(base_dir), "dtype", None) or torch.float32
+    config = AutoConfig.from_pretrained(base_dir)  # `dtype` in transformers 5, `torch_dtype` before
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), adapter_dir)
