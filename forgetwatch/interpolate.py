@@ -153,21 +153,30 @@ class Interpolator:
 
     @torch.no_grad()
     def set(self, alpha: float) -> None:
-        from safetensors import safe_open
+        for _, base, pairs in _file_pairs(self.base, self.tuned, list(self.params)):
+            for tuned, names in pairs:
+                for name in names:
+                    p = self.params[name]
+                    p.data.copy_(_at(alpha, base, tuned, name).to(dtype=p.dtype, device=p.device))
 
-        names = list(self.params)
-        tuned_files = self.tuned.by_file(names)
-        for path, group in self.base.by_file(names).items():
-            with safe_open(path, "pt") as base:
-                for tuned_path, tuned_names in tuned_files.items():
-                    mine = [n for n in tuned_names if n in group]
-                    if not mine:
-                        continue
-                    with safe_open(tuned_path, "pt") as tuned:
-                        for name in mine:
-                            p = self.params[name]
-                            value = _at(alpha, base, tuned, name)
-                            p.data.copy_(value.to(dtype=p.dtype, device=p.device))
+
+def _file_pairs(outer: _Tensors, inner: _Tensors, names: Sequence[str]):
+    """For each of `outer`'s files holding some of `names`: its path, the file open, and an iterator over `inner`'s
+    files, each open, with the names both hold (one file of each side open at a time)."""
+    from safetensors import safe_open
+
+    inner_files = inner.by_file(names)
+
+    def pairs(group: list[str]):
+        for path, inner_names in inner_files.items():
+            mine = [n for n in inner_names if n in group]
+            if mine:
+                with safe_open(path, "pt") as f:
+                    yield f, mine
+
+    for path, group in outer.by_file(names).items():
+        with safe_open(path, "pt") as f:
+            yield path, f, pairs(group)
 
 
 def _at(alpha: float, base: Any, tuned: Any, name: str) -> torch.Tensor:
@@ -190,7 +199,6 @@ def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike,
     """
     import shutil
 
-    from safetensors import safe_open
     from safetensors.torch import save_file
 
     base, tuned = _Tensors(Path(base_dir), "the base model"), _Tensors(Path(tuned_dir), "the checkpoint")
@@ -206,22 +214,16 @@ def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike,
             shutil.copy2(f, out / f.name)
     if (tuned.directory / "model.safetensors.index.json").is_file():
         shutil.copy2(tuned.directory / "model.safetensors.index.json", out / "model.safetensors.index.json")
-    base_files = base.by_file(list(tuned.files))
-    for path, names in tuned.by_file(list(tuned.files)).items():
+    for path, t, pairs in _file_pairs(tuned, base, list(tuned.files)):
         shard: dict[str, torch.Tensor] = {}
-        with safe_open(path, "pt") as t:
-            metadata = t.metadata() or {"format": "pt"}
-            for base_path, base_names in base_files.items():
-                mine = [n for n in names if n in base_names]
-                if not mine:
-                    continue
-                with safe_open(base_path, "pt") as b:
-                    for name in mine:
-                        kind = t.get_slice(name).get_dtype()
-                        if kind.startswith("F8"):
-                            raise InterpolationError(f"{path}: tensor {name!r} is {kind}: interpolate reads float64, "
-                                                     "float32, float16 and bfloat16 weights; dequantise the checkpoint")
-                        shard[name] = _at(alpha, b, t, name).to(_FLOATS[kind]) if kind in _FLOATS else t.get_tensor(name)
+        metadata = t.metadata() or {"format": "pt"}
+        for b, names in pairs:
+            for name in names:
+                kind = t.get_slice(name).get_dtype()
+                if kind.startswith("F8"):
+                    raise InterpolationError(f"{path}: tensor {name!r} is {kind}: interpolate reads float64, float32, "
+                                             "float16 and bfloat16 weights; dequantise the checkpoint")
+                shard[name] = _at(alpha, b, t, name).to(_FLOATS[kind]) if kind in _FLOATS else t.get_tensor(name)
         save_file(shard, str(out / path.name), metadata=metadata)
 
 

@@ -323,3 +323,26 @@ def test_rows_whose_answer_is_cut_away_are_left_out_with_a_warning(tuned, caplog
     assert len(pairs) == len(rows) - 1 and "1 of 8 task rows have no answer token" in caplog.text and "line 1" in caplog.text
     model = AutoModelForCausalLM.from_pretrained(tuned["ft"])
     assert held_out_loss(model, tok, long_first, max_length=24) == pytest.approx(held_out_loss(model, tok, rows[1:], max_length=24))
+
+
+def test_a_sharded_checkpoint_is_streamed_and_saved_shard_by_shard(tuned, capsys, tmp_path):
+    """A checkpoint in several safetensors shards (its index) against a one-file base: the same θ(α) as the one-file
+    checkpoint, scored the same, and saved in the checkpoint's own shards."""
+    from transformers import AutoModelForCausalLM
+
+    sharded = tmp_path / "ft-sharded"
+    AutoModelForCausalLM.from_pretrained(tuned["ft"]).save_pretrained(sharded, max_shard_size="100KB")
+    for f in tuned["ft"].glob("tokenizer*"):
+        (sharded / f.name).write_bytes(f.read_bytes())
+    assert (sharded / "model.safetensors.index.json").is_file()
+    out = tmp_path / "half"
+    one = interpolate(capsys, tuned, "--alphas", "0.5")
+    two = interpolate(capsys, {**tuned, "ft": sharded}, "--alphas", "0.5", "--save-at", "0.5", str(out))
+    for group, row in one["alphas"][0]["metrics"].items():
+        assert two["alphas"][0]["metrics"][group] == pytest.approx(row, nan_ok=True), group
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sorted(set(index.values())) == sorted(p.name for p in out.glob("model-*.safetensors"))
+    base, ft = load_file(tuned["base"] / "model.safetensors"), load_file(tuned["ft"] / "model.safetensors")
+    for shard in sorted(set(index.values())):
+        for name, t in load_file(out / shard).items():
+            torch.testing.assert_close(t, base[name] + 0.5 * (ft[name] - base[name]), rtol=0, atol=1e-6, msg=name)
