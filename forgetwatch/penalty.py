@@ -218,12 +218,14 @@ class MarginPenalty(TrainerCallback):
 
     def loss(self, model: Any, micro_batch: int, batch_size: int) -> torch.Tensor | None:
         """`beta · Σ hinge / batch_size` over this micro-batch's draws, or None when it draws none."""
+        if self.beta == 0:  # off: no forward at all, not even the base's
+            return None
         if self.base_margin is None:
             if self._base_at is None:
                 raise RuntimeError("MarginPenalty: on_train_begin did not run; pass the penalty in `callbacks=` too")
             self._read_base(model)
         rows = self.draws(micro_batch, batch_size)
-        if not rows or self.beta == 0:
+        if not rows:
             return None
         now = self.margins(model, rows)
         base = torch.as_tensor(self.base_margin[rows], dtype=torch.float32, device=now.device)
