@@ -1,0 +1,58 @@
+"""Under bf16 mixed precision at learning rate 0 (the model stays the base): does the 1→0 penalty pull at the base?
+RESULTS §17. On the GPU when there is one, else the CPU. With an older penalty.py as argument, that one too:
+
+    git show c80388f:forgetwatch/penalty.py > /tmp/penalty_old.py
+    python benchmarks/penalty_bf16_check.py /tmp/penalty_old.py
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import build_model, build_tokenizer  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+import forgetwatch.penalty as new  # noqa: E402
+from forgetwatch.anchor import with_anchor  # noqa: E402
+from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
+
+versions = [("new", new)]
+if len(sys.argv) > 1:  # an older penalty.py, imported inside the package (its relative imports)
+    spec = importlib.util.spec_from_file_location("forgetwatch.penalty_old", sys.argv[1])
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    versions.insert(0, ("old", old))
+
+
+def pool():
+    items = []
+    for i in range(12):
+        s, g = (i + 3) % 7 + i % 5, (i + 1) % 4
+        items.append(Probe(f"padd{i}", "mcq", f"{(i + 3) % 7} + {i % 5} = ?", tuple(str(s - g + j) for j in range(4)), g,
+                           category="add"))
+    for i in range(8):
+        items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
+    return ProbeSet(items)
+
+
+rows = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": f"The answer is {i + 1}."}]}
+        for i in range(16)]
+for name, mod in versions:
+    tok = build_tokenizer()
+    model = build_model(tok)
+    p = mod.MarginPenalty(pool(), beta=1.0, ratio=1.0, tokenizer=tok, strategy="uniform", floor=50.0)
+    import torch
+
+    args = SFTConfig(output_dir=f"/tmp/pen-{name}", bf16=True, use_cpu=not torch.cuda.is_available(), max_steps=6, per_device_train_batch_size=4,
+                     learning_rate=0.0, logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
+                     max_length=64)
+    t = with_anchor(SFTTrainer)(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                                callbacks=[p], anchor=p)
+    t.train()
+    hinges = [h["penalty_hinge"] for h in t.state.log_history if "penalty_hinge" in h]
+    active = [h["penalty_active"] for h in t.state.log_history if "penalty_active" in h]
+    print(f"{name}: device {next(t.model.parameters()).device}, bf16 {args.bf16}, right at base "
+          f"{int(np.isfinite(p.base_margin).sum())} of {len(p.items)}, hinge per step {hinges}, active {active}", flush=True)
