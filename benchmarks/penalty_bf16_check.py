@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import build_model, build_tokenizer  # noqa: E402
+from conftest import build_model, build_tokenizer, penalty_pool  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 import forgetwatch.penalty as new  # noqa: E402
 from forgetwatch.anchor import with_anchor  # noqa: E402
-from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
 
 versions = [("new", new)]
 if len(sys.argv) > 1:  # an older penalty.py, imported inside the package (its relative imports)
@@ -27,23 +26,12 @@ if len(sys.argv) > 1:  # an older penalty.py, imported inside the package (its r
     versions.insert(0, ("old", old))
 
 
-def pool():
-    items = []
-    for i in range(12):
-        s, g = (i + 3) % 7 + i % 5, (i + 1) % 4
-        items.append(Probe(f"padd{i}", "mcq", f"{(i + 3) % 7} + {i % 5} = ?", tuple(str(s - g + j) for j in range(4)), g,
-                           category="add"))
-    for i in range(8):
-        items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
-    return ProbeSet(items)
-
-
 rows = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": f"The answer is {i + 1}."}]}
         for i in range(16)]
 for name, mod in versions:
     tok = build_tokenizer()
     model = build_model(tok)
-    p = mod.MarginPenalty(pool(), beta=1.0, ratio=1.0, tokenizer=tok, strategy="uniform", floor=50.0)
+    p = mod.MarginPenalty(penalty_pool(), beta=1.0, ratio=1.0, tokenizer=tok, strategy="uniform", floor=50.0)
     import torch
 
     args = SFTConfig(output_dir=f"/tmp/pen-{name}", bf16=True, use_cpu=not torch.cuda.is_available(), max_steps=6, per_device_train_batch_size=4,

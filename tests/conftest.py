@@ -169,3 +169,19 @@ def smollm(tmp_path_factory):
     from forgetwatch.models import smollm2_path
 
     return smollm2_path()
+
+
+def penalty_pool():
+    """The 1→0 penalty's test pool (tests/test_penalty.py, benchmarks/penalty_bf16_check.py): held-out items of the
+    monitored categories (other ids than `make_probes`'), multiple choice and short answers."""
+    from forgetwatch.probes import Probe, ProbeSet
+
+    items = []
+    for i in range(12):
+        s, g = (i + 3) % 7 + i % 5, (i + 1) % 4
+        items.append(Probe(f"padd{i}", "mcq", f"{(i + 3) % 7} + {i % 5} = ?", tuple(str(s - g + j) for j in range(4)), g,
+                           category="add"))
+    for i in range(8):
+        items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
+    items.append(Probe("pshort0", "short", "What is 5 + 5?", answers=("10",), numeric=True, category="short"))
+    return ProbeSet(items)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import build_model
+from conftest import penalty_pool as pool
 from test_anchor import _trainer
 from test_callback import make_probes
 
@@ -22,19 +23,6 @@ from forgetwatch.scoring import ScoringConfig
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
-
-
-def pool() -> ProbeSet:
-    """Held-out items of the monitored categories (other ids than `make_probes`'), multiple choice and short answers."""
-    items = []
-    for i in range(12):
-        s, g = (i + 3) % 7 + i % 5, (i + 1) % 4
-        items.append(Probe(f"padd{i}", "mcq", f"{(i + 3) % 7} + {i % 5} = ?", tuple(str(s - g + j) for j in range(4)), g,
-                           category="add"))
-    for i in range(8):
-        items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
-    items.append(Probe("pshort0", "short", "What is 5 + 5?", answers=("10",), numeric=True, category="short"))
-    return ProbeSet(items)
 
 
 def penalty(tokenizer, beta=1.0, **kw) -> MarginPenalty:
