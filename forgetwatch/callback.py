@@ -476,6 +476,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         base_path = record.root / "base.parquet"
         if not base_path.is_file():
             cache.save(base_path)
+        elif _cache_key(base_path) != cache.key:
+            # A resume under other options (robustness turned on, with a cache that has the variants): the watcher
+            # scores as the manifest says, against this base. It is the record's own copy, never a file the user named.
+            logger.info("forgetwatch: %s was made under other options than this run's; replacing it with the base "
+                        "cache this run uses", base_path)
+            cache.save(base_path)
         args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
         self._sidecar_path = record.root / "sidecar.json"
         first = _read_json(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
@@ -561,7 +567,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         error = CacheMismatchError if mismatched else FileNotFoundError
         return None, error(
             f"resuming at step {step} needs the base model's results from the first run (the model has already changed), "
-            "and none matches:\n  " + "\n  ".join(problems) + "\nPass `base_cache=` pointing to the cache the first run used."
+            "and none matches:\n  " + "\n  ".join(problems) + "\nPass `base_cache=` pointing to the cache the first run used"
+            + (f", or, where the resume changed what the cache holds (robustness), one of the base model made with: "
+               f"{self._cache_command(key)}" if mismatched else ".")
         )
 
     def _cache_command(self, key: dict) -> str:
@@ -716,6 +724,14 @@ def _save_model_files(model, tokenizer, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cache_key(path: Path) -> dict[str, Any] | None:
+    """The key of the base cache at `path`; None when it cannot be read."""
+    try:
+        return BaseCache.load(path).key
+    except (OSError, ValueError):
+        return None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

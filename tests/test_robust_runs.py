@@ -412,3 +412,29 @@ def test_the_command_line_refuses_in_its_own_words(tmp_path, capsys):
     assert cli(["cache", "--model", "smollm2", "--probes", str(probes), "--robust-per-suite", "3", "-o",
                 str(tmp_path / "c.parquet")]) == 2
     assert "--robust-per-suite 3 says how many probes get variants" in capsys.readouterr().err
+
+
+def test_a_sidecar_resume_that_turns_robustness_on_gives_the_watcher_the_variants(robust_run, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    first = sft_trainer(tokenizer, out, [watcher(scoring="sidecar"), CrashBeforeStep(3)], save_strategy="steps", save_steps=2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        first.train()
+    assert not BaseCache.load(out / "forgetwatch" / "base.parquet").key.get("variants")
+    # the resume turns robustness on: the record's base has no variants, and the error says how to make a cache that has
+    from forgetwatch.cache import CacheMismatchError
+
+    without = sft_trainer(tokenizer, out, [robust_watcher(scoring="sidecar")], save_strategy="steps", save_steps=2)
+    with pytest.raises(CacheMismatchError, match=rf"made with: forgetwatch cache .*--robustness {K}"):
+        without.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    del without
+    # with a cache of the same base that holds the variants
+    with_variants = str(robust_run.record.root / "base.parquet")
+    second = sft_trainer(tokenizer, out, [robust_watcher(scoring="sidecar", base_cache=with_variants)],
+                         save_strategy="steps", save_steps=2)
+    second.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert BaseCache.load(out / "forgetwatch" / "base.parquet").key["variants"]["k"] == K
+    assert cli(["watch", str(out), "--once", "--device", "cpu"]) == 0
+    record = RunRecord(out / "forgetwatch")
+    assert record.eval_steps() == [0, 2, 4, 6]
+    for step in (4, 6):  # after the resume, the figures of the run that had variants from the start
+        np.testing.assert_array_equal(record.read_robust(step).right, robust_run.record.read_robust(step).right)
