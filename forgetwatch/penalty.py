@@ -16,7 +16,8 @@ runs the same forwards, as FSDP and ZeRO need) and weigh 0.
 The base's margins are read from the model itself at the first training micro-batch, before any optimizer step (it
 is the base then), through the same forward as the margins they are compared with: the same padding, and the trainer's
 own precision (under bf16 mixed precision the scoring form's packed forward rounds differently, and the penalty would
-pull at the base itself). On every rank; kept in `<output_dir>/forgetwatch/penalty_base.json` for a resumed run.
+pull at the base itself). On every rank; kept in `<output_dir>/forgetwatch/penalty_base.json` and in every checkpoint,
+for a resumed run.
 
 Use it as the KL anchor is used: `with_anchor(SFTTrainer)(..., anchor=penalty, callbacks=[watch, penalty])`.
 
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ._io import atomic_write
 from .anchor import check_beta, check_draws, draw_rows
@@ -133,23 +135,45 @@ class MarginPenalty(TrainerCallback):
             monitor.attach_mixer(self.sampler)
         self.base_margin: np.ndarray | None = None  # per item; NaN where the base was wrong (no penalty there)
         self._base_at: tuple[Path, bool] | None = None  # (where to keep them, main process?) until they are read
+        self._saved: dict[str, Any] | None = None  # what penalty_base.json holds, once the margins are known
         self._sum, self._n, self._active = 0.0, 0, 0
 
     # -- the base's margins -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         path = Path(args.output_dir) / "forgetwatch" / BASE_FILE
         ids = [p.id for p in self.items]
+        if state.global_step > 0 and self.beta == 0:  # off: no margins were read, none are needed
+            return
         if state.global_step > 0:  # resumed: the model is no longer the base
-            saved = _read(path)
-            if saved is None or saved.get("ids") != ids:
+            # the run's own copy, else the one every checkpoint carries (a checkpoint moved to another output_dir)
+            places = [path, Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / BASE_FILE]
+            if isinstance(args.resume_from_checkpoint, str):
+                places.append(Path(args.resume_from_checkpoint) / BASE_FILE)
+            found = [(p, saved) for p in dict.fromkeys(places) if (saved := _read(p)) is not None]
+            match = next((saved for _, saved in found if saved.get("ids") == ids), None)
+            if match is None:
                 raise ValueError(f"{path}: resuming at step {state.global_step} needs the base's margins on the penalty's "
-                                 "pool that the first run kept there (the model has changed since), and "
-                                 + ("it is missing" if saved is None else "it was made for another pool")
-                                 + ": resume with the same pool, or start the run again")
-            self.base_margin = np.array([math.nan if m is None else m for m in saved["margin"]], np.float64)
+                                 "pool that the first run kept (the model has changed since), and "
+                                 + (f"{', '.join(str(p) for p, _ in found)} holds them for another pool" if found else
+                                    "none is there or in " + ", ".join(str(p) for p in places[1:]))
+                                 + f": resume with the same pool, copy {BASE_FILE} from the first run's "
+                                 "output_dir/forgetwatch or checkpoint, or start the run again")
+            self.base_margin = np.array([math.nan if m is None else m for m in match["margin"]], np.float64)
+            self._saved = match
+            if state.is_world_process_zero and not path.is_file():
+                _write(path, match)  # this output_dir's checkpoints and resumes carry them on
             return
         self.base_margin = None
         self._base_at = (path, state.is_world_process_zero)  # read at the first micro-batch (see the module doc)
+
+    def on_save(self, args, state, control, **kwargs):
+        # every checkpoint carries the base's margins, so that it can be resumed from wherever it is copied
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and self._saved is not None and checkpoint.is_dir():
+            try:
+                _write(checkpoint / BASE_FILE, self._saved)
+            except OSError as e:  # the run's own copy still serves a resume in place: not worth the run
+                logger.warning("forgetwatch: could not write %s into %s (%s)", BASE_FILE, checkpoint, e)
 
     @torch.no_grad()
     def _read_base(self, model: Any) -> None:
@@ -171,12 +195,10 @@ class MarginPenalty(TrainerCallback):
             model.train(was_training)
         self.base_margin = np.array(margins, np.float64)
         self._base_at = None
+        self._saved = {"ids": [p.id for p in self.items],
+                       "margin": [None if math.isnan(m) else float(m) for m in self.base_margin], "floor": self.floor}
         if main:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_write(path) as f:
-                f.write(json.dumps({"ids": [p.id for p in self.items],
-                                    "margin": [None if math.isnan(m) else float(m) for m in self.base_margin],
-                                    "floor": self.floor}) + "\n")
+            _write(path, self._saved)
 
     # -- the loss term ------------------------------------------------------------------------------------------
     def draws(self, micro_batch: int, batch_size: int) -> list[int]:
@@ -255,6 +277,12 @@ class MarginPenalty(TrainerCallback):
         ctx = encode(self.tokenizer, [context], chat)[0]
         whole = encode(self.tokenizer, [context + o for o in options], chat)
         return ctx, [w[len(ctx):] or w[-1:] for w in whole]
+
+
+def _write(path: Path, saved: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        f.write(json.dumps(saved) + "\n")
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -87,9 +88,9 @@ def test_the_penalty_pulls_back_and_at_beta_zero_changes_nothing(tokenizer, tmp_
 def test_resume_reads_the_base_margins_back_and_draws_the_same(tokenizer, tmp_path):
     from trl import SFTTrainer
 
-    def run(out, resume=False):
+    def run(out, resume=False, beta=5.0):
         watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4)
-        p = MarginPenalty(pool(), beta=5.0, ratio=0.5, monitor=watch, tokenizer=tokenizer)
+        p = MarginPenalty(pool(), beta=beta, ratio=0.5, monitor=watch, tokenizer=tokenizer)
         t = _trainer(with_anchor(SFTTrainer), tokenizer, out, anchor=p, callbacks=[watch, p], save_strategy="steps",
                      save_steps=2)
         t.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
@@ -102,9 +103,24 @@ def test_resume_reads_the_base_margins_back_and_draws_the_same(tokenizer, tmp_pa
     np.testing.assert_array_equal(p_cut.base_margin, p_whole.base_margin)  # read back, not scored on a trained model
     for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+    # every checkpoint carries them: a resume finds them there when the run's own copy is gone (a checkpoint moved)
     (tmp_path / "cut" / "forgetwatch" / BASE_FILE).unlink()
-    with pytest.raises(ValueError, match=f"{BASE_FILE}: resuming at step 6 needs the base's margins"):
+    assert json.loads((tmp_path / "cut" / "checkpoint-6" / BASE_FILE).read_text())["ids"] == [p.id for p in p_whole.items]
+    _, p_moved, _ = run(tmp_path / "cut", resume=True)
+    np.testing.assert_array_equal(p_moved.base_margin, p_whole.base_margin)
+    # or in the checkpoint named by `resume_from_checkpoint`, resumed into another output_dir, which then keeps them
+    moved = MarginPenalty(pool(), beta=5.0, ratio=0.5, strategy="uniform", tokenizer=tokenizer)
+    moved.on_train_begin(SimpleNamespace(output_dir=str(tmp_path / "moved"),
+                                         resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-6")),
+                         SimpleNamespace(global_step=6, is_world_process_zero=True), None)
+    np.testing.assert_array_equal(moved.base_margin, p_whole.base_margin)
+    assert (tmp_path / "moved" / "forgetwatch" / BASE_FILE).is_file()
+    for where in ("forgetwatch", "checkpoint-6"):
+        (tmp_path / "cut" / where / BASE_FILE).unlink()
+    with pytest.raises(ValueError, match=f"{BASE_FILE}: resuming at step 6 needs the base's margins.*checkpoint-6"):
         run(tmp_path / "cut", resume=True)
+    # off (beta 0) it reads no margins, and a resume needs none
+    run(tmp_path / "cut", resume=True, beta=0.0)
 
 
 @pytest.mark.parametrize("kwargs, says", [
