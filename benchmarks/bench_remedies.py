@@ -505,9 +505,13 @@ def analyse(st: Setting) -> dict:
     from forgetwatch.cache import BaseCache
     from forgetwatch.metrics import mcnemar_exact
 
-    base_outcome = np.asarray(BaseCache.load(_out(st) / "base-held_out.parquet").results.outcome) \
-        if (_out(st) / "base-held_out.parquet").is_file() else None
     prepared = json.loads((_done(st) / "prepared.json").read_text()) if (_done(st) / "prepared.json").is_file() else {}
+    base_outcome, base_note = None, f"skipped: no {_out(st) / 'base-held_out.parquet'} (run --prepare)"
+    if (_out(st) / "base-held_out.parquet").is_file():
+        base_outcome = np.asarray(BaseCache.load(_out(st) / "base-held_out.parquet").results.outcome)
+        said = prepared.get("base_held_out_outcomes")
+        if said is not None and hashlib.sha256(json.dumps(base_outcome.tolist()).encode()).hexdigest()[:16] != said:
+            base_outcome, base_note = None, "skipped: base-held_out.parquet is not the base prepared.json records"
     base_task = (prepared.get("base") or {}).get("task_loss")
     runs = load_runs(st)
     decision = json.loads((_done(st) / "penalty_2.json").read_text()) if (_done(st) / "penalty_2.json").is_file() else None
@@ -532,6 +536,9 @@ def analyse(st: Setting) -> dict:
             if arm == CONTROL:
                 continue
             seeds = [s for s in st.seeds if (arm, s) in runs and (CONTROL, s) in runs]
+            if not seeds:  # no pair: no test (a sign-flip test over zero seeds is not p = 0)
+                tests[arm] = {"seeds": [], "primary": arm in PRIMARY, "note": "no seed in common with the control"}
+                continue
             fc = np.array([runs[(CONTROL, s)]["F"] for s in seeds])
             fr = np.array([runs[(arm, s)]["F"] for s in seeds])
             bc = np.array([runs[(CONTROL, s)]["BT"] for s in seeds])
@@ -555,6 +562,7 @@ def analyse(st: Setting) -> dict:
             t["mean_diff_F_ci95"] = [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
             costs = lr[idx].mean(1) / lc[idx].mean(1) - 1
             t["task_cost_ci95"] = [float(np.percentile(costs, 2.5)), float(np.percentile(costs, 97.5))]
+            t["mcnemar_pooled"] = base_note
             if base_outcome is not None:  # pooled over probes × seeds: optimistic (ignores run-to-run variance)
                 right = base_outcome == 1
                 b = sum(int((right & (np.asarray(runs[(CONTROL, s)]["outcome"]) != 1)
@@ -564,17 +572,24 @@ def analyse(st: Setting) -> dict:
                 t["mcnemar_pooled"] = {"forgotten_by_control_only": b, "forgotten_by_remedy_only": c,
                                        "p": mcnemar_exact(b, c), "note": "optimistic: ignores run-to-run variance"}
             tests[arm] = t
-        primary_p = {a: tests[a]["p_sign_flip"] for a in PRIMARY if a in tests}
+        primary_p = {a: tests[a]["p_sign_flip"] for a in PRIMARY if a in tests and tests[a]["seeds"]}
         for a, p in holm(primary_p).items():
             tests[a]["p_holm"] = p
             tests[a]["holm_over"] = sorted(primary_p)  # fewer than the three while a remedy has no run: said here
             tests[a]["holm_complete"] = len(primary_p) == len(PRIMARY)
-        for a, t in tests.items():
-            p = t.get("p_holm") if t["primary"] else t["p_sign_flip"]
-            t["target_met"] = bool(t["cut_F"] is not None and t["cut_F"] >= TARGET_CUT
-                                   and arms[a]["task_cost"] <= TARGET_COST and p is not None and p <= ALPHA_TEST
-                                   and t["mean_diff_F"] > 0)
-            if not t["primary"]:
+        # The protocol's test is Holm over the three remedies at all 10 seeds: before that, no verdict (None).
+        complete = len(primary_p) == len(PRIMARY) and all(len(tests[a]["seeds"]) == len(st.seeds) for a in PRIMARY)
+        for t in tests.values():
+            if not t["seeds"]:
+                t["target_met"] = None
+                continue
+            met = (t["cut_F"] is not None and t["cut_F"] >= TARGET_CUT and t["task_cost_paired"] <= TARGET_COST
+                   and t["mean_diff_F"] > 0)
+            if t["primary"]:
+                t["target_met"] = bool(met and t["p_holm"] <= ALPHA_TEST) if complete else None
+            else:  # exploratory: no verdict by the protocol's test, its uncorrected one under its own name
+                t["target_met"] = None
+                t["target_met_uncorrected"] = bool(met and t["p_sign_flip"] <= ALPHA_TEST)
                 t["note"] = "exploratory: uncorrected, not part of Holm's family"
     # interpolation
     interp: dict[str, dict] = {}
@@ -589,8 +604,9 @@ def analyse(st: Setting) -> dict:
     for v in interp.values():
         ok = [p for p in v["points"] if threshold is not None and p["F"] <= threshold and p["task_loss"] is not None]
         v["alpha_rule"] = min(ok, key=lambda p: (p["task_loss"], -p["alpha"]))["alpha"] if ok else None
-    refs = [p["task_loss"] for k, v in interp.items() if v["arm"] == CONTROL for p in v["points"] if p["alpha"] == 1.0]
-    interp_ref = float(np.mean(refs)) if refs else None
+    # the same reference as the runs' task cost (the control's mean run loss): both losses are the same computation
+    # (checked below, run against α = 1), so a curve's α = 1 end sits on its run's point
+    interp_ref = control["task_loss"]["mean"] if control else None
     if interp_ref:
         for v in interp.values():
             for p in v["points"]:
@@ -600,7 +616,8 @@ def analyse(st: Setting) -> dict:
     for k, v in interp.items():
         at1 = [p for p in v["points"] if p["alpha"] == 1.0]
         if at1 and (v["arm"], v["seed"]) in runs:
-            check[k] = {"run_F": runs[(v["arm"], v["seed"])]["F"], "interp_F_alpha1": at1[0]["F"]}
+            check[k] = {"run_F": runs[(v["arm"], v["seed"])]["F"], "interp_F_alpha1": at1[0]["F"],
+                        "run_task_loss": runs[(v["arm"], v["seed"])]["task_loss"], "interp_task_loss_alpha1": at1[0]["task_loss"]}
     return {"protocol": "benchmarks/protocols/remedies.md", "setting": asdict(st), "base_task_loss": base_task,
             "base_held_out_accuracy": float((base_outcome == 1).mean()) if base_outcome is not None else None,
             "arms": arms, "tests": tests, "penalty_2_decision": decision, "missing_runs": missing,
@@ -637,7 +654,7 @@ def plot(result: dict, path: Path) -> None:
     ax.axvline(TARGET_COST * 100, color="grey", ls=":", lw=1)
     kept = "/".join(str(s) for s in result["setting"]["keep_seeds"])
     ax.set_xlabel(f"task cost: held-out GSM8K loss against the control's (%); dashed: interpolation α = 0…1 of seeds "
-                  f"{kept}\n(their loss over whole answers, against the control's interpolated α = 1)", fontsize=8)
+                  f"{kept}\n(answers cut at 128 tokens, as the runs' task loss; against the same control mean)", fontsize=8)
     ax.set_ylabel(f"held-out F at the end ({len(SUITES) * result['setting']['held_out']:,} probes)")
     ax.set_title("forgetting against task cost: seeds (small), means (large), interpolation (dashed)", fontsize=10)
     ax.legend(fontsize=7)
@@ -668,21 +685,28 @@ def report(result: dict) -> None:
               "McNemar pooled: control only : remedy only (p; optimistic) | task cost paired (95% CI) | target met |")
         print("|---|---|---|---|---|---|---|---|---|")
         for arm, t in result["tests"].items():
-            ci = f" ({_pct(t['cut_F_ci95'][0])}, {_pct(t['cut_F_ci95'][1])})" if t["cut_F_ci95"] else ""
+            if not t["seeds"]:
+                print(f"| {arm} | 0 | {t['note']} | | | | | | |")
+                continue
+            ci = f" ({_pct(t['cut_F_ci95'][0], 1)}, {_pct(t['cut_F_ci95'][1], 1)})" if t["cut_F_ci95"] else ""
             m = t.get("mcnemar_pooled")
-            mc = f"{m['forgotten_by_control_only']} : {m['forgotten_by_remedy_only']} (p {m['p']:.3g})" if m else ""
+            mc = (f"{m['forgotten_by_control_only']} : {m['forgotten_by_remedy_only']} (p {m['p']:.3g})"
+                  if isinstance(m, dict) else m or "")
+            verdict = ("yes" if t["target_met"] else "no") if t["target_met"] is not None else (
+                "provisional: not the protocol's test yet" if t["primary"] else
+                f"exploratory (uncorrected: {'yes' if t['target_met_uncorrected'] else 'no'})")
             holm_p = f"{t['p_holm']:.3f}" if "p_holm" in t else "—"
             diffs = ", ".join(f"{x:+.3f}" for x in t["diff_F_per_seed"])
             cost = f"{_pct(t['task_cost_paired'], 1)} ({_pct(t['task_cost_ci95'][0], 1)}, {_pct(t['task_cost_ci95'][1], 1)})"
-            print(f"| {arm}{'' if t['primary'] else ' (exploratory)'} | {len(t['seeds'])} | {_pct(t['cut_F'])}{ci} | "
-                  f"{diffs} | {t['p_sign_flip']:.3f} | {holm_p} | {mc} | {cost} | {'yes' if t['target_met'] else 'no'} |")
+            print(f"| {arm}{'' if t['primary'] else ' (exploratory)'} | {len(t['seeds'])} | {_pct(t['cut_F'], 1)}{ci} | "
+                  f"{diffs} | {t['p_sign_flip']:.3f} | {holm_p} | {mc} | {cost} | {verdict} |")
     d = result["penalty_2_decision"]
     if d:
         print(f"\npenalty_2: beta {d['beta']:g} (penalty_1's task cost {d['penalty_1_task_cost']:+.2%}; {d['rule']})")
     if result["interpolation"]:
         alphas = sorted({p["alpha"] for v in result["interpolation"].values() for p in v["points"]})
         thr = result["interpolation_threshold_F"]
-        print("\ninterpolation: held-out F / task loss (whole answers) per α; the protocol's α: the lowest task loss with "
+        print("\ninterpolation: held-out F / task loss (answers cut at 128 tokens) per α; the protocol's α: the lowest task loss with "
               f"F ≤ the control's mean F × 0.7 ({'?' if thr is None else f'{thr:.4f}'})")
         print("| model | " + " | ".join(f"α {a:g}" for a in alphas) + " | α by the rule |")
         print("|---|" + "---|" * (len(alphas) + 1))
@@ -691,6 +715,10 @@ def report(result: dict) -> None:
             cells = [f"{by[a]['F']:.3f} / {by[a]['task_loss']:.4f}" if a in by else "" for a in alphas]
             chosen = "none" if v["alpha_rule"] is None else f"{v['alpha_rule']:g}"
             print(f"| {k} | " + " | ".join(cells) + f" | {chosen} |")
+    if result["interpolation_alpha1_vs_run"]:
+        print("\nthe run's figures against its model's at α = 1 (the same weights, scored again): "
+              + "; ".join(f"{k} F {c['run_F']:.4f} / {c['interp_F_alpha1']:.4f}, task loss {c['run_task_loss']:.4f} / "
+                          f"{c['interp_task_loss_alpha1']:.4f}" for k, c in result["interpolation_alpha1_vs_run"].items()))
     if result["missing_runs"] or result["interpolation_missing"]:
         runs, interps = result["missing_runs"], result["interpolation_missing"]
         print(f"\nmissing: {len(runs)} runs ({', '.join(runs) or 'none'}); {len(interps)} interpolations "

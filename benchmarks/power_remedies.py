@@ -44,6 +44,8 @@ def run_variance(runs: list[float], n: int) -> tuple[float, float, float]:
 def sign_flip_p(d: np.ndarray) -> np.ndarray:
     """Exact two-sided sign-flip p-values of the mean of each row of `d` (seeds in columns)."""
     k = d.shape[1]
+    if k == 0:  # no seed: no test
+        return np.full(d.shape[0], np.nan)
     signs = np.array(list(itertools.product((-1, 1), repeat=k)), float)  # 2^k
     observed = np.abs(d.mean(1))
     null = np.abs(d @ signs.T / k)  # [sims, 2^k]
