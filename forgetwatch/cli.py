@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -835,7 +836,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     for i, alpha in enumerate(alphas):
         setter.set(alpha)
         print(f"α = {alpha:g} ({i + 1} of {len(alphas)})", file=sys.stderr, flush=True)
-        _, results, scoring_key = _score(args, probes, config, dtype, autocast, loaded=(model, tokenizer))
+        results, scoring_key = _score(args, probes, config, dtype, autocast, loaded=(model, tokenizer))[1:]
         if i == 0:
             base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
         rows = figure_rows(probes, base.results, results)[2]
@@ -853,6 +854,10 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     task_kind = "loss" if task_rows is not None else "accuracy" if task_probes is not None else None
     chosen = _choose_alpha(steps, task_kind, budget is not None)
     if save_at is not None:
+        # θ(α) is written from the two directories, not from the scoring model: let it go first (memory: one model)
+        setter.release()
+        del model
+        gc.collect()
         setter.save(save_at[0], save_at[1], tokenizer)
     if args.plot:
         _plot_interpolation(steps, task_kind, args.plot, chosen)
@@ -925,21 +930,28 @@ class _Setter:
     """Moves the scoring model along α, and writes θ(α) at the checkpoint's own precision (not the scoring one)."""
 
     def __init__(self, inner, base_dir: Path, tuned_dir: Path):
+        from .interpolate import LoraScaler
+
         self.inner, self.base_dir, self.tuned_dir = inner, base_dir, tuned_dir
+        self.lora = isinstance(inner, LoraScaler)
 
     def set(self, alpha: float) -> None:
         self.inner.set(alpha)
 
+    def release(self) -> None:
+        """Drop the scoring model (`save` does not need it)."""
+        self.inner = None
+
     def save(self, alpha: float, out: Path, tokenizer) -> None:
         import shutil
 
-        from .interpolate import LoraScaler, save_interpolated, save_lora_merged
+        from .interpolate import save_interpolated, save_lora_merged
 
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         if tmp.exists():
             shutil.rmtree(tmp)
         try:
-            if isinstance(self.inner, LoraScaler):  # a LoRA at α: merged into the base's full weights
+            if self.lora:  # a LoRA at α: merged into the base's full weights
                 save_lora_merged(self.base_dir, self.tuned_dir, alpha, tmp)
             else:
                 save_interpolated(self.base_dir, self.tuned_dir, alpha, tmp)

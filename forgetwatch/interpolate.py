@@ -81,7 +81,7 @@ def alpha_grid(spec: str | Sequence[float] | None, extrapolate: bool = False) ->
 
 
 class _Tensors:
-    """A model directory's safetensors weights by name, read one tensor at a time (memory-mapped)."""
+    """A model directory's safetensors weights by name, read one tensor at a time."""
 
     def __init__(self, directory: Path, what: str):
         self.directory = directory
@@ -100,10 +100,24 @@ class _Tensors:
                                      f"stream ({found}); save it with `save_pretrained` (safetensors is its default)")
 
     def shape(self, name: str) -> tuple[int, ...]:
+        with self._open(name) as f:
+            return tuple(f.get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        """The tensor's safetensors dtype ("F32", "BF16", ...)."""
+        with self._open(name) as f:
+            return f.get_slice(name).get_dtype()
+
+    def get(self, name: str) -> torch.Tensor:
+        """One tensor, read with its file opened for it alone: a file held open keeps every page read from it mapped,
+        and the process's resident memory grew by both files over a pass (benchmarks/bench_interpolate_memory.py)."""
+        with self._open(name) as f:
+            return f.get_tensor(name)
+
+    def _open(self, name: str):
         from safetensors import safe_open
 
-        with safe_open(self.files[name], "pt") as f:
-            return tuple(f.get_slice(name).get_shape())
+        return safe_open(self.files[name], "pt")
 
     def by_file(self, names: Sequence[str]) -> dict[Path, list[str]]:
         out: dict[Path, list[str]] = {}
@@ -116,8 +130,8 @@ class Interpolator:
     """Sets `model` (loaded from the fine-tuned checkpoint) to θ_base + α (θ_ft − θ_base), in place.
 
     Both sides are read from their safetensors files a tensor at a time, in float32, and the result cast to the
-    parameter's dtype: memory is one model plus one tensor of each file (θ(α) is made in place in the base's). Every parameter must exist in both files with
-    the model's shape (tied weights count once); anything else is refused before any scoring, naming the tensor.
+    parameter's dtype: memory is one model plus one tensor of each file (θ(α) is made in place in the base's), each
+    file opened for one tensor at a time. Every parameter must exist in both files with the model's shape (tied weights count once); anything else is refused before any scoring, naming the tensor.
 
     Args:
         model: the fine-tuned model (its parameters are overwritten by `set`).
@@ -153,39 +167,17 @@ class Interpolator:
 
     @torch.no_grad()
     def set(self, alpha: float) -> None:
-        for _, base, pairs in _file_pairs(self.base, self.tuned, list(self.params)):
-            for tuned, names in pairs:
-                for name in names:
-                    p = self.params[name]
-                    p.data.copy_(_at(alpha, base, tuned, name).to(dtype=p.dtype, device=p.device))
+        for name, p in self.params.items():
+            p.data.copy_(_at(alpha, self.base, self.tuned, name).to(dtype=p.dtype, device=p.device))
 
 
-def _file_pairs(outer: _Tensors, inner: _Tensors, names: Sequence[str]):
-    """For each of `outer`'s files holding some of `names`: its path, the file open, and an iterator over `inner`'s
-    files, each open, with the names both hold (one file of each side open at a time)."""
-    from safetensors import safe_open
-
-    inner_files = inner.by_file(names)
-
-    def pairs(group: list[str]):
-        for path, inner_names in inner_files.items():
-            mine = [n for n in inner_names if n in group]
-            if mine:
-                with safe_open(path, "pt") as f:
-                    yield f, mine
-
-    for path, group in outer.by_file(names).items():
-        with safe_open(path, "pt") as f:
-            yield path, f, pairs(group)
-
-
-def _at(alpha: float, base: Any, tuned: Any, name: str) -> torch.Tensor:
-    """θ(α) of one tensor from two open safetensors files, in float32: exactly the base at α = 0 and the checkpoint at
-    α = 1; in between, made in place in the base's tensor (two tensors in memory, not five)."""
+def _at(alpha: float, base: _Tensors, tuned: _Tensors, name: str) -> torch.Tensor:
+    """θ(α) of one tensor, in float32: exactly the base at α = 0 and the checkpoint at α = 1; in between, made in place
+    in the base's tensor (two tensors in memory, not five)."""
     if alpha == 1:
-        return tuned.get_tensor(name).float()
-    b = base.get_tensor(name).float()
-    return b if alpha == 0 else b.lerp_(tuned.get_tensor(name).float(), alpha)
+        return tuned.get(name).float()
+    b = base.get(name).float()
+    return b if alpha == 0 else b.lerp_(tuned.get(name).float(), alpha)
 
 
 def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike, alpha: float,
@@ -214,17 +206,20 @@ def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike,
             shutil.copy2(f, out / f.name)
     if (tuned.directory / "model.safetensors.index.json").is_file():
         shutil.copy2(tuned.directory / "model.safetensors.index.json", out / "model.safetensors.index.json")
-    for path, t, pairs in _file_pairs(tuned, base, list(tuned.files)):
+    from safetensors import safe_open
+
+    for path, names in tuned.by_file(list(tuned.files)).items():
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata() or {"format": "pt"}
         shard: dict[str, torch.Tensor] = {}
-        metadata = t.metadata() or {"format": "pt"}
-        for b, names in pairs:
-            for name in names:
-                kind = t.get_slice(name).get_dtype()
-                if kind.startswith("F8"):
-                    raise InterpolationError(f"{path}: tensor {name!r} is {kind}: interpolate reads float64, float32, "
-                                             "float16 and bfloat16 weights; dequantise the checkpoint")
-                shard[name] = _at(alpha, b, t, name).to(_FLOATS[kind]) if kind in _FLOATS else t.get_tensor(name)
+        for name in names:
+            kind = tuned.dtype(name)
+            if kind.startswith("F8"):
+                raise InterpolationError(f"{path}: tensor {name!r} is {kind}: interpolate reads float64, float32, "
+                                         "float16 and bfloat16 weights; dequantise the checkpoint")
+            shard[name] = _at(alpha, base, tuned, name).to(_FLOATS[kind]) if kind in _FLOATS else tuned.get(name)
         save_file(shard, str(out / path.name), metadata=metadata)
+        del shard
 
 
 _FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -94,6 +94,33 @@ def test_the_weights_at_alpha_are_the_interpolation(tuned, capsys, tmp_path):
     assert "exists" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model", ["ft", "lora"])
+def test_the_scoring_model_is_let_go_before_save_at_writes(tuned, capsys, tmp_path, monkeypatch, model):
+    """--save-at writes from the two directories: with the scoring model still alive it would hold two models."""
+    import gc
+    import weakref
+
+    import forgetwatch.cli as cli_module
+    import forgetwatch.interpolate as interp
+
+    loaded, alive_at_save = [], []
+    load = cli_module._interpolated_model
+    monkeypatch.setattr(cli_module, "_interpolated_model",
+                        lambda *a, **k: (out := load(*a, **k), loaded.append(weakref.ref(out[0])))[0])
+    def spying(save):
+        def spy(*a, **k):
+            gc.collect()
+            alive_at_save.append(loaded[0]() is not None)
+            return save(*a, **k)
+        return spy
+
+    for name in ("save_interpolated", "save_lora_merged"):
+        monkeypatch.setattr(interp, name, spying(getattr(interp, name)))
+    assert cli([*run(tuned, "--alphas", "0.5", "--save-at", "0.5", str(tmp_path / "out"), model=model)]) == 0
+    capsys.readouterr()
+    assert alive_at_save == [False]
+
+
 def test_a_lora_adapter_is_scaled_by_alpha(tuned, capsys, tmp_path):
     out = interpolate(capsys, tuned, "--alphas", "0,1", model="lora")
     zero, one = out["alphas"][0]["metrics"]["overall"], out["alphas"][1]["metrics"]["overall"]
