@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -268,6 +269,26 @@ class AnchorMixin:
             return bool(flag)
         return bool((getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None)
                     or getattr(self, "compute_loss_func", None) is not None)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        # The term may keep state in each checkpoint (the penalty's base margins): tell it which one a resume reads, as
+        # the Trainer resolves it (its callbacks are not told).
+        if self.anchor is not None and hasattr(self.anchor, "resuming_from"):
+            path = resume_from_checkpoint
+            if path is True:
+                from transformers.trainer_utils import get_last_checkpoint
+
+                path = get_last_checkpoint(self.args.output_dir)
+            self.anchor.resuming_from(path if isinstance(path, str | os.PathLike) else None)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call=_internal_call)
+        # a checkpoint (`_internal_call`), wherever the Trainer puts it (hyperparameter search runs too), before it is
+        # pushed to the Hub; by each process that writes checkpoints
+        if (_internal_call and output_dir and self.args.should_save and self.anchor is not None
+                and hasattr(self.anchor, "save_to_checkpoint")):
+            self.anchor.save_to_checkpoint(output_dir)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if self.anchor is not None and "loss" in logs:

@@ -371,6 +371,22 @@ def _show(x: float, raw: Any) -> str:
     return "NaN" if math.isnan(x) else str(raw) if isinstance(raw, (int, float, str)) else str(x)
 
 
+def read_key(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The key of the cache at `path`, read without its rows; None when there is no readable one."""
+    path = Path(path)
+    try:
+        if path.suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                key = json.loads(f.readline()).get("forgetwatch_cache")
+        else:
+            import pyarrow.parquet as pq
+
+            key = json.loads((pq.read_schema(path).metadata or {})[_META_KEY])
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return key if isinstance(key, dict) else None
+
+
 def _read_parquet(path: Path) -> tuple[dict[str, Any], dict[str, Any], Callable[[int], str]]:
     import pyarrow.parquet as pq
 

@@ -20,7 +20,7 @@ from transformers.trainer_callback import ExportableState
 
 from ._io import atomic_write
 from .budgets import ROBUST_BUDGETS, Breach, Budget, check_options, parse_budget
-from .cache import BaseCache, CacheMismatchError, make_cache_key
+from .cache import BaseCache, CacheMismatchError, make_cache_key, read_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
 from .lock import RecordInUseError, acquire
@@ -476,7 +476,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         base_path = record.root / "base.parquet"
         if not base_path.is_file():
             cache.save(base_path)
-        elif _cache_key(base_path) != cache.key:
+        elif read_key(base_path) != json.loads(json.dumps(cache.key)):  # as the file holds it
             # A resume under other options (robustness turned on, with a cache that has the variants): the watcher
             # scores as the manifest says, against this base. It is the record's own copy, never a file the user named.
             logger.info("forgetwatch: %s was made under other options than this run's; replacing it with the base "
@@ -724,14 +724,6 @@ def _save_model_files(model, tokenizer, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _cache_key(path: Path) -> dict[str, Any] | None:
-    """The key of the base cache at `path`; None when it cannot be read."""
-    try:
-        return BaseCache.load(path).key
-    except (OSError, ValueError):
-        return None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -160,6 +160,11 @@ class Interpolator:
                                          f"{len(self.params)} missing): not the same architecture as the checkpoint; "
                                          "interpolate a fine-tune toward its own base")
             for name, p in self.params.items():
+                kind = side.dtype(name)
+                if kind not in _FLOATS or not p.is_floating_point():
+                    raise InterpolationError(f"{side.directory}: tensor {name!r} is {kind} (the model's parameter "
+                                             f"{p.dtype}): interpolate reads float64, float32, float16 and bfloat16 "
+                                             "weights; dequantise the checkpoint")
                 if side.shape(name) != tuple(p.shape):
                     raise InterpolationError(f"{side.directory}: tensor {name!r} has shape {list(side.shape(name))}, the "
                                              f"model's is {list(p.shape)}: not the same architecture; interpolate a "

@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,7 @@ class MarginPenalty(TrainerCallback):
         self.base_margin: np.ndarray | None = None  # per item; NaN where the base was wrong (no penalty there)
         self._base_at: tuple[Path, bool] | None = None  # (where to keep them, main process?) until they are read
         self._saved: dict[str, Any] | None = None  # what penalty_base.json holds, once the margins are known
+        self._resume_dir: str | os.PathLike | None = None  # the checkpoint a resume reads (AnchorMixin.train says)
         self._sum, self._n, self._active = 0.0, 0, 0
 
     # -- the base's margins -------------------------------------------------------------------------------------
@@ -145,35 +147,41 @@ class MarginPenalty(TrainerCallback):
         if state.global_step > 0 and self.beta == 0:  # off: no margins were read, none are needed
             return
         if state.global_step > 0:  # resumed: the model is no longer the base
-            # the run's own copy, else the one every checkpoint carries (a checkpoint moved to another output_dir)
-            places = [path, Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / BASE_FILE]
-            if isinstance(args.resume_from_checkpoint, str):
-                places.append(Path(args.resume_from_checkpoint) / BASE_FILE)
+            # the checkpoint's own copy first (it belongs to the run being resumed), then this output_dir's
+            places = [Path(self._resume_dir) / BASE_FILE] if self._resume_dir else []
+            places += [Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / BASE_FILE, path]
             found = [(p, saved) for p in dict.fromkeys(places) if (saved := _read(p)) is not None]
             match = next((saved for _, saved in found if saved.get("ids") == ids), None)
             if match is None:
-                raise ValueError(f"{path}: resuming at step {state.global_step} needs the base's margins on the penalty's "
-                                 "pool that the first run kept (the model has changed since), and "
+                raise ValueError(f"resuming at step {state.global_step} needs the base's margins on the penalty's pool "
+                                 f"({BASE_FILE}, kept in every checkpoint and in <output_dir>/forgetwatch; the model has "
+                                 "changed since), and "
                                  + (f"{', '.join(str(p) for p, _ in found)} holds them for another pool" if found else
-                                    "none is there or in " + ", ".join(str(p) for p in places[1:]))
+                                    "none is in " + ", ".join(str(p) for p in places))
                                  + f": resume with the same pool, copy {BASE_FILE} from the first run's "
                                  "output_dir/forgetwatch or checkpoint, or start the run again")
             self.base_margin = np.array([math.nan if m is None else m for m in match["margin"]], np.float64)
             self._saved = match
             if state.is_world_process_zero and not path.is_file():
-                _write(path, match)  # this output_dir's checkpoints and resumes carry them on
+                _write(path, match)  # this output_dir keeps them too
             return
         self.base_margin = None
         self._base_at = (path, state.is_world_process_zero)  # read at the first micro-batch (see the module doc)
 
-    def on_save(self, args, state, control, **kwargs):
-        # every checkpoint carries the base's margins, so that it can be resumed from wherever it is copied
-        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if state.is_world_process_zero and self._saved is not None and checkpoint.is_dir():
-            try:
-                _write(checkpoint / BASE_FILE, self._saved)
-            except OSError as e:  # the run's own copy still serves a resume in place: not worth the run
-                logger.warning("forgetwatch: could not write %s into %s (%s)", BASE_FILE, checkpoint, e)
+    def resuming_from(self, checkpoint: str | os.PathLike | None) -> None:
+        """The checkpoint `trainer.train(resume_from_checkpoint=...)` reads (`AnchorMixin.train` tells it): a resume
+        takes the base's margins from it first."""
+        self._resume_dir = checkpoint
+
+    def save_to_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Keep the base's margins in a checkpoint (`AnchorMixin.save_model` calls it), so that it resumes wherever it
+        is copied."""
+        if self._saved is None:
+            return
+        try:
+            _write(Path(directory) / BASE_FILE, self._saved)
+        except OSError as e:  # this output_dir's copy still serves a resume in place: not worth the run
+            logger.warning("forgetwatch: could not write %s into %s (%s)", BASE_FILE, directory, e)
 
     @torch.no_grad()
     def _read_base(self, model: Any) -> None:

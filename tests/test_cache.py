@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from forgetwatch.cache import BaseCache, CacheFormatError, CacheMismatchError, make_cache_key
+from forgetwatch.cache import BaseCache, CacheFormatError, CacheMismatchError, make_cache_key, read_key
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.results import ProbeResults
 
@@ -94,6 +94,15 @@ def test_roundtrip_of_real_scoring_config_key(tmp_path, suffix):
     key = make_cache_key(model_key(), probes, ScoringConfig(mcq_mode="generate", system_prompt="Be brief.").key(precision="bfloat16"))
     BaseCache(key, sample_results(probes.ids)).save(tmp_path / f"c{suffix}")
     assert BaseCache.load(tmp_path / f"c{suffix}", expect=key).key == key
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_the_key_alone_is_read_without_the_rows(tmp_path, suffix):
+    path, key, _ = saved(tmp_path, suffix, n=12)
+    assert read_key(path) == BaseCache.load(path).key == key
+    (tmp_path / f"junk{suffix}").write_bytes(b"not a cache\n")
+    assert read_key(tmp_path / f"junk{suffix}") is None
+    assert read_key(tmp_path / f"absent{suffix}") is None
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)

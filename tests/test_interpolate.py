@@ -194,6 +194,25 @@ def test_another_architecture_or_an_adapter_of_another_base_is_refused(tuned, ca
     assert "the adapter was trained on" in capsys.readouterr().err
 
 
+def test_weights_that_are_not_floats_are_refused_before_scoring(tuned, capsys, monkeypatch, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    import forgetwatch.scoring as scoring
+
+    quantised = tmp_path / "fp8"
+    shutil.copytree(tuned["ft"], quantised)
+    weights = load_file(quantised / "model.safetensors")
+    name = next(n for n in weights if n.endswith("q_proj.weight"))
+    weights[name] = weights[name].to(torch.float8_e4m3fn)
+    save_file(weights, str(quantised / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
+    assert cli(run({**tuned, "ft": quantised}, "--alphas", "0.5")) == 2
+    err = capsys.readouterr().err
+    assert f"tensor {name!r} is F8_E4M3" in err and "dequantise" in err
+
+
 def test_alpha_grids():
     assert alpha_grid(None) == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     assert alpha_grid("1,0,0.5") == [0, 0.5, 1]

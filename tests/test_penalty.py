@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -88,39 +87,42 @@ def test_the_penalty_pulls_back_and_at_beta_zero_changes_nothing(tokenizer, tmp_
 def test_resume_reads_the_base_margins_back_and_draws_the_same(tokenizer, tmp_path):
     from trl import SFTTrainer
 
-    def run(out, resume=False, beta=5.0):
-        watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4)
+    def run(out, resume_from=None, beta=5.0, base_cache=None):
+        watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4, base_cache=base_cache)
         p = MarginPenalty(pool(), beta=beta, ratio=0.5, monitor=watch, tokenizer=tokenizer)
         t = _trainer(with_anchor(SFTTrainer), tokenizer, out, anchor=p, callbacks=[watch, p], save_strategy="steps",
                      save_steps=2)
-        t.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
+        t.train(resume_from_checkpoint=resume_from)
         return t.model, p, RunRecord(out / "forgetwatch").read_mix()
 
     whole, p_whole, mix = run(tmp_path / "whole")
     assert any(m["kind"].startswith("1→0 penalty") for m in mix["mixers"])
     shutil.copytree(tmp_path / "whole", tmp_path / "cut")
-    resumed, p_cut, _ = run(tmp_path / "cut", resume=True)
+    cut = tmp_path / "cut" / "checkpoint-6"
+    resumed, p_cut, _ = run(tmp_path / "cut", resume_from=str(cut))
     np.testing.assert_array_equal(p_cut.base_margin, p_whole.base_margin)  # read back, not scored on a trained model
     for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
-    # every checkpoint carries them: a resume finds them there when the run's own copy is gone (a checkpoint moved)
+    # every checkpoint carries them: a resume finds them there when the run's own copy is gone, and `True` finds the last
     (tmp_path / "cut" / "forgetwatch" / BASE_FILE).unlink()
-    assert json.loads((tmp_path / "cut" / "checkpoint-6" / BASE_FILE).read_text())["ids"] == [p.id for p in p_whole.items]
-    _, p_moved, _ = run(tmp_path / "cut", resume=True)
+    assert json.loads((cut / BASE_FILE).read_text())["ids"] == [p.id for p in p_whole.items]
+    _, p_again, _ = run(tmp_path / "cut", resume_from=True)
+    np.testing.assert_array_equal(p_again.base_margin, p_whole.base_margin)
+    # a checkpoint copied elsewhere resumes into another output_dir (the watcher given the first run's base cache)
+    shutil.copytree(cut, tmp_path / "elsewhere" / "ckpt")
+    moved_model, p_moved, _ = run(tmp_path / "moved", resume_from=str(tmp_path / "elsewhere" / "ckpt"),
+                                  base_cache=str(tmp_path / "whole" / "forgetwatch" / "base.parquet"))
     np.testing.assert_array_equal(p_moved.base_margin, p_whole.base_margin)
-    # or in the checkpoint named by `resume_from_checkpoint`, resumed into another output_dir, which then keeps them
-    moved = MarginPenalty(pool(), beta=5.0, ratio=0.5, strategy="uniform", tokenizer=tokenizer)
-    moved.on_train_begin(SimpleNamespace(output_dir=str(tmp_path / "moved"),
-                                         resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-6")),
-                         SimpleNamespace(global_step=6, is_world_process_zero=True), None)
-    np.testing.assert_array_equal(moved.base_margin, p_whole.base_margin)
     assert (tmp_path / "moved" / "forgetwatch" / BASE_FILE).is_file()
+    assert (tmp_path / "moved" / "checkpoint-8" / BASE_FILE).is_file()  # and its own checkpoints carry them on
+    for a, b in zip(whole.parameters(), moved_model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
     for where in ("forgetwatch", "checkpoint-6"):
-        (tmp_path / "cut" / where / BASE_FILE).unlink()
-    with pytest.raises(ValueError, match=f"{BASE_FILE}: resuming at step 6 needs the base's margins.*checkpoint-6"):
-        run(tmp_path / "cut", resume=True)
+        (tmp_path / "cut" / where / BASE_FILE).unlink(missing_ok=True)
+    with pytest.raises(ValueError, match=f"resuming at step 6 needs the base's margins.*{BASE_FILE}.*checkpoint-6"):
+        run(tmp_path / "cut", resume_from=str(cut))
     # off (beta 0) it reads no margins, and a resume needs none
-    run(tmp_path / "cut", resume=True, beta=0.0)
+    run(tmp_path / "cut", resume_from=str(cut), beta=0.0)
 
 
 @pytest.mark.parametrize("kwargs, says", [

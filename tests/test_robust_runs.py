@@ -414,11 +414,14 @@ def test_the_command_line_refuses_in_its_own_words(tmp_path, capsys):
     assert "--robust-per-suite 3 says how many probes get variants" in capsys.readouterr().err
 
 
-def test_a_sidecar_resume_that_turns_robustness_on_gives_the_watcher_the_variants(robust_run, tokenizer, tmp_path):
+def test_a_sidecar_resume_that_turns_robustness_on_gives_the_watcher_the_variants(robust_run, tokenizer, tmp_path,
+                                                                                   caplog):
     out = tmp_path / "out"
     first = sft_trainer(tokenizer, out, [watcher(scoring="sidecar"), CrashBeforeStep(3)], save_strategy="steps", save_steps=2)
+    caplog.set_level(logging.INFO, logger="forgetwatch")
     with pytest.raises(RuntimeError, match="simulated crash"):
         first.train()
+    assert "under other options" not in caplog.text  # a fresh run keeps the base it wrote
     assert not BaseCache.load(out / "forgetwatch" / "base.parquet").key.get("variants")
     # the resume turns robustness on: the record's base has no variants, and the error says how to make a cache that has
     from forgetwatch.cache import CacheMismatchError
@@ -432,6 +435,7 @@ def test_a_sidecar_resume_that_turns_robustness_on_gives_the_watcher_the_variant
     second = sft_trainer(tokenizer, out, [robust_watcher(scoring="sidecar", base_cache=with_variants)],
                          save_strategy="steps", save_steps=2)
     second.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert "under other options than this run's; replacing it" in caplog.text
     assert BaseCache.load(out / "forgetwatch" / "base.parquet").key["variants"]["k"] == K
     assert cli(["watch", str(out), "--once", "--device", "cpu"]) == 0
     record = RunRecord(out / "forgetwatch")
