@@ -168,5 +168,6 @@ bench: setup
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_short.py
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_training.py
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_memory.py
+	$(BENCH_ENV) $(BIN)/python benchmarks/bench_interpolate_memory.py   # ~5 min: `interpolate` against one and two models
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_scale.py
 	$(BENCH_ENV) $(BIN)/python benchmarks/bench_behavior.py   # ~45 min, 2 threads as in RESULTS.md §11: compliance, agreement, cost
