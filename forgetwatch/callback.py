@@ -506,6 +506,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             "report_to": list(args.report_to or []), "run_name": args.run_name, "wandb": _wandb_run_info(),
             "trackio_project": getattr(args, "project", None),
             "started_at_step": first.get("started_at_step", 0) if first else state.global_step,
+            # each resume (step, time): the watcher forgets evaluations after that step scored before then, from
+            # checkpoints of the trajectory the resume abandoned (a resume from an earlier checkpoint)
+            "resumes": ((first or {}).get("resumes", []) + [{"step": state.global_step, "at": time.time()}]
+                        if first and state.global_step > 0 else []),
             # a checkpoint older than this run's start belongs to an earlier run in the same output_dir
             "started_at": first.get("started_at", time.time()) if first else time.time(),
             "pid": os.getpid(), "host": socket.gethostname(), "finished": False, "final_step": None,

@@ -128,12 +128,15 @@ class Watcher:
             record = RunRecord(record_dir)
             record.recover()  # killed mid-evaluation: that step's files set aside, and it is pending again
             done = record.eval_steps()
+            cut = self._abandoned_after(record)
             loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
                                     into_trainer_run)
-            self.monitor.open(self.output_dir, cache, self.precision, loggers, resume_step=max(done) if done else None)
+            self.monitor.open(self.output_dir, cache, self.precision, loggers,
+                              resume_step=cut if cut is not None else max(done) if done else None)
         except BaseException:
             self._lock.release()
             raise
+        self._cache = cache
         self._failed: dict[int, int] = {}  # step -> failed attempts
         self._gone: set[int] = set()
         self._stale: set[int] = set()
@@ -168,12 +171,15 @@ class Watcher:
         for s, p in self.checkpoints().items():
             if s in done or s <= self.manifest.get("started_at_step", 0) or not self.is_evaluation(s):
                 continue
-            if _mtime(p / "trainer_state.json") < self.manifest.get("started_at", 0) - 1:
+            written = _mtime(p / "trainer_state.json")
+            if written < self.manifest.get("started_at", 0) - 1:
                 if s not in self._stale:  # an earlier run's, in a reused output_dir: never this run's step
                     self._stale.add(s)
                     logger.warning("forgetwatch watch: %s predates this run (an earlier run in the same output_dir); "
                                    "not scored", p)
                 continue
+            if any(s > r["step"] and written < r["at"] - 1 for r in self.manifest.get("resumes", [])):
+                continue  # of the trajectory a resume from an earlier checkpoint abandoned: it will be written again
             out.append((s, p))
         return out
 
@@ -237,6 +243,9 @@ class Watcher:
     def poll(self) -> int:
         """Score every complete checkpoint not yet in the record, oldest first; the number scored."""
         self._refresh_manifest()
+        cut = self._abandoned_after(self.monitor.record)
+        if cut is not None:  # the training resumed from an earlier checkpoint while this watcher ran
+            self.monitor.open(self.output_dir, self._cache, self.precision, self.monitor.loggers, resume_step=cut)
         started = self.manifest.get("started_at", 0) - 1
         present = {s: p for s, p in self.checkpoints().items() if _mtime(p / "trainer_state.json") >= started}
         self._report_deleted(present)
@@ -291,6 +300,20 @@ class Watcher:
         if not pid or self.manifest.get("host") != socket.gethostname():
             return True
         return pid_alive(int(pid))
+
+    def _abandoned_after(self, record: RunRecord) -> int | None:
+        """The step after which the record holds evaluations of an abandoned trajectory, or None: the training resumed
+        at step R from an earlier checkpoint, and the record has steps after R scored before that resume (from the
+        checkpoints the resume will write again)."""
+        cut = None
+        for r in self.manifest.get("resumes", []):
+            stale = [s for s in record.committed_steps() if s > r["step"] and _mtime(record.eval_path(s)) < r["at"]]
+            if stale:
+                cut = r["step"] if cut is None else min(cut, r["step"])
+                logger.warning("forgetwatch watch: the training resumed from step %d, so the record's steps %s (scored "
+                               "from checkpoints of the abandoned trajectory) are forgotten and scored again as the run "
+                               "writes them", r["step"], ", ".join(map(str, stale)))
+        return cut
 
     def _refresh_manifest(self) -> None:
         try:

@@ -100,6 +100,63 @@ def test_a_restarted_watcher_scores_only_what_is_new(tokenizer, tmp_path, caplog
     assert Watcher(out, device="cpu").run(once=True) == 0  # nothing new: checkpoint-6 is retried, still broken
 
 
+def test_a_resume_from_an_earlier_checkpoint_is_scored_again_from_the_checkpoints_it_writes(tokenizer, tmp_path, caplog):
+    """The watcher, running throughout, scored steps 2, 4 and 6; training then resumes from checkpoint-2 on other data:
+    the record's 4 and 6 (the abandoned trajectory) are forgotten, the old checkpoints are not scored while they wait to
+    be written again, and the record ends with the resumed run's own evaluations."""
+    import torch
+    from datasets import Dataset
+    from test_callback import SCORING
+    from transformers import TrainerCallback
+
+    from forgetwatch import score_probes
+    from forgetwatch.models import load_checkpoint
+    from forgetwatch.scoring import ScoringConfig
+
+    out = tmp_path / "run"
+    sft_trainer(tokenizer, out, [watcher(scoring="sidecar")]).train()
+    live = Watcher(out, device="cpu")
+    try:
+        assert live.poll() == 3
+        record = RunRecord(out / "forgetwatch")
+        abandoned = {s: record.read_results(s, live.probes.ids) for s in (4, 6)}
+        other = Dataset.from_list([
+            {"messages": [{"role": "user", "content": f"Name {i} twice."}, {"role": "assistant", "content": f"{i} {i}."}]}
+            for i in range(16)])
+        polled = []
+
+        class PollBeforeStep3(TrainerCallback):  # the resumed run has begun and written no checkpoint yet
+            def on_step_begin(self, args, state, control, **kwargs):
+                if state.global_step == 2:
+                    polled.append((live.poll(), record.eval_steps()))
+
+        resumed = sft_trainer(tokenizer, out, [watcher(scoring="sidecar"), PollBeforeStep3()], dataset=other)
+        with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+            resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+        # the abandoned steps were forgotten, and the old checkpoints 4 and 6, waiting to be written again, not scored
+        assert polled == [(0, [0, 2])]
+        assert "resumed from step 2" in caplog.text and "steps 4, 6" in caplog.text
+        assert live.poll() == 2
+        assert record.eval_steps() == [0, 2, 4, 6] and live.poll() == 0
+        for step in (4, 6):
+            model, _ = load_checkpoint(out / f"checkpoint-{step}", dtype="float32", device="cpu")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                now = score_probes(model, tokenizer, live.probes, ScoringConfig(**SCORING))
+            got = record.read_results(step, live.probes.ids)
+            np.testing.assert_array_equal(got.outcome, now.outcome, err_msg=f"step {step}")
+            np.testing.assert_allclose(got.gold_logprob, now.gold_logprob, rtol=0, atol=1e-5, err_msg=f"step {step}")
+            assert not np.allclose(got.gold_logprob, abandoned[step].gold_logprob, equal_nan=True)  # not the old one
+    finally:
+        live.monitor.finish()
+        live._lock.release()
+    # a watcher started after such a resume (from checkpoint-4, on the first data) forgets step 6 as it opens
+    before = record.read_results(6, live.probes.ids)
+    sft_trainer(tokenizer, out, [watcher(scoring="sidecar")]).train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert Watcher(out, device="cpu").run(once=True) == 1
+    assert record.eval_steps() == [0, 2, 4, 6]
+    assert not np.allclose(record.read_results(6, live.probes.ids).gold_logprob, before.gold_logprob, equal_nan=True)
+
+
 def test_a_checkpoint_deleted_before_it_was_scored_is_reported(tokenizer, tmp_path, caplog):
     out = tmp_path / "run"
     sft_trainer(tokenizer, out, [watcher(scoring="sidecar")], save_total_limit=1).train()
