@@ -390,6 +390,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None)
         if self._mixers:
             self._start_mixers(args, state)
+        elif resuming:  # a resume without the replay the run started with is said too
+            try:
+                mix = RunRecord(self._record_root).read_mix()
+                self._warn_changed_kinds([m.get("kind", _OLD_KIND) for m in mix["mixers"]] if mix else [], state.global_step)
+            except Exception as e:  # a warning is not worth a run
+                logger.warning("forgetwatch: could not read replay_mix.json (%s)", e)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).

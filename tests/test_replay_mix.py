@@ -165,6 +165,14 @@ def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         run(tmp_path / "run", "scoring", resume=True)  # now recorded as the scoring form: nothing to say
     assert not [r for r in caplog.records if "resumes at step" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):  # and a resume that drops replay altogether
+        traced_sft(tokenizer, tmp_path / "run", watcher(), sft_dataset(), save_strategy="steps", save_steps=2,
+                   max_steps=8).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-6"))
+    assert [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()] == [
+        "forgetwatch: this run started with replay: scoring form but resumes at step 6 with no replay: the replayed "
+        "examples change from here on, so its curves before and after are not one experiment; to continue it as it was, "
+        "resume with the same replay options (and forgetwatch version)"]
 
 
 def test_grpo_data_gets_each_rows_kind_for_probe_reward():
