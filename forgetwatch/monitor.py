@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .behavior import behavior_scalars, compute_behavior
-from .budgets import Breach, Budget, BudgetState
+from .budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
 from .cache import BaseCache, CacheMismatchError
 from .drift import RiskRule, at_risk_mask, compute_drift
 from .metrics import compute_report
@@ -191,9 +191,15 @@ class Monitor:
         bad = self.base.nonfinite_mask() | results.nonfinite_mask()
         if robust is not None and self.base_robust is not None:
             groups = {name: self._members(name)[self._robust_index] for name in rows}
+            robust_keys: set[str] = set()
             for name, row in robust_rows(self.base_robust, robust, groups, self.plan.lettered).items():
                 rows[name].update(row)
-            bad = bad | self._robust_bad(robust)
+                robust_keys.update(row)
+            # a variant scored NaN / inf blanks its groups' robust figures only: the probes as asked have their answers
+            variant_bad = self._robust_bad(robust)
+            if variant_bad.any():
+                self._mark_missing(rows, variant_bad, keys=robust_keys, field="robust_missing",
+                                   what="have a variant scored NaN or inf")
         if bad.any():
             self._mark_missing(rows, bad)
         return report, drift, rows
@@ -212,20 +218,26 @@ class Monitor:
             return np.asarray(self._groups[name], bool)
         return np.array([c == name for c in self._categories])
 
-    def _mark_missing(self, rows: dict[str, dict[str, Any]], bad: np.ndarray) -> None:
-        """Every figure of a group holding a probe scored NaN / inf becomes missing (NaN in metrics.jsonl, not logged),
-        with the reason: a count over a NaN is not a number, and argmax over NaN picks an option as if it were one."""
+    def _mark_missing(self, rows: dict[str, dict[str, Any]], bad: np.ndarray, keys: set[str] | None = None,
+                      field: str = "missing", what: str = "scored NaN or inf") -> None:
+        """Every figure (or those in `keys`) of a group holding a probe scored NaN / inf becomes missing (NaN in
+        metrics.jsonl, not logged), with the reason in `field`: a count over a NaN is not a number, and argmax over NaN
+        picks an option as if it were one."""
         ids = [self.probes[int(i)].id for i in np.flatnonzero(bad)]
         for name, row in rows.items():
             n_bad = int((bad & self._members(name)).sum())
             if not n_bad:
                 continue
             for k, v in row.items():
-                if k != "n" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                if (k != "n" and (keys is None or k in keys) and isinstance(v, (int, float))
+                        and not isinstance(v, bool)):
                     row[k] = float("nan")
-            row["missing"] = (f"{n_bad} of {row.get('n', '?')} probes scored NaN or inf (first: "
-                              f"{', '.join(ids[:3])}): the model's outputs overflowed or are not numbers")
-        rows["overall"]["nonfinite_probes"] = len(ids)
+            row[field] = (f"{n_bad} of {row.get('n', '?')} probes {what} (first: "
+                          f"{', '.join(ids[:3])}): the model's outputs overflowed or are not numbers")
+        if keys is None:
+            rows["overall"]["nonfinite_probes"] = len(ids)
+        else:
+            rows["overall"]["nonfinite_variant_probes"] = len(ids)
 
     @property
     def figures_missing(self) -> bool:
@@ -340,7 +352,8 @@ class Monitor:
             new_unjudged, self._unjudged_before = [k for k in unjudged if k not in self._unjudged_before], set(unjudged)
             if new_unjudged:  # said when it starts, like a limit exceeded: not at every evaluation it lasts
                 unjudged = new_unjudged
-                reason = next(row["missing"] for row in rows.values() if row.get("missing"))
+                reason = next(row.get("missing") or row["robust_missing"] for row in rows.values()
+                              if row.get("missing") or row.get("robust_missing"))
                 text = (f"Step {step}: cannot judge {', '.join(unjudged)}: {reason}. This step does not count as within "
                         "budget.")
                 logger.warning("forgetwatch: budget. %s", text)
@@ -364,9 +377,15 @@ class Monitor:
             return []
 
     def _unjudged(self, rows: dict[str, dict[str, Any]]) -> list[str]:
-        """The budget's keys whose figure is missing at this evaluation (probes scored NaN / inf)."""
+        """The budget's keys whose figure is missing at this evaluation (probes, or for robust figures their variants,
+        scored NaN / inf)."""
         assert self.budget is not None
-        return [lim.key for lim in self.budget.limits if (rows.get(lim.group) or {}).get("missing")]
+
+        def missing(lim) -> bool:
+            row = rows.get(lim.group) or {}
+            return bool(row.get("missing") or (lim.metric in ROBUST_BUDGETS and row.get("robust_missing")))
+
+        return [lim.key for lim in self.budget.limits if missing(lim)]
 
     def within_budget(self) -> dict[str, Any]:
         """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
@@ -453,6 +472,8 @@ def scalars_of(report, drift, rows) -> dict[str, float]:
     if "noise_probes" in rows.get("overall", {}):  # the precision noise floor, overall
         out[f"{PREFIX}/noise_probes"] = rows["overall"]["noise_probes"]
         out[f"{PREFIX}/forgetting_excl_noise"] = rows["overall"]["forgetting_excl_noise"]
+    if "nonfinite_variant_probes" in rows.get("overall", {}):
+        out[f"{PREFIX}/nonfinite_variant_probes"] = rows["overall"]["nonfinite_variant_probes"]
     if "nonfinite_probes" in rows.get("overall", {}):
         out[f"{PREFIX}/nonfinite_probes"] = rows["overall"]["nonfinite_probes"]
         out = {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v)) or k.endswith("nonfinite_probes")}

@@ -290,7 +290,9 @@ def test_cli_cache_and_compare_with_variants(tokenizer, tiny_model_dir, tmp_path
 
 
 def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path):
-    """A variant scored NaN (an fp16 overflow) is no answer: its groups' figures are missing, with the reason."""
+    """A variant scored NaN (an fp16 overflow) is no answer: its groups' robust figures are missing, with the reason, and
+    a robust budget cannot judge them; the probes as asked keep their figures, and a plain budget is judged."""
+    from forgetwatch.budgets import Budget, parse_budget
     from forgetwatch.cache import make_cache_key
     from forgetwatch.monitor import Monitor
 
@@ -300,13 +302,21 @@ def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path):
     full = score_probes(model, tokenizer, plan.scored(), ScoringConfig(**SCORING))
     results, variants = plan.split(full)
     key = make_cache_key({}, probes, ScoringConfig(**SCORING).key(tokenizer, BF16), plan.key())
-    monitor = Monitor(probes, plan=plan)
+    budget = Budget(parse_budget({"compare/consistency_drop": 0.5, "compare/forgetting": 0.5}), "alert", "point",
+                    probes.groups)
+    monitor = Monitor(probes, budget, plan=plan)
     monitor.open(tmp_path, BaseCache(key, results, None, variants), "float32", [], None)
     variants.nonfinite[variants.ids.index("cmp3~v2")] = True
     monitor.report(results, 2, 0.1, 1.0, plan.outcomes(results, variants))
-    rows = metric_rows(RunRecord(tmp_path / "forgetwatch"))[2]["metrics"]
-    assert math.isnan(rows["compare"]["consistency_change"]) and "1 of 8 probes" in rows["compare"]["missing"]
-    assert not math.isnan(rows["add"]["consistency_change"])
+    record = RunRecord(tmp_path / "forgetwatch")
+    rows = metric_rows(record)[2]["metrics"]
+    assert math.isnan(rows["compare"]["consistency_change"]) and math.isnan(rows["compare"]["robust_forgetting"])
+    assert "1 of 8 probes have a variant scored NaN or inf (first: cmp3)" in rows["compare"]["robust_missing"]
+    assert "missing" not in rows["compare"] and rows["compare"]["forgetting"] == 0.0  # the probes as asked: judged
+    assert not math.isnan(rows["add"]["consistency_change"]) and "robust_missing" not in rows["add"]
+    assert rows["overall"]["nonfinite_variant_probes"] == 1 and "nonfinite_probes" not in rows["overall"]
+    (event,) = record.read_events()
+    assert event["event"] == "budget_cannot_judge" and event["keys"] == ["compare/consistency_drop"]
 
 
 def test_right_as_asked_but_no_longer_in_every_variant_is_a_flip_of_its_own_kind(tmp_path):
