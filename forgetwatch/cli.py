@@ -1114,6 +1114,7 @@ def format_robust(rows: dict[str, dict[str, Any]]) -> str:
         if lettered:
             line += f"{_num(r.get('position_bias_pre')):>16}{_num(r.get('position_bias_post')):>7}"
         lines.append(line)
+    lines += [f"{name}: robust figures missing: {r['robust_missing']}" for name, r in rows.items() if r.get("robust_missing")]
     lines.append("robust: right in every variant; robust F: of those robust at base, the share no longer robust; consist.: "
                  "share of variants right; fragile: robust at base, right as asked, wrong in some variant now"
                  + ("; pos. bias: distance of the chosen letters from the gold letters' distribution (0: none)" if lettered else ""))

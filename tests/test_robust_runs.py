@@ -317,6 +317,10 @@ def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path):
     assert rows["overall"]["nonfinite_variant_probes"] == 1 and "nonfinite_probes" not in rows["overall"]
     (event,) = record.read_events()
     assert event["event"] == "budget_cannot_judge" and event["keys"] == ["compare/consistency_drop"]
+    from forgetwatch.cli import format_robust
+
+    table = format_robust({k: v for k, v in rows.items() if "robust_n" in v})
+    assert "compare: robust figures missing: 1 of 8 probes have a variant scored NaN or inf" in table
 
 
 def test_right_as_asked_but_no_longer_in_every_variant_is_a_flip_of_its_own_kind(tmp_path):
