@@ -10,6 +10,7 @@ import math
 import os
 import socket
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,6 +272,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
         self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=log_table, replay=replay, plan=self.plan)
         self._started = False
+        self._start_id: str | None = None  # this training start's id (on_train_begin), in its checkpoints and manifest
         self._serial = next(_SERIAL)
         _LIVE.add(self)
         self._has_base = False
@@ -293,7 +295,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if args["probes"] is None and self._record_root is not None:
             args["probes"] = str(self._record_root / "probes.jsonl")  # a ProbeSet object is restored from the record
         # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
-        return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True}}
+        # `_start_id` goes into every checkpoint's trainer_state.json: the watcher tells which training start wrote it
+        return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True,
+                                             "_start_id": self._start_id}}
 
     @property
     def evaluated_steps(self) -> list[int]:
@@ -326,6 +330,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if getattr(self, "_restored", False):
             self._share_state_with_the_users_object()
         self._started = True
+        self._start_id = uuid.uuid4().hex  # the main process's goes into the checkpoints and the manifest
         if model is None:  # transformers passes the model to every hook; a release that stopped would end here
             import transformers
 
@@ -512,10 +517,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             "report_to": list(args.report_to or []), "run_name": args.run_name, "wandb": _wandb_run_info(),
             "trackio_project": getattr(args, "project", None),
             "started_at_step": first.get("started_at_step", 0) if first else state.global_step,
-            # each resume (step, time): the watcher forgets evaluations after that step scored before then, from
-            # checkpoints of the trajectory the resume abandoned (a resume from an earlier checkpoint)
-            "resumes": ((first or {}).get("resumes", []) + [{"step": state.global_step, "at": time.time()}]
-                        if first and state.global_step > 0 else []),
+            # each training start (the first, then every resume): its step and id, which its checkpoints carry; a
+            # resume from an earlier checkpoint supersedes the checkpoints after it, and the watcher's evaluations of them
+            "starts": ((first or {}).get("starts", []) if state.global_step > 0 else [])
+            + [{"step": state.global_step, "at": time.time(), "id": self._start_id}],
             # a checkpoint older than this run's start belongs to an earlier run in the same output_dir
             "started_at": first.get("started_at", time.time()) if first else time.time(),
             "pid": os.getpid(), "host": socket.gethostname(), "finished": False, "final_step": None,

@@ -62,7 +62,7 @@ class Monitor:
         self.last_robust: VariantOutcomes | None = None
         self._robust_index = np.array([probes.index_of(pid) for pid in plan.variants], np.int64) if plan else None
         self.strict = strict
-        self._said_missing = False
+        self._said_missing: set[str] = set()  # which kinds of missing figures were said (once a run)
         self._unjudged_before: set[str] = set()
         self.risk_rule = risk_rule or RiskRule()
         self.evaluated_steps: list[int] = []
@@ -257,7 +257,7 @@ class Monitor:
 
     # -- one evaluation -----------------------------------------------------------------------------------------
     def report(self, results: ProbeResults, step: int, epoch: float, seconds: float,
-               robust: VariantOutcomes | None = None) -> list[Breach]:
+               robust: VariantOutcomes | None = None, source: dict[str, Any] | None = None) -> list[Breach]:
         """Record and log one evaluation, and check the budget; never raises into training (unless `strict`, when the
         record cannot be written).
 
@@ -296,7 +296,8 @@ class Monitor:
             if self.replay:
                 self.record.write_replay(self.tracker.lines())
             breaches = self._check_budget(step, rows) if self.budget is not None else []
-            self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows})
+            self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows,
+                                        **(source or {})})
             # committed: the next evaluation's flips are against this one (never against one the record lacks)
             self.last, self.last_robust = held, robust
             self.evaluated_steps.append(step)
@@ -318,12 +319,14 @@ class Monitor:
 
     def _say_missing(self, rows: dict[str, dict[str, Any]], step: int) -> None:
         """Once a run: figures are missing because probes scored NaN / inf, and why."""
-        missing = [name for name, row in rows.items() if row.get("missing")]
-        if missing and not self._said_missing:
-            self._said_missing = True
-            logger.warning("forgetwatch: at step %d %s; the figures of %s are missing (NaN in metrics.jsonl with the reason in "
-                           "`missing`; not logged) wherever that happens, and a budget on them cannot judge. Lower the learning rate, or train "
-                           "in bf16 rather than fp16.", step, rows[missing[0]]["missing"], ", ".join(missing))
+        for field, what in (("missing", "figures"), ("robust_missing", "robust figures")):
+            missing = [name for name, row in rows.items() if row.get(field)]
+            if missing and field not in self._said_missing:
+                self._said_missing.add(field)
+                logger.warning("forgetwatch: at step %d %s; the %s of %s are missing (NaN in metrics.jsonl with the reason "
+                               "in `%s`; not logged) wherever that happens, and a budget on them cannot judge. Lower the "
+                               "learning rate, or train in bf16 rather than fp16.", step, rows[missing[0]][field], what,
+                               ", ".join(missing), field)
 
     def finish(self) -> None:
         """The run summary (`forgetwatch/final/...`, the budget's outcome) to every logger, then close them."""
@@ -352,8 +355,8 @@ class Monitor:
             new_unjudged, self._unjudged_before = [k for k in unjudged if k not in self._unjudged_before], set(unjudged)
             if new_unjudged:  # said when it starts, like a limit exceeded: not at every evaluation it lasts
                 unjudged = new_unjudged
-                reason = next(row.get("missing") or row["robust_missing"] for row in rows.values()
-                              if row.get("missing") or row.get("robust_missing"))
+                groups = {lim.group: lim for lim in self.budget.limits if lim.key in unjudged}
+                reason = next(rows[g].get("missing") or rows[g]["robust_missing"] for g in groups if g in rows)
                 text = (f"Step {step}: cannot judge {', '.join(unjudged)}: {reason}. This step does not count as within "
                         "budget.")
                 logger.warning("forgetwatch: budget. %s", text)

@@ -784,8 +784,8 @@ def _robust_section(record: RunRecord, probes: ProbeSet, rows: list[dict[str, An
     cols = _ROBUST_COLS + (_BIAS_COLS if bias else ())
     final = rows[-1]["metrics"][group]
     what = "knowledge probes" if group != OVERALL else "probes"
-    missing = "".join(f" At step {_e(r['step'])}: {_e(r['metrics'][group]['missing'])}." for r in rows
-                      if r["metrics"].get(group, {}).get("missing"))
+    missing = "".join(f" At step {_e(r['step'])}: {_e(r['metrics'][group].get('missing') or r['metrics'][group]['robust_missing'])}."
+                      for r in rows if r["metrics"].get(group, {}).get("missing") or r["metrics"].get(group, {}).get("robust_missing"))
     bias_note = (" Position bias (lettered multiple choice only): the total variation distance between the letters "
                  "chosen and the gold letters, over the balanced option shifts (each option at each position once): 0 = "
                  "none, 1 − 1/k = always the same letter; its change since base.") if bias else ""

@@ -178,7 +178,7 @@ class Watcher:
                     logger.warning("forgetwatch watch: %s predates this run (an earlier run in the same output_dir); "
                                    "not scored", p)
                 continue
-            if any(s > r["step"] and written < r["at"] - 1 for r in self.manifest.get("resumes", [])):
+            if self._superseded(s, _start_id(_read_state(p))) is not None:
                 continue  # of the trajectory a resume from an earlier checkpoint abandoned: it will be written again
             out.append((s, p))
         return out
@@ -232,9 +232,12 @@ class Watcher:
         if self.plan is not None:
             results, variants = self.plan.split(results)
             robust = self.plan.outcomes(results, variants)
-        self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds, robust)
+        start = _start_id(state)
+        self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds, robust,
+                            source={"start": start} if start else None)
         overall = self.monitor.last_rows["overall"]  # as recorded: missing where probes scored NaN / inf
-        missing = f" (missing: {overall['missing']})" if overall.get("missing") else ""
+        said = overall.get("missing") or overall.get("robust_missing")
+        missing = f" ({'missing' if overall.get('missing') else 'robust figures missing'}: {said})" if said else ""
         robust = f", robust forgetting {overall['robust_forgetting']:.3f}" if "robust_forgetting" in overall else ""
         print(f"scored {path.name} ({len(self.probes)} probes, {seconds:.1f} s): forgetting {overall['forgetting']:.3f}, "
               f"adjusted {overall['forgetting_adjusted']:.3f}{robust}{missing}", flush=True)
@@ -246,6 +249,9 @@ class Watcher:
         cut = self._abandoned_after(self.monitor.record)
         if cut is not None:  # the training resumed from an earlier checkpoint while this watcher ran
             self.monitor.open(self.output_dir, self._cache, self.precision, self.monitor.loggers, resume_step=cut)
+            # what was said or tried of the abandoned checkpoints does not hold for the ones that replace them
+            self._failed = {s: n for s, n in self._failed.items() if s <= cut}
+            self._gone = {s for s in self._gone if s <= cut}
         started = self.manifest.get("started_at", 0) - 1
         present = {s: p for s, p in self.checkpoints().items() if _mtime(p / "trainer_state.json") >= started}
         self._report_deleted(present)
@@ -301,18 +307,30 @@ class Watcher:
             return True
         return pid_alive(int(pid))
 
+    def _superseded(self, step: int, start: str | None) -> int | None:
+        """The step of the resume that abandoned an evaluation at `step` of the checkpoint written by training start
+        `start` (a resume from an earlier checkpoint supersedes the checkpoints after it), or None when it stands.
+        Checkpoints and evaluations without a start id (an earlier forgetwatch) stand."""
+        starts = self.manifest.get("starts", [])
+        ids = [s.get("id") for s in starts]
+        if start is None or start not in ids:
+            return None  # an earlier run's checkpoint is told by its time (`pending`)
+        later = [s["step"] for s in starts[ids.index(start) + 1:] if s["step"] < step]
+        return min(later) if later else None
+
     def _abandoned_after(self, record: RunRecord) -> int | None:
-        """The step after which the record holds evaluations of an abandoned trajectory, or None: the training resumed
-        at step R from an earlier checkpoint, and the record has steps after R scored before that resume (from the
-        checkpoints the resume will write again)."""
-        cut = None
-        for r in self.manifest.get("resumes", []):
-            stale = [s for s in record.committed_steps() if s > r["step"] and _mtime(record.eval_path(s)) < r["at"]]
-            if stale:
-                cut = r["step"] if cut is None else min(cut, r["step"])
-                logger.warning("forgetwatch watch: the training resumed from step %d, so the record's steps %s (scored "
-                               "from checkpoints of the abandoned trajectory) are forgotten and scored again as the run "
-                               "writes them", r["step"], ", ".join(map(str, stale)))
+        """The step after which the record holds evaluations of checkpoints a later training start abandoned (it
+        resumed from an earlier checkpoint), or None."""
+        cut, stale = None, []
+        for row in record.read_metrics():
+            at = self._superseded(row["step"], row.get("start"))
+            if at is not None:
+                cut = at if cut is None else min(cut, at)
+                stale.append(row["step"])
+        if cut is not None:
+            logger.warning("forgetwatch watch: the training resumed from step %d, so the record's steps %s (scored from "
+                           "checkpoints of the abandoned trajectory) are forgotten and scored again as the run writes them",
+                           cut, ", ".join(map(str, stale)))
         return cut
 
     def _refresh_manifest(self) -> None:
@@ -387,6 +405,22 @@ def _check_trusted(path: Path) -> None:
                 "can be written by other users"
             raise PermissionError(f"{f} {who}, and torch unpickles sharded checkpoints to read them, which can run "
                                   "code: not loaded. Run the watcher as the user who trains, on files only they can write")
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _start_id(state: dict[str, Any] | None) -> str | None:
+    """Which training start wrote a checkpoint: the id ForgetWatchCallback keeps in its trainer state."""
+    found = ((state or {}).get("stateful_callbacks") or {}).get("ForgetWatchCallback")
+    if isinstance(found, list):
+        found = found[0] if found else None
+    start = ((found or {}).get("attributes") or {}).get("_start_id") if isinstance(found, dict) else None
+    return start if isinstance(start, str) else None
 
 
 def _mtime(path: Path) -> float:

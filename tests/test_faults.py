@@ -137,7 +137,7 @@ def record_state(root: Path, out: Path) -> dict:
         path = root / name
         text = path.read_text(encoding="utf-8").replace(str(out), "<out>") if path.is_file() else None
         if name == "metrics.jsonl" and text:
-            text = [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in text.splitlines()]
+            text = [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "start")} for line in text.splitlines()]
         state[name] = text
     # NaN (the margin of a short answer) as text: NaN == NaN is False
     state["evals"] = {s: {k: np.where(np.isnan(v), np.inf, v).tolist() if v.dtype.kind == "f" else v.tolist()

@@ -65,7 +65,8 @@ def test_sidecar_record_equals_the_in_loop_record_probe_by_probe(runs):
         assert sorted(a) == sorted(b)
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"step {step}: {key}")
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    # time taken, and which training start wrote the checkpoint (the watcher says): not figures
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("seconds", "start")} for r in rows]  # noqa: E731
     assert strip(side.read_metrics()) == strip(inline.read_metrics())
     assert side.read_flips() == inline.read_flips() and side.read_at_risk() == inline.read_at_risk()
     # the trainer's own log rows are kept by the training process (the watcher never touches them): the same run's
@@ -119,6 +120,13 @@ def test_a_resume_from_an_earlier_checkpoint_is_scored_again_from_the_checkpoint
     try:
         assert live.poll() == 3
         record = RunRecord(out / "forgetwatch")
+        # as if scored after the resume below, or by a host whose clock runs ahead: times must not decide
+        import os
+        import time
+
+        future = time.time() + 3600
+        for path in [*record.evals_dir.glob("*.npz"), *out.glob("checkpoint-*/trainer_state.json")]:
+            os.utime(path, (future, future))
         abandoned = {s: record.read_results(s, live.probes.ids) for s in (4, 6)}
         other = Dataset.from_list([
             {"messages": [{"role": "user", "content": f"Name {i} twice."}, {"role": "assistant", "content": f"{i} {i}."}]}
