@@ -154,11 +154,8 @@ class Watcher:
     @staticmethod
     def complete(path: Path, step: int) -> dict[str, Any] | None:
         """The checkpoint's trainer state once it is completely written (the Trainer writes it last), else None."""
-        try:
-            state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return None
-        return state if state.get("global_step") == step else None
+        state = _read_state(path)
+        return state if state is not None and state.get("global_step") == step else None
 
     def is_evaluation(self, step: int) -> bool:
         """A step the callback would have scored: on the eval_steps grid, or the last one (a checkpoint the trainer
@@ -171,8 +168,7 @@ class Watcher:
         for s, p in self.checkpoints().items():
             if s in done or s <= self.manifest.get("started_at_step", 0) or not self.is_evaluation(s):
                 continue
-            written = _mtime(p / "trainer_state.json")
-            if written < self.manifest.get("started_at", 0) - 1:
+            if _mtime(p / "trainer_state.json") < self.manifest.get("started_at", 0) - 1:
                 if s not in self._stale:  # an earlier run's, in a reused output_dir: never this run's step
                     self._stale.add(s)
                     logger.warning("forgetwatch watch: %s predates this run (an earlier run in the same output_dir); "
@@ -408,10 +404,12 @@ def _check_trusted(path: Path) -> None:
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
+    """A checkpoint's trainer_state.json, or None while it is not (completely) there."""
     try:
-        return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) else None
 
 
 def _start_id(state: dict[str, Any] | None) -> str | None:
