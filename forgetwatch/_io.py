@@ -431,3 +431,13 @@ def strict_json(obj: Any, **kwargs) -> str:
         return v
 
     return json.dumps(clean(obj), allow_nan=False, **kwargs)
+
+
+def read_json_or_none(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A small JSON object this package wrote (a manifest, saved margins), or None when it is absent or unreadable:
+    for state that is looked for in several places, where a missing file is not an error."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ._io import atomic_write
+from ._io import atomic_write, read_json_or_none
 from .budgets import ROBUST_BUDGETS, Breach, Budget, check_options, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key, read_key
 from .distributed import broadcast_from_main, score_distributed
@@ -495,7 +495,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             cache.save(base_path)
         args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
         self._sidecar_path = record.root / "sidecar.json"
-        first = _read_json(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
+        first = read_json_or_none(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
         # The model's config and tokenizer, for checkpoints that hold neither: FSDP's sharded ones (also when FSDP comes
         # from `accelerate launch`, where args.fsdp is unset and SHARDED_STATE_DICT is accelerate's default). Small.
         try:
@@ -739,13 +739,6 @@ def _save_model_files(model, tokenizer, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _wandb_run_info() -> dict[str, Any] | None:

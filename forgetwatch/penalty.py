@@ -43,7 +43,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ._io import atomic_write
+from ._io import atomic_write, read_json_or_none
 from .anchor import check_beta, check_draws, draw_rows
 from .mixing import ReplayMixer
 from .modes import ScoringConfig
@@ -150,7 +150,7 @@ class MarginPenalty(TrainerCallback):
             # the checkpoint's own copy first (it belongs to the run being resumed), then this output_dir's
             places = [Path(self._resume_dir) / BASE_FILE] if self._resume_dir else []
             places += [Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / BASE_FILE, path]
-            found = [(p, saved) for p in dict.fromkeys(places) if (saved := _read(p)) is not None]
+            found = [(p, saved) for p in dict.fromkeys(places) if (saved := read_json_or_none(p)) is not None]
             match = next((saved for _, saved in found if saved.get("ids") == ids), None)
             if match is None:
                 raise ValueError(f"resuming at step {state.global_step} needs the base's margins on the penalty's pool "
@@ -291,10 +291,3 @@ def _write(path: Path, saved: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as f:
         f.write(json.dumps(saved) + "\n")
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._io import pid_alive, read_json
+from ._io import pid_alive, read_json, read_json_or_none
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, diff_keys, make_cache_key
 from .drift import RiskRule
@@ -405,11 +404,7 @@ def _check_trusted(path: Path) -> None:
 
 def _read_state(path: Path) -> dict[str, Any] | None:
     """A checkpoint's trainer_state.json, or None while it is not (completely) there."""
-    try:
-        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
+    return read_json_or_none(path / "trainer_state.json")
 
 
 def _start_id(state: dict[str, Any] | None) -> str | None:
