@@ -380,12 +380,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self.scoring == "sidecar":
             if self._is_main:
                 self._start_sidecar(args, state, cache, record, scoring_key["precision"], model, tokenizer)
-            if self._mixers:
-                self._start_mixers(args, state)
+            self._begin_replay(args, state)
             return
         if not self._is_main:
-            if self._mixers:
-                self._start_mixers(args, state)
+            self._begin_replay(args, state)
             return
 
         loggers = make_loggers(args.report_to, args.output_dir, getattr(args, "logging_dir", None))
@@ -393,9 +391,14 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._log_config()
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None)
+        self._begin_replay(args, state)
+
+    def _begin_replay(self, args, state) -> None:
+        """Start the replay streams this run steers; a resume without the replay the run started with is said (by the
+        main process, in either scoring mode)."""
         if self._mixers:
             self._start_mixers(args, state)
-        elif resuming:  # a resume without the replay the run started with is said too
+        elif state.global_step > 0 and self._is_main:
             try:
                 mix = RunRecord(self._record_root).read_mix()
                 self._warn_changed_kinds([m.get("kind", _OLD_KIND) for m in mix["mixers"]] if mix else [], state.global_step)

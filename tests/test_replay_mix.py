@@ -175,6 +175,26 @@ def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record)
         "resume with the same replay options (and forgetwatch version)"]
 
 
+def test_a_sidecar_resume_that_drops_replay_is_said(tokenizer, tmp_path, caplog):
+    """Sidecar scoring with uniform replay (closed loop needs the scores in the training process), resumed without it: the
+    warning an inline run gets is said here too (the sidecar branch returned before reaching it)."""
+    def watcher_sidecar() -> ForgetWatchCallback:
+        return ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4, scoring="sidecar")
+
+    w = watcher_sidecar()
+    traced_sft(tokenizer, tmp_path / "run", w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0,
+                                                          strategy="uniform", form="scoring"),
+               save_strategy="steps", save_steps=2, max_steps=6).train()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        traced_sft(tokenizer, tmp_path / "run", watcher_sidecar(), sft_dataset(), save_strategy="steps", save_steps=2,
+                   max_steps=6).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-4"))
+    assert [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()] == [
+        "forgetwatch: this run started with replay: scoring form but resumes at step 4 with no replay: the replayed "
+        "examples change from here on, so its curves before and after are not one experiment; to continue it as it was, "
+        "resume with the same replay options (and forgetwatch version)"]
+
+
 def test_grpo_data_gets_each_rows_kind_for_probe_reward():
     """A GRPO dataset without a `kind` column: replayed multiple-choice rows carry kind "mcq" (the training rows None),
     so `probe_reward` checks their letter rather than a short answer."""
