@@ -1071,23 +1071,27 @@ def _robust_compare(plan, probes: ProbeSet, base, results, variants, report: dic
     """`compare`'s robust figures by group (as metrics.jsonl has them) and the fragile flips since base."""
     import numpy as np
 
+    from .metrics import mark_missing
     from .robust_metrics import fragile_changes, robust_rows
 
     pre, now = plan.outcomes(base.results, base.variants), plan.outcomes(results, variants)
-    bad = pre.nonfinite.any(1) | now.nonfinite.any(1)
-    if bad.any():
-        first = [pre.ids[int(i)] for i in np.flatnonzero(bad)[:3]]
-        where = " and ".join(w for w, m in (("the base cache", pre.nonfinite.any()), ("the model", now.nonfinite.any())) if m)
-        raise ValueError(f"{int(bad.sum())} probes have variants scored NaN or inf by {where} (first: {', '.join(first)}): "
-                         "the robust figures cannot be computed. Score in float32 (--dtype float32 --autocast none"
-                         + (", and make the cache again so" if pre.nonfinite.any() else "") + "), or compare without "
-                         "variants (--robustness 0)")
     index = np.array([probes.index_of(pid) for pid in pre.ids], np.int64)
     categories = np.array([p.category for p in probes])
     groups = {"overall": np.ones(len(index), bool)}
     groups.update({name: np.asarray(mask, bool)[index] for name, mask in probes.kind_groups().items()})
     groups.update({c: categories[index] == c for c in report if c not in groups})
     rows = robust_rows(pre, now, groups, plan.lettered)
+    # a variant scored NaN / inf blanks its groups' robust figures only (as in a run's record): the probes as asked
+    # have their answers, and the plain comparison above stands
+    bad = pre.nonfinite.any(1) | now.nonfinite.any(1)
+    if bad.any():
+        where = " and ".join(w for w, m in (("the base cache", pre.nonfinite.any()), ("the model", now.nonfinite.any())) if m)
+        mark_missing(rows, bad, groups.__getitem__, [pre.ids[int(i)] for i in np.flatnonzero(bad)],
+                     field="robust_missing", what=f"have a variant scored NaN or inf by {where}",
+                     count="nonfinite_variant_probes")
+        print(f"forgetwatch: warning: {int(bad.sum())} probes have variants scored NaN or inf by {where}: their groups' "
+              "robust figures are missing. Score in float32 (--dtype float32 --autocast none"
+              + (", and make the cache again so" if pre.nonfinite.any() else "") + ") to have them", file=sys.stderr)
     fragile = []
     for r, kind in fragile_changes(pre, now):
         p = probes[int(index[r])]
@@ -1108,9 +1112,10 @@ def format_robust(rows: dict[str, dict[str, Any]]) -> str:
         r = rows[name]
         if name == "overall":
             lines.append("-" * len(head))
-        line = (f"{name:<{w}}{r['robust_n']:>6}{r['robust_accuracy_pre']:>13.3f}{r['robust_accuracy_post']:>12.3f}"
-                f"{_num(r['robust_forgetting']):>10}{r['consistency_pre']:>15.3f}{r['consistency_post']:>7.3f}"
-                f"{r['consistency_change']:>+8.3f}{r['fragile']:>9}")
+        change = r["consistency_change"]
+        line = (f"{name:<{w}}{r['robust_n']:>6}{_num(r['robust_accuracy_pre']):>13}{_num(r['robust_accuracy_post']):>12}"
+                f"{_num(r['robust_forgetting']):>10}{_num(r['consistency_pre']):>15}{_num(r['consistency_post']):>7}"
+                f"{'n/a' if change != change else f'{change:+.3f}':>8}{_count(r['fragile']):>9}")
         if lettered:
             line += f"{_num(r.get('position_bias_pre')):>16}{_num(r.get('position_bias_post')):>7}"
         lines.append(line)
@@ -1123,6 +1128,10 @@ def format_robust(rows: dict[str, dict[str, Any]]) -> str:
 
 def _num(v: Any) -> str:
     return "n/a" if v is None or (isinstance(v, float) and v != v) else f"{v:.3f}"
+
+
+def _count(v: Any) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and v != v) else str(int(v))
 
 
 def _flips(probes: ProbeSet, pre, post) -> list[dict[str, Any]]:

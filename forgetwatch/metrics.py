@@ -40,7 +40,7 @@ was first lost.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -473,3 +473,39 @@ def row_scalars(row: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, f
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
             out[name] = float(v)
     return out
+
+
+# group sizes, not figures over the probes' answers: kept when some of those answers are missing
+_SIZES = frozenset({"n", "robust_n", "robust_variants"})
+
+
+def mark_missing(rows: dict[str, dict[str, Any]], bad: np.ndarray, members: Callable[[str], np.ndarray],
+                 ids: Sequence[str], *, keys: set[str] | None = None, field: str = "missing",
+                 what: str = "scored NaN or inf", count: str = "nonfinite_probes") -> None:
+    """Blank, in place, every figure (or those in `keys`) of each group in `rows` that holds a `bad` probe (one scored
+    NaN / inf: a count over a NaN is not a number, and argmax over NaN picks an option as if it were one), and say why
+    in the row's `field`; group sizes are kept. `members(name)` is a group's probe mask, aligned with `bad`; `ids` are
+    the bad probes' ids, first ones first; the overall row gets their number in `count`.
+
+    Example:
+        >>> rows = {"overall": {"n": 2, "forgetting": 0.5}, "a": {"n": 1, "forgetting": 1.0}, "b": {"n": 1, "forgetting": 0.0}}
+        >>> groups = {"overall": np.array([True, True]), "a": np.array([True, False]), "b": np.array([False, True])}
+        >>> mark_missing(rows, np.array([False, True]), groups.__getitem__, ["q2"])
+        >>> rows["a"]["forgetting"], rows["b"]["forgetting"], rows["overall"]["nonfinite_probes"]
+        (1.0, nan, 1)
+        >>> rows["b"]["missing"]
+        "1 of 1 probes scored NaN or inf (first: q2): the model's outputs overflowed or are not numbers"
+    """
+    if not bad.any():
+        return
+    for name, row in rows.items():
+        n_bad = int((bad & members(name)).sum())
+        if not n_bad:
+            continue
+        for k, v in row.items():
+            if k not in _SIZES and (keys is None or k in keys) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[k] = float("nan")
+        row[field] = (f"{n_bad} of {row.get('n', row.get('robust_n', '?'))} probes {what} (first: "
+                      f"{', '.join(list(ids)[:3])}): the model's outputs overflowed or are not numbers")
+    if OVERALL in rows:
+        rows[OVERALL][count] = len(ids)

@@ -23,7 +23,7 @@ from .behavior import behavior_scalars, compute_behavior
 from .budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
 from .cache import BaseCache, CacheMismatchError
 from .drift import RiskRule, at_risk_mask, compute_drift
-from .metrics import compute_report
+from .metrics import compute_report, mark_missing
 from .noise import NoiseFloor, noise_floor
 from .probes import ProbeSet
 from .record import RunRecord
@@ -220,24 +220,9 @@ class Monitor:
 
     def _mark_missing(self, rows: dict[str, dict[str, Any]], bad: np.ndarray, keys: set[str] | None = None,
                       field: str = "missing", what: str = "scored NaN or inf") -> None:
-        """Every figure (or those in `keys`) of a group holding a probe scored NaN / inf becomes missing (NaN in
-        metrics.jsonl, not logged), with the reason in `field`: a count over a NaN is not a number, and argmax over NaN
-        picks an option as if it were one."""
-        ids = [self.probes[int(i)].id for i in np.flatnonzero(bad)]
-        for name, row in rows.items():
-            n_bad = int((bad & self._members(name)).sum())
-            if not n_bad:
-                continue
-            for k, v in row.items():
-                if (k != "n" and (keys is None or k in keys) and isinstance(v, (int, float))
-                        and not isinstance(v, bool)):
-                    row[k] = float("nan")
-            row[field] = (f"{n_bad} of {row.get('n', '?')} probes {what} (first: "
-                          f"{', '.join(ids[:3])}): the model's outputs overflowed or are not numbers")
-        if keys is None:
-            rows["overall"]["nonfinite_probes"] = len(ids)
-        else:
-            rows["overall"]["nonfinite_variant_probes"] = len(ids)
+        """`mark_missing` over this monitor's probes and groups."""
+        mark_missing(rows, bad, self._members, [self.probes[int(i)].id for i in np.flatnonzero(bad)], keys=keys,
+                     field=field, what=what, count="nonfinite_probes" if keys is None else "nonfinite_variant_probes")
 
     @property
     def figures_missing(self) -> bool:

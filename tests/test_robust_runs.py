@@ -290,6 +290,38 @@ def test_cli_cache_and_compare_with_variants(tokenizer, tiny_model_dir, tmp_path
     assert "variants.k: cache has 2, now 3" in capsys.readouterr().err and base.read_bytes() == before
 
 
+def test_compare_with_a_nan_variant_keeps_the_plain_comparison(tokenizer, tiny_model_dir, tmp_path, capsys):
+    """`compare` against a base cache holding a variant scored NaN (an fp16 overflow when it was made): the plain
+    comparison is computed, and only that probe's groups lose their robust figures, saying why, as a run's record does
+    (it used to refuse the whole comparison)."""
+    probes = tmp_path / "probes.jsonl"
+    make_probes().to_jsonl(probes)
+    base = tmp_path / "base.parquet"
+    assert cli(["cache", "--model", str(tiny_model_dir), "--probes", str(probes), "--robustness", "2",
+                "--max-new-tokens", "4", "-o", str(base)]) == 0
+    cache = BaseCache.load(base)
+    cache.variants.nonfinite[cache.variants.ids.index("cmp3~v2")] = True
+    base.unlink()
+    cache.save(base)
+    capsys.readouterr()
+    args = ["compare", "--model", str(tiny_model_dir), "--probes", str(probes), "--base", str(base)]
+    assert cli(args + ["--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["metrics"]["overall"]["forgetting"] == 0.0 and "missing" not in out["metrics"]["compare"]
+    groups = out["robustness"]["groups"]
+    assert groups["compare"]["robust_missing"].startswith("1 of 8 probes have a variant scored NaN or inf by the base "
+                                                          "cache (first: cmp3)")
+    assert groups["compare"]["robust_forgetting"] is None and groups["compare"]["robust_n"] == 8  # NaN: null in JSON
+    assert groups["add"]["consistency_change"] == 0 and "robust_missing" not in groups["add"]
+    assert groups["overall"]["nonfinite_variant_probes"] == 1 and "robust_missing" in groups["overall"]
+    assert "1 probes have variants scored NaN or inf by the base cache" in captured.err
+    assert cli(args) == 0
+    text = capsys.readouterr().out
+    assert "compare: robust figures missing: 1 of 8 probes have a variant scored NaN or inf" in text
+    assert "n/a" in text.split("robustness since base")[1]
+
+
 def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path, caplog):
     """A variant scored NaN (an fp16 overflow) is no answer: its groups' robust figures are missing, with the reason, and
     a robust budget cannot judge them; the probes as asked keep their figures, and a plain budget is judged."""
