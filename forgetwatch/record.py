@@ -21,7 +21,8 @@ Every file is written atomically or appended a whole line at a time, so a crash 
 evaluation is committed by its `metrics.jsonl` line, written last: its npz, flips, at-risk rows, replay file and budget
 events come first, so an evaluation without its line is unfinished, whatever else of it exists. `RunRecord.recover`
 (run when a writer opens the record) sets a line cut short by a crash aside, with the files of unfinished evaluations,
-under `recovered/<time>/`, and the writer scores those steps again.
+under `recovered/<time>/`, and the writer scores those steps again. A resume from an earlier checkpoint sets what came
+after it (the abandoned trajectory's evaluations and trainer-log rows) aside under `superseded/<time>-after-step-N/`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ _STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events
 # the JSON-lines files an evaluation appends to (its scorer's: the watcher never touches the trainer's log)
 _EVAL_LINES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
 RECOVERED = "recovered"  # what `recover` set aside: <record>/recovered/<time>/
+SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/superseded/<time>-after-step-N/
+# the folder each cut of this process went to, by (record, step): the training process cuts its trainer log and its
+# monitor the step files of one resume, and both go to one folder
+_CUT_TO: dict[tuple[Path, int], Path] = {}
 
 
 _DAMAGED = ("forgetwatch writes whole lines, so the file was changed by hand or by another program: restore it, or move "
@@ -274,10 +279,7 @@ class RunRecord:
         """Make the record whole again after a crash, before writing to it: a line cut short by the crash, and every
         file of an evaluation without its commit line (npz, flips, at-risk rows, events), move to
         `recovered/<time>/`; nothing is deleted. Returns what was done (also said in one warning)."""
-        aside = self.root / RECOVERED / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        n = 1
-        while aside.exists():  # a second recovery in the same second never replaces what the first set aside
-            aside, n = aside.with_name(f"{aside.name.split('.')[0]}.{n}"), n + 1
+        aside = _new_folder(self.root / RECOVERED / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         notes: list[str] = []
         for name in _EVAL_LINES:
             _, cut = split_cut_tail(self.root / name)
@@ -368,21 +370,54 @@ class RunRecord:
                        "`resume_from_checkpoint=` to continue a run's own record.", root, target)
         return target
 
-    def truncate_after(self, step: int, names: tuple[str, ...] = _STEP_FILES) -> None:
-        """Forget evaluations after `step` (resuming from an earlier checkpoint recomputes them); `names` says which files."""
-        if "evals" in names:
-            for s in self.eval_steps():
-                if s > step:
-                    (self.evals_dir / f"step-{s:08d}.npz").unlink()
+    def truncate_after(self, step: int, names: tuple[str, ...] = _STEP_FILES) -> Path | None:
+        """Cut the evaluations after `step` out of the record (resuming from an earlier checkpoint recomputes them);
+        `names` says which files. What is cut, the abandoned trajectory's, is set aside in
+        `superseded/<time>-after-step-<step>/` (evals/ files and the JSON-lines rows, as they were), never deleted.
+        Returns that folder, or None when nothing came after `step`."""
+        cut_evals = [s for s in self.eval_steps() if s > step] if "evals" in names else []
+        cut_rows: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         for name in names:
-            if name == "evals":
-                continue
             path = self.root / name
-            if path.is_file():
+            if name != "evals" and path.is_file():
                 # the trainer log is written without fsync: a garbled line is dropped, not fatal
-                kept = [r for r in _read_jsonl(path, skip_bad=name == "trainer_log.jsonl") if r.get("step", 0) <= step]
-                with atomic_write(path) as f:
-                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+                rows = _read_jsonl(path, skip_bad=name == "trainer_log.jsonl")
+                after = [r for r in rows if r.get("step", 0) > step]
+                if after:
+                    cut_rows[name] = ([r for r in rows if r.get("step", 0) <= step], after)
+        if not cut_evals and not cut_rows:
+            return None
+        key = (self.root.resolve(), step)
+        if key not in _CUT_TO or not _CUT_TO[key].is_dir():
+            _CUT_TO[key] = _new_folder(self.root / SUPERSEDED / f"{time.strftime('%Y%m%d-%H%M%S')}-after-step-{step}")
+        aside = _CUT_TO[key]
+        for s in cut_evals:
+            (aside / "evals").mkdir(parents=True, exist_ok=True)
+            self.eval_path(s).rename(_new_folder(aside / "evals" / self.eval_path(s).name))
+        for name, (kept, after) in cut_rows.items():
+            aside.mkdir(parents=True, exist_ok=True)
+            # the rows set aside are on disk before the record drops them: a crash between leaves them in both
+            with open(aside / name, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in after))
+                f.flush()
+                os.fsync(f.fileno())
+            with atomic_write(self.root / name) as f:
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        steps = sorted({*cut_evals, *(r["step"] for _, after in cut_rows.values() for r in after if isinstance(r.get("step"), int))})
+        # the trainer log alone (the training process's share of a resume) is said with the evaluations, by their writer
+        say = logger.warning if cut_evals or set(cut_rows) - {"trainer_log.jsonl"} else logger.info
+        say("forgetwatch: resumed from step %d: what the record held after it (steps %s: %s) is of the abandoned "
+            "trajectory, and the resumed run writes it again; set aside in %s (nothing is deleted)",
+            step, ", ".join(map(str, steps)), ", ".join((["evals/"] if cut_evals else []) + list(cut_rows)), aside)
+        return aside
+
+
+def _new_folder(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ... : the first name not taken (what is set aside never replaces what was)."""
+    target, n = path, 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}.{n}"), n + 1
+    return target
 
 
 def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:

@@ -722,6 +722,8 @@ def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
         first.train()
     record = load_record(out)
     assert sorted(metric_rows(record)) == [0, 2, 4] and (out / "checkpoint-4").is_dir()
+    abandoned_row, abandoned_npz = metric_rows(record)[4], record.eval_path(4).read_bytes()
+    abandoned_log = [r for r in record.read_trainer_log() if r["step"] > 2]
 
     # Resume from the earlier checkpoint: the step-4 evaluation of the first run must be dropped and recomputed.
     given = watcher()
@@ -748,6 +750,12 @@ def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
     losses = [(r["step"], r["loss"]) for r in record.read_trainer_log() if "loss" in r]
     assert losses == [(r["step"], r["loss"]) for r in sft_run.record.read_trainer_log() if "loss" in r]
     assert [s for s, _ in losses] == [1, 2, 3, 4, 5, 6]
+    # what the abandoned trajectory wrote after step 2 is set aside whole in one folder, not deleted
+    (aside,) = (record.root / "superseded").iterdir()
+    assert aside.name.endswith("-after-step-2")
+    assert (aside / "evals" / "step-00000004.npz").read_bytes() == abandoned_npz
+    assert [json.loads(line) for line in (aside / "metrics.jsonl").read_text().splitlines()] == [abandoned_row]
+    assert [json.loads(line) for line in (aside / "trainer_log.jsonl").read_text().splitlines()] == abandoned_log
 
 
 # -- tensorboard -------------------------------------------------------------------------------------------------
