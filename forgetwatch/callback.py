@@ -361,8 +361,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             cache.save(own_cache)  # the base this run uses, from the record it just set aside
         if self._is_main and resuming:
             try:  # the resumed run logs those steps again
-                record.truncate_after(state.global_step, names=("trainer_log.jsonl",))
-            except OSError:  # the report's loss panel is not worth a run (nor other ranks waiting on this one)
+                record.truncate_after(state.global_step, names=("trainer_log.jsonl",), start=self._start_id)
+            except Exception:  # the report's loss panel is not worth a run (nor other ranks waiting on this one)
                 logger.exception("forgetwatch: could not cut trainer_log.jsonl back to step %d", state.global_step)
         if cache is None:
             t0 = time.perf_counter()
@@ -390,7 +390,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if any(lg.name == "wandb" for lg in loggers):
             self._log_config()
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
-        self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None)
+        self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
+                          start=self._start_id)
         self._begin_replay(args, state)
 
     def _begin_replay(self, args, state) -> None:

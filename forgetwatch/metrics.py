@@ -494,7 +494,7 @@ def mark_missing(rows: dict[str, dict[str, Any]], bad: np.ndarray, members: Call
         >>> rows["a"]["forgetting"], rows["b"]["forgetting"], rows["overall"]["nonfinite_probes"]
         (1.0, nan, 1)
         >>> rows["b"]["missing"]
-        "1 of 1 probes scored NaN or inf (first: q2): the model's outputs overflowed or are not numbers"
+        "1 of 1 probes scored NaN or inf (first: q2): the scores overflowed or are not numbers"
     """
     if not bad.any():
         return
@@ -506,6 +506,6 @@ def mark_missing(rows: dict[str, dict[str, Any]], bad: np.ndarray, members: Call
             if k not in _SIZES and (keys is None or k in keys) and isinstance(v, (int, float)) and not isinstance(v, bool):
                 row[k] = float("nan")
         row[field] = (f"{n_bad} of {row.get('n', row.get('robust_n', '?'))} probes {what} (first: "
-                      f"{', '.join(list(ids)[:3])}): the model's outputs overflowed or are not numbers")
+                      f"{', '.join(list(ids)[:3])}): the scores overflowed or are not numbers")
     if OVERALL in rows:
         rows[OVERALL][count] = len(ids)

@@ -86,12 +86,14 @@ class Monitor:
         # replay the base's own answers to behaviour prompts)
         self._replayable = {p.category for p in probes}
 
-    def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None) -> None:
+    def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None,
+             start: str | None = None) -> None:
         """Start (or continue) the record under `<output_dir>/forgetwatch/` against the base in `cache`.
 
-        With `resume_step`, evaluations after it are forgotten and the rest read back, so that the next evaluation
-        continues as in an uninterrupted run (its flips against the last one, the budget's state as it was);
-        without, the record starts empty and the base is reported as step 0."""
+        With `resume_step`, evaluations after it are forgotten (set aside under `superseded/`, in the folder of the
+        training start `start` that resumed) and the rest read back, so that the next evaluation continues as in an
+        uninterrupted run (its flips against the last one, the budget's state as it was); without, the record starts
+        empty and the base is reported as step 0."""
         self.output_dir = Path(output_dir)
         self.record = record = RunRecord(self.output_dir / PREFIX)
         self.base, self.noise, self.loggers = cache.results, noise_floor(cache, precision), loggers
@@ -105,7 +107,7 @@ class Monitor:
         record.root.mkdir(parents=True, exist_ok=True)
         self.probes.to_jsonl(record.root / "probes.jsonl")
         record.recover()  # a crash mid-evaluation: its partial files set aside, the step scored again
-        record.truncate_after(resume_step if resume_step is not None else -1)
+        record.truncate_after(resume_step if resume_step is not None else -1, start=start)
         self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
         self.budget_state = BudgetState()
         last, last_robust = None, None

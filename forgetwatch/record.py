@@ -22,7 +22,7 @@ evaluation is committed by its `metrics.jsonl` line, written last: its npz, flip
 events come first, so an evaluation without its line is unfinished, whatever else of it exists. `RunRecord.recover`
 (run when a writer opens the record) sets a line cut short by a crash aside, with the files of unfinished evaluations,
 under `recovered/<time>/`, and the writer scores those steps again. A resume from an earlier checkpoint sets what came
-after it (the abandoned trajectory's evaluations and trainer-log rows) aside under `superseded/<time>-after-step-N/`.
+after it (the abandoned trajectory's evaluations and trainer-log rows) aside under `superseded/after-step-N-<start>/`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 import zipfile
 from collections.abc import Iterable
@@ -58,10 +59,7 @@ _STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events
 # the JSON-lines files an evaluation appends to (its scorer's: the watcher never touches the trainer's log)
 _EVAL_LINES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
 RECOVERED = "recovered"  # what `recover` set aside: <record>/recovered/<time>/
-SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/superseded/<time>-after-step-N/
-# the folder each cut of this process went to, by (record, step): the training process cuts its trainer log and its
-# monitor the step files of one resume, and both go to one folder
-_CUT_TO: dict[tuple[Path, int], Path] = {}
+SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/superseded/after-step-N-<start>/
 
 
 _DAMAGED = ("forgetwatch writes whole lines, so the file was changed by hand or by another program: restore it, or move "
@@ -370,53 +368,81 @@ class RunRecord:
                        "`resume_from_checkpoint=` to continue a run's own record.", root, target)
         return target
 
-    def truncate_after(self, step: int, names: tuple[str, ...] = _STEP_FILES) -> Path | None:
+    def truncate_after(self, step: int, names: tuple[str, ...] = _STEP_FILES, start: str | None = None) -> Path | None:
         """Cut the evaluations after `step` out of the record (resuming from an earlier checkpoint recomputes them);
-        `names` says which files. What is cut, the abandoned trajectory's, is set aside in
-        `superseded/<time>-after-step-<step>/` (evals/ files and the JSON-lines rows, as they were), never deleted.
-        Returns that folder, or None when nothing came after `step`."""
-        cut_evals = [s for s in self.eval_steps() if s > step] if "evals" in names else []
-        cut_rows: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-        for name in names:
-            path = self.root / name
-            if name != "evals" and path.is_file():
-                # the trainer log is written without fsync: a garbled line is dropped, not fatal
-                rows = _read_jsonl(path, skip_bad=name == "trainer_log.jsonl")
-                after = [r for r in rows if r.get("step", 0) > step]
-                if after:
-                    cut_rows[name] = ([r for r in rows if r.get("step", 0) <= step], after)
-        if not cut_evals and not cut_rows:
+        `names` says which files. What is cut, the abandoned trajectory's, is set aside byte for byte (evals/ files,
+        JSON-lines rows, and the trainer log's unreadable lines) in `superseded/after-step-<step>-<start>/`, never
+        deleted: `start` is the id of the training start that resumed, so the training process (its trainer log) and
+        the watcher (the evaluations) of one resume fill one folder, and two resumes two. Returns the folder, or None
+        when nothing came after `step`."""
+        cut_evals = [s for s in self._npz_steps() if s > step] if "evals" in names else []  # committed or not
+        # the commit lines (metrics.jsonl) go last: a crash mid-cut leaves those steps committed, cut again next time
+        lines = sorted((n for n in names if n != "evals" and (self.root / n).is_file()), key=lambda n: n == "metrics.jsonl")
+        cuts = {n: c for n in lines if (c := self._split_after(n, step))[1] or c[2]}
+        if not cut_evals and not cuts:
             return None
-        key = (self.root.resolve(), step)
-        if key not in _CUT_TO or not _CUT_TO[key].is_dir():
-            _CUT_TO[key] = _new_folder(self.root / SUPERSEDED / f"{time.strftime('%Y%m%d-%H%M%S')}-after-step-{step}")
-        aside = _CUT_TO[key]
+        label = f"after-step-{step}" if step >= 0 else "from-the-start"
+        aside = self.root / SUPERSEDED / (f"{label}-{start[:12]}" if start
+                                          else _new_folder(self.root / SUPERSEDED / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").name)
         for s in cut_evals:
             (aside / "evals").mkdir(parents=True, exist_ok=True)
-            self.eval_path(s).rename(_new_folder(aside / "evals" / self.eval_path(s).name))
-        for name, (kept, after) in cut_rows.items():
+            src = self.eval_path(s)
+            # shutil.move: evals/ may be a link to another disk, where a rename cannot go
+            shutil.move(src, _new_folder(aside / "evals" / src.name))
+        for name, (kept, after, unreadable) in cuts.items():
             aside.mkdir(parents=True, exist_ok=True)
-            # the rows set aside are on disk before the record drops them: a crash between leaves them in both
-            with open(aside / name, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in after))
-                f.flush()
-                os.fsync(f.fileno())
-            with atomic_write(self.root / name) as f:
-                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
-        steps = sorted({*cut_evals, *(r["step"] for _, after in cut_rows.values() for r in after if isinstance(r.get("step"), int))})
+            for suffix, part in (("", after), (".unreadable", unreadable)):
+                if part:  # on disk before the record drops them: a crash between leaves them in both places
+                    with open(aside / f"{name}{suffix}", "ab") as f:
+                        f.write(part)
+                        f.flush()
+                        os.fsync(f.fileno())
+            with atomic_write(self.root / name, "wb") as f:
+                f.write(kept)
+        what = (["evals/"] if cut_evals else []) + [n for n, c in cuts.items() if c[1]]
         # the trainer log alone (the training process's share of a resume) is said with the evaluations, by their writer
-        say = logger.warning if cut_evals or set(cut_rows) - {"trainer_log.jsonl"} else logger.info
-        say("forgetwatch: resumed from step %d: what the record held after it (steps %s: %s) is of the abandoned "
-            "trajectory, and the resumed run writes it again; set aside in %s (nothing is deleted)",
-            step, ", ".join(map(str, steps)), ", ".join((["evals/"] if cut_evals else []) + list(cut_rows)), aside)
+        say = logger.warning if cut_evals or set(cuts) - {"trainer_log.jsonl"} else logger.info
+        say("forgetwatch: the run goes on from %s, so what the record held after it (%s%s) is of an abandoned trajectory "
+            "and is written again; set aside in %s (nothing is deleted)",
+            "the start" if step < 0 else f"step {step}", ", ".join(what) or "nothing",
+            "; the trainer log's unreadable lines too" if cuts.get("trainer_log.jsonl", (0, 0, b""))[2] else "", aside)
         return aside
+
+    def _split_after(self, name: str, step: int) -> tuple[bytes, bytes, bytes]:
+        """A JSON-lines file's lines as (kept, after `step`, unreadable), each as its bytes. Only the trainer log, written
+        without fsync, may hold unreadable lines (a line garbled or cut short by a power loss); damage elsewhere raises
+        `RecordError` with the file and line. A row whose step is not a number is kept."""
+        path = self.root / name
+        tolerant = name == "trainer_log.jsonl"
+        if not tolerant:
+            _read_jsonl(path)  # damage is refused with the file and line
+        kept, after, unreadable = [], [], []
+        raw = path.read_bytes()
+        for line in raw.splitlines(keepends=True):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8")) if line.endswith(b"\n") else None
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                if tolerant:
+                    unreadable.append(line if line.endswith(b"\n") else line + b"\n")
+                    continue
+                kept.append(line)  # a last line cut short: not a record line (`recover` sets it aside)
+                continue
+            at = row.get("step", 0)
+            numeric = isinstance(at, (int, float)) and not isinstance(at, bool)
+            (after if numeric and at > step else kept).append(line)
+        return b"".join(kept), b"".join(after), b"".join(unreadable)
 
 
 def _new_folder(path: Path) -> Path:
-    """`path`, or `path.1`, `path.2`, ... : the first name not taken (what is set aside never replaces what was)."""
+    """`path`, or `path.1`, `path.2`, ... (before a file's extension: `step-4.1.npz`): the first name not taken (what is
+    set aside never replaces what was)."""
     target, n = path, 1
     while target.exists():
-        target, n = path.with_name(f"{path.name}.{n}"), n + 1
+        target, n = path.with_name(f"{path.stem}.{n}{path.suffix}" if path.suffix == ".npz" else f"{path.name}.{n}"), n + 1
     return target
 
 

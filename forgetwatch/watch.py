@@ -131,7 +131,8 @@ class Watcher:
             loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
                                     into_trainer_run)
             self.monitor.open(self.output_dir, cache, self.precision, loggers,
-                              resume_step=cut if cut is not None else max(done) if done else None)
+                              resume_step=cut if cut is not None else max(done) if done else None,
+                              start=self._resumed_by(cut))
         except BaseException:
             self._lock.release()
             raise
@@ -243,7 +244,8 @@ class Watcher:
         self._refresh_manifest()
         cut = self._abandoned_after(self.monitor.record)
         if cut is not None:  # the training resumed from an earlier checkpoint while this watcher ran
-            self.monitor.open(self.output_dir, self._cache, self.precision, self.monitor.loggers, resume_step=cut)
+            self.monitor.open(self.output_dir, self._cache, self.precision, self.monitor.loggers, resume_step=cut,
+                              start=self._resumed_by(cut))
             # what was said or tried of the abandoned checkpoints does not hold for the ones that replace them
             self._failed = {s: n for s, n in self._failed.items() if s <= cut}
             self._gone = {s for s in self._gone if s <= cut}
@@ -312,6 +314,12 @@ class Watcher:
             return None  # an earlier run's checkpoint is told by its time (`pending`)
         later = [s["step"] for s in starts[ids.index(start) + 1:] if s["step"] < step]
         return min(later) if later else None
+
+    def _resumed_by(self, step: int | None) -> str | None:
+        """The id of the (latest) training start that resumed from `step`: what it abandoned goes in its folder of
+        `superseded/`, beside the trainer-log rows its training process set aside."""
+        ids = [s.get("id") for s in self.manifest.get("starts", []) if s.get("step") == step]
+        return ids[-1] if step is not None and ids else None
 
     def _abandoned_after(self, record: RunRecord) -> int | None:
         """The step after which the record holds evaluations of checkpoints a later training start abandoned (it

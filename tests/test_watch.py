@@ -144,7 +144,8 @@ def test_a_resume_from_an_earlier_checkpoint_is_scored_again_from_the_checkpoint
         # the abandoned steps were forgotten, and the old checkpoints 4 and 6, waiting to be written again, not scored
         assert polled == [(0, [0, 2])]
         assert "resumed from step 2" in caplog.text and "steps 4, 6" in caplog.text
-        (aside,) = (record.root / "superseded").iterdir()  # set aside whole, not deleted
+        (aside,) = (record.root / "superseded").iterdir()  # set aside whole, not deleted, one folder for the resume
+        assert (aside / "trainer_log.jsonl").is_file()  # the training process's share, named alike
         assert sorted(p.name for p in (aside / "evals").iterdir()) == ["step-00000004.npz", "step-00000006.npz"]
         assert [json.loads(line)["step"] for line in (aside / "metrics.jsonl").read_text().splitlines()] == [4, 6]
         assert live.poll() == 2
