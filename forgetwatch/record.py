@@ -409,9 +409,10 @@ class RunRecord:
         return aside
 
     def _split_after(self, name: str, step: int) -> tuple[bytes, bytes, bytes]:
-        """A JSON-lines file's lines as (kept, after `step`, unreadable), each as its bytes. Only the trainer log, written
-        without fsync, may hold unreadable lines (a line garbled or cut short by a power loss); damage elsewhere raises
-        `RecordError` with the file and line. A row whose step is not a number is kept."""
+        """A JSON-lines file's lines as (kept, after `step`, unreadable), each as its bytes. Unreadable: a last line cut
+        short by a crash (left in place, the next line appended would be glued to it), and in the trainer log, written without
+        fsync, a line a power loss garbled; damage elsewhere raises `RecordError` with the file and line. A row whose
+        step is not a number is kept."""
         path = self.root / name
         tolerant = name == "trainer_log.jsonl"
         if not tolerant:
@@ -425,11 +426,8 @@ class RunRecord:
                 row = json.loads(line.decode("utf-8")) if line.endswith(b"\n") else None
             except ValueError:
                 row = None
-            if not isinstance(row, dict):
-                if tolerant:
-                    unreadable.append(line if line.endswith(b"\n") else line + b"\n")
-                    continue
-                kept.append(line)  # a last line cut short: not a record line (`recover` sets it aside)
+            if not isinstance(row, dict):  # garbled (the trainer log only), or a last line cut short
+                unreadable.append(line if line.endswith(b"\n") else line + b"\n")
                 continue
             at = row.get("step", 0)
             numeric = isinstance(at, (int, float)) and not isinstance(at, bool)

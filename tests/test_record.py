@@ -96,3 +96,13 @@ def test_damage_in_the_scorers_files_is_refused_by_name_before_anything_moves(tm
         record.truncate_after(2, start="d" * 32)
     assert record.eval_steps() == [0, 2, 4] and steps_in(record.root / "metrics.jsonl") == [0, 2, 4]
     assert not (record.root / "superseded").exists()
+
+
+def test_a_last_line_cut_short_goes_aside_rather_than_be_glued_to_the_next(tmp_path):
+    record = make_record(tmp_path / "forgetwatch", [0, 2, 4], last_log_step=4)
+    with open(record.root / "flips.jsonl", "ab") as f:
+        f.write(b'{"step": 6, "id"')
+    aside = record.truncate_after(2, start="e" * 32)
+    assert (aside / "flips.jsonl.unreadable").read_bytes() == b'{"step": 6, "id"\n'
+    record.append_flips([{"step": 4, "id": "b"}])
+    assert steps_in(record.root / "flips.jsonl") == [0, 2, 4]
