@@ -313,6 +313,12 @@ class RunRecord:
                            self.root, "; ".join(notes), aside)
         return notes
 
+    def kept_aside(self) -> list[str]:
+        """What this record set aside and kept, not in its figures: `recovered/<time>` (a crash's unfinished writes) and
+        `superseded/after-step-N-<start>` (a trajectory a resume abandoned), as paths relative to the record."""
+        return [f"{folder}/{p.name}" for folder in (RECOVERED, SUPERSEDED) if (self.root / folder).is_dir()
+                for p in sorted((self.root / folder).iterdir()) if p.is_dir()]
+
     def check(self, fingerprint: str | None = None, n: int | None = None) -> list[str]:
         """What is wrong with this record, for `forgetwatch report`: steps repeated or out of order, evaluations without
         their commit line or the other way round, npz files of another probe count or probe set. Empty when whole."""

@@ -903,6 +903,10 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         ("final evaluation", f"step {final['step']}, epoch {float(final.get('epoch') or 0):.2f}"),
         ("trainer log", train_source or "none (kept by the callback from this version on; else a trainer_state.json)"),
     ]
+    if aside := record.kept_aside():  # what a crash or a resume took out of these figures, kept beside them
+        meta.append(("set aside", f"{', '.join(aside)} (in the record; not in these figures: "
+                                  "recovered/ holds a crash's unfinished writes, superseded/ what a resume from an earlier "
+                                  "checkpoint abandoned)"))
     summary = (
         f"At step {final['step']}: accuracy {_f(o['accuracy_pre'])} → {_f(o['accuracy_post'])} "
         f"(net {o['net_change']:+.3f}). Forgot {o['forgotten']} of {o['n']} probes: F = {_f(o['forgetting'])}"

@@ -756,6 +756,9 @@ def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
     assert (aside / "evals" / "step-00000004.npz").read_bytes() == abandoned_npz
     assert [json.loads(line) for line in (aside / "metrics.jsonl").read_text().splitlines()] == [abandoned_row]
     assert [json.loads(line) for line in (aside / "trainer_log.jsonl").read_text().splitlines()] == abandoned_log
+    from forgetwatch.report import make_report
+
+    assert f"superseded/{aside.name} (in the record; not in these figures" in make_report(out).read_text()
 
 
 # -- tensorboard -------------------------------------------------------------------------------------------------
