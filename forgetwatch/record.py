@@ -424,8 +424,8 @@ class RunRecord:
         if not tolerant:
             _read_jsonl(path)  # damage is refused with the file and line
         kept, after, unreadable = [], [], []
-        raw = path.read_bytes()
-        for line in raw.splitlines(keepends=True):
+        parts = path.read_bytes().split(b"\n")  # lines as the reader splits them (on \n alone)
+        for line in [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else []):
             if not line.strip():
                 continue
             try:
