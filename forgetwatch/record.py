@@ -73,17 +73,23 @@ class RecordError(ValueError):
 def _append(path: Path, text: str, sync: bool = True) -> None:
     """Every append to a record file: whole lines in one write, synced (the record's only other writes are atomic). A
     write that fails part way (a full disk) is cut back, so that the next append never lands on half a line."""
-    with open(path, "a", encoding="utf-8") as f:
-        size = f.tell()
+    # unbuffered: a buffered file flushes what it holds before it truncates, and on a full disk that flush fails again
+    # and leaves the half line in place
+    data = memoryview(text.encode("utf-8"))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
         try:
-            f.write(text)
-            f.flush()
+            while data:
+                data = data[os.write(fd, data):]
             if sync:
-                os.fsync(f.fileno())
+                os.fsync(fd)
         except BaseException:
             with contextlib.suppress(OSError):
-                f.truncate(size)
+                os.ftruncate(fd, size)
             raise
+    finally:
+        os.close(fd)
 
 
 def _append_line(path: Path, obj: dict[str, Any], sync: bool = True) -> None:
@@ -316,8 +322,14 @@ class RunRecord:
     def kept_aside(self) -> list[str]:
         """What this record set aside and kept, not in its figures: `recovered/<time>` (a crash's unfinished writes) and
         `superseded/after-step-N-<start>` (a trajectory a resume abandoned), as paths relative to the record."""
-        return [f"{folder}/{p.name}" for folder in (RECOVERED, SUPERSEDED) if (self.root / folder).is_dir()
-                for p in sorted((self.root / folder).iterdir()) if p.is_dir()]
+        out = []
+        for folder in (RECOVERED, SUPERSEDED):
+            try:
+                out += [f"{folder}/{p.name}" for p in sorted((self.root / folder).iterdir(), key=lambda p: p.stat().st_mtime)
+                        if p.is_dir()] if (self.root / folder).is_dir() else []
+            except OSError as e:  # a report is not refused for a folder it cannot list
+                out.append(f"{folder}/ (unreadable: {e.strerror or e})")
+        return out
 
     def check(self, fingerprint: str | None = None, n: int | None = None) -> list[str]:
         """What is wrong with this record, for `forgetwatch report`: steps repeated or out of order, evaluations without
@@ -425,11 +437,12 @@ class RunRecord:
             _read_jsonl(path)  # damage is refused with the file and line
         kept, after, unreadable = [], [], []
         parts = path.read_bytes().split(b"\n")  # lines as the reader splits them (on \n alone)
-        for line in [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else []):
+        for i, line in enumerate([p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line.decode("utf-8")) if line.endswith(b"\n") else None
+            try:  # a byte-order mark (an editor's) opens line 1: the reader skips it, so it is no damage
+                text = line[3:] if i == 0 and line.startswith(b"\xef\xbb\xbf") else line
+                row = json.loads(text.decode("utf-8")) if line.endswith(b"\n") else None
             except ValueError:
                 row = None
             if not isinstance(row, dict):  # garbled (the trainer log only), or a last line cut short

@@ -106,3 +106,42 @@ def test_a_last_line_cut_short_goes_aside_rather_than_be_glued_to_the_next(tmp_p
     assert (aside / "flips.jsonl.unreadable").read_bytes() == b'{"step": 6, "id"\n'
     record.append_flips([{"step": 4, "id": "b"}])
     assert steps_in(record.root / "flips.jsonl") == [0, 2, 4]
+
+
+def test_an_append_that_runs_out_of_space_leaves_whole_lines(tmp_path):
+    """A disk that fills mid-append (here a file-size limit, which fails a write part way as a full disk does): the
+    half-written line is cut back, so the append after space is freed starts on a fresh line, and every line reads."""
+    import subprocess
+    import sys
+
+    record = make_record(tmp_path / "forgetwatch", [0], last_log_step=0)
+    script = f"""
+import resource, signal, os
+from forgetwatch.record import RunRecord
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG) instead of killing us
+record = RunRecord({str(record.root)!r})
+size = os.path.getsize(record.root / "flips.jsonl")
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, hard))
+try:
+    record.append_flips([{{"step": 2, "id": "a", "question": "x" * 200}}])
+except OSError as e:
+    print("failed:", e.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+record.append_flips([{{"step": 4, "id": "a"}}])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("failed:")
+    assert steps_in(record.root / "flips.jsonl") == [0, 4]
+
+
+def test_a_byte_order_mark_on_line_one_is_no_damage(tmp_path):
+    """An editor's byte-order mark before line 1: the reader skips it, and so does the cut (the row stays)."""
+    record = make_record(tmp_path / "forgetwatch", [0, 2, 4], last_log_step=4)
+    path = record.root / "metrics.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    aside = record.truncate_after(2, start="f" * 32)
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf") and steps_in(aside / "metrics.jsonl") == [4]
+    assert [r["step"] for r in record.read_metrics()] == [0, 2] and not (aside / "metrics.jsonl.unreadable").exists()
+    assert record.kept_aside() == [f"superseded/{aside.name}"]
