@@ -165,14 +165,23 @@ def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         run(tmp_path / "run", "scoring", resume=True)  # now recorded as the scoring form: nothing to say
     assert not [r for r in caplog.records if "resumes at step" in r.getMessage()]
+    # and a resume that drops replay altogether
+    assert resumed_without_replay(tokenizer, tmp_path / "run", watcher(), 6, 8, caplog) == [dropped_replay(6)]
+
+
+def resumed_without_replay(tokenizer, out: Path, callback, step: int, max_steps: int, caplog) -> list[str]:
+    """Resume the run in `out` from checkpoint-`step` without replay; the resume warnings said."""
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):  # and a resume that drops replay altogether
-        traced_sft(tokenizer, tmp_path / "run", watcher(), sft_dataset(), save_strategy="steps", save_steps=2,
-                   max_steps=8).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-6"))
-    assert [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()] == [
-        "forgetwatch: this run started with replay: scoring form but resumes at step 6 with no replay: the replayed "
-        "examples change from here on, so its curves before and after are not one experiment; to continue it as it was, "
-        "resume with the same replay options (and forgetwatch version)"]
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        traced_sft(tokenizer, out, callback, sft_dataset(), save_strategy="steps", save_steps=2,
+                   max_steps=max_steps).train(resume_from_checkpoint=str(out / f"checkpoint-{step}"))
+    return [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()]
+
+
+def dropped_replay(step: int) -> str:
+    return (f"forgetwatch: this run started with replay: scoring form but resumes at step {step} with no replay: the "
+            "replayed examples change from here on, so its curves before and after are not one experiment; to continue "
+            "it as it was, resume with the same replay options (and forgetwatch version)")
 
 
 def test_a_sidecar_resume_that_drops_replay_is_said(tokenizer, tmp_path, caplog):
@@ -185,14 +194,7 @@ def test_a_sidecar_resume_that_drops_replay_is_said(tokenizer, tmp_path, caplog)
     traced_sft(tokenizer, tmp_path / "run", w, mix_replay(sft_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0,
                                                           strategy="uniform", form="scoring"),
                save_strategy="steps", save_steps=2, max_steps=6).train()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        traced_sft(tokenizer, tmp_path / "run", watcher_sidecar(), sft_dataset(), save_strategy="steps", save_steps=2,
-                   max_steps=6).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-4"))
-    assert [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()] == [
-        "forgetwatch: this run started with replay: scoring form but resumes at step 4 with no replay: the replayed "
-        "examples change from here on, so its curves before and after are not one experiment; to continue it as it was, "
-        "resume with the same replay options (and forgetwatch version)"]
+    assert resumed_without_replay(tokenizer, tmp_path / "run", watcher_sidecar(), 4, 6, caplog) == [dropped_replay(4)]
 
 
 def test_grpo_data_gets_each_rows_kind_for_probe_reward():
