@@ -145,3 +145,17 @@ def test_a_byte_order_mark_on_line_one_is_no_damage(tmp_path):
     assert path.read_bytes().startswith(b"\xef\xbb\xbf") and steps_in(aside / "metrics.jsonl") == [4]
     assert [r["step"] for r in record.read_metrics()] == [0, 2] and not (aside / "metrics.jsonl.unreadable").exists()
     assert record.kept_aside() == [f"superseded/{aside.name}"]
+
+
+def test_a_set_aside_folder_that_cannot_be_listed_does_not_stop_the_report(tmp_path, monkeypatch):
+    record = make_record(tmp_path / "forgetwatch", [0, 2, 4], last_log_step=4)
+    record.truncate_after(2, start="g" * 32)
+    listing = Path.iterdir
+
+    def denied(self):
+        if self.name == "superseded":
+            raise PermissionError(13, "Permission denied")
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", denied)
+    assert record.kept_aside() == ["superseded/ (unreadable: Permission denied)"]
