@@ -447,6 +447,11 @@ def run(st: Setting, arms: list[str], seeds: list[int], lanes: int) -> bool:
 
 # -- interpolation ----------------------------------------------------------------------------------------------
 def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
+    """`forgetwatch interpolate` on one kept model, one α a call: a session that ends mid-way loses one point (~10 min
+    contended), not the whole curve (~1 h). Each α's output is kept in <out>/interp-parts/; the curve is their union,
+    the same figures one call over the grid gives (every α is scored from the same two directories)."""
+    from forgetwatch.interpolate import alpha_grid
+
     name = run_name(arm, seed)
     path = _done(st) / f"interp-{name}.json"
     if path.is_file():
@@ -456,19 +461,38 @@ def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     if not (model / "model.safetensors").is_file() and not (model / "model.safetensors.index.json").is_file():
         print(f"interp {name}: no kept model in {model} (run it first)", flush=True)
         return None
+    parts = _out(st) / "interp-parts"
+    parts.mkdir(exist_ok=True)
     t0 = time.time()
-    with open(_out(st) / f"interp-{name}.log", "w") as log:
-        proc = subprocess.run([_cli(), "interpolate", "--model", str(model), "--probes", str(_out(st) / "held_out.jsonl"),
-                               "--base", str(_out(st) / "base-held_out.parquet"), "--alphas", st.alphas,
-                               "--task-data", str(_out(st) / "task.jsonl"), "--task-max-length", str(s12.MAX_LENGTH),
-                               "--json", "--device", "cpu"],
-                              env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
-    if proc.returncode != 0:
-        print(f"interp {name}: FAILED ({proc.returncode}; {_out(st)}/interp-{name}.log)", flush=True)
-        return False
-    result = {"arm": arm, "seed": seed, "seconds": time.time() - t0, **json.loads(proc.stdout)}
-    path.write_text(json.dumps(result))
-    print(f"interp {name}: ok in {time.time() - t0:.0f} s", flush=True)
+    got, seconds = [], 0.0
+    for alpha in alpha_grid(st.alphas, False):
+        part = parts / f"{name}-a{alpha:g}.json"
+        if not part.is_file():
+            t1 = time.time()
+            with open(_out(st) / f"interp-{name}.log", "a") as log:
+                proc = subprocess.run([_cli(), "interpolate", "--model", str(model),
+                                       "--probes", str(_out(st) / "held_out.jsonl"),
+                                       "--base", str(_out(st) / "base-held_out.parquet"), "--alphas", f"{alpha:g}",
+                                       "--task-data", str(_out(st) / "task.jsonl"),
+                                       "--task-max-length", str(s12.MAX_LENGTH), "--json", "--device", "cpu"],
+                                      env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+            if proc.returncode != 0:
+                print(f"interp {name} α {alpha:g}: FAILED ({proc.returncode}; {_out(st)}/interp-{name}.log)", flush=True)
+                return False
+            one = json.loads(proc.stdout)
+            one["seconds"] = time.time() - t1
+            tmp = part.with_name(f".{part.name}.tmp")
+            tmp.write_text(json.dumps(one))
+            tmp.replace(part)
+            print(f"interp {name} α {alpha:g}: ok in {one['seconds']:.0f} s", flush=True)
+        got.append(json.loads(part.read_text()))
+    seconds = sum(g.pop("seconds") for g in got)
+    head = {k: v for k, v in got[0].items() if k != "alphas"}
+    result = {"arm": arm, "seed": seed, "seconds": seconds, **head, "alphas": [g["alphas"][0] for g in got]}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    print(f"interp {name}: ok ({seconds:.0f} s of scoring, {time.time() - t0:.0f} s this time)", flush=True)
     return True
 
 
