@@ -147,8 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the base model's directory (or Hub id; `smollm2`) (default: the model the base cache was made with)")
     ip.add_argument("--alphas", default=None, help="the grid: 0,0.5,1 or start:stop:step (default 0:1:0.1)")
     ip.add_argument("--extrapolate", action="store_true", help="allow α outside [0, 1]")
-    ip.add_argument("--task-data", default=None, help="task measure: the held-out loss on this JSONL (text, messages, or "
-                                                      "prompt + completion rows; nats per answer token; lower is better)")
+    ip.add_argument("--task-data", default=None, help="task measure: the held-out loss on this JSONL, or dataset (a "
+                                                      "directory or Hub name; text, messages, or prompt + completion rows; "
+                                                      "nats per answer token; lower is better)")
+    ip.add_argument("--task-split", default="test", help="with a dataset in --task-data: its split (default test)")
     ip.add_argument("--task-max-examples", type=int, default=200, help="with --task-data: at most this many examples (default 200)")
     ip.add_argument("--task-max-length", type=int, default=1024,
                     help="with --task-data: examples cut at this many tokens, as training cut them (default 1024)")
@@ -795,14 +797,23 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             raise InterpolationError(f"--save-at {args.save_at[0]}: give one α to save the model at (e.g. --save-at 0.5 "
                                      "OUT), not a grid")
         save_at = (at[0], Path(args.save_at[1]))
+        _check_save_at(save_at[1], {"--model": args.model, "--probes": args.probes, "--base": args.base,
+                                    "--task-data": args.task_data, "--task-probes": args.task_probes,
+                                    "--base-model": args.base_model})
         if save_at[1].exists() and not args.force:
             raise _exists(str(save_at[1]), "a directory or file", "--save-at ALPHA")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (an extra: known missing now, not after the scoring)
+        except ImportError as e:
+            raise ValueError(f"--plot {args.plot}: the plot is drawn with matplotlib, which cannot be imported ({e}): pip "
+                             "install 'forgetwatch[report]', or leave out --plot") from None
     if args.plot and _check_output(args.plot, (".png",), "front.png", {"--probes": args.probes, "--base": args.base,
                                    "--task-data": args.task_data, "--model": args.model}, option="--plot") and not args.force:
         raise _exists(args.plot, "a file", "--plot")
     if args.task_max_length < 2:
         raise ValueError(f"--task-max-length {args.task_max_length}: an example needs at least 2 tokens to have a loss")
-    task_rows = load_task_data(args.task_data, args.task_max_examples) if args.task_data else None
+    task_rows = load_task_data(args.task_data, args.task_max_examples, args.task_split) if args.task_data else None
     task_probes = load_probes(args.task_probes, per_suite=args.task_per_suite, seed=args.seed) if args.task_probes else None
     if task_rows is not None and task_probes is not None:
         raise ValueError("give one task measure: --task-data (held-out loss) or --task-probes (accuracy), not both")
@@ -819,11 +830,25 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
                                  "this one: forgetwatch cache --model ...), or pass --allow-other-model to go on")
     base_name = args.base_model or cached
     base_dir = _base_model_dir(base_name, args.base)
+    if save_at is not None:
+        _check_save_at(save_at[1], {"the base model's directory": str(base_dir)})
     model, tokenizer, setter = _interpolated_model(args.model, base_dir, dtype, args.device, base_name)
     built, now = base.key.get("model", {}).get("architecture"), model_identity(model)["architecture"]
     if built and now and built != now and not args.allow_other_model:
         raise InterpolationError(f"{args.base} was made with a {built}, and --model {args.model} is a {now}: not a fine-tune "
                                  "of that base (pass --allow-other-model to go on)")
+    from .interpolate import setting_differences
+    from .scoring import describe_precision
+
+    differ = setting_differences(base_dir, model, tokenizer)
+    if differ:
+        print(f"forgetwatch interpolate: warning: every α is scored with the checkpoint's tokenizer and generation "
+              f"settings (θ(α) ships with them), and they differ from the base's in {'; '.join(differ)}: α = 0 is the "
+              "base's weights under them, so its figures need not be zero (the cache scored the base under its own)",
+              file=sys.stderr)
+    # the cache's scoring settings (template, precision, ...) against this model's, before any scoring
+    before = config.key(tokenizer, describe_precision(model, autocast=autocast))
+    base.check(make_cache_key(model_identity(model), probes, before), ignore=("model",), path=args.base)
     task_pairs = None
     if task_rows is not None:  # every row encoded now, so that a row the model cannot read is refused before scoring
         from .interpolate import encode_task_rows
@@ -837,7 +862,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
         setter.set(alpha)
         print(f"α = {alpha:g} ({i + 1} of {len(alphas)})", file=sys.stderr, flush=True)
         results, scoring_key = _score(args, probes, config, dtype, autocast, loaded=(model, tokenizer))[1:]
-        if i == 0:
+        if i == 0 and scoring_key != before:  # as checked above, unless scoring settled something the key names
             base.check(make_cache_key(model_identity(model), probes, scoring_key), ignore=("model",), path=args.base)
         rows = figure_rows(probes, base.results, results)[2]
         task = None
@@ -853,14 +878,7 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
                       "within_budget": None if budget is None else not breaches and not missing})
     task_kind = "loss" if task_rows is not None else "accuracy" if task_probes is not None else None
     chosen = _choose_alpha(steps, task_kind, budget is not None)
-    if save_at is not None:
-        # θ(α) is written from the two directories, not from the scoring model: let it go first (memory: one model)
-        setter.release()
-        del model
-        gc.collect()
-        setter.save(save_at[0], save_at[1], tokenizer)
-    if args.plot:
-        _plot_interpolation(steps, task_kind, args.plot, chosen)
+    # the figures first: a plot or a model that cannot be written must not take the scoring with it
     if args.json:
         print(strict_json({"model": args.model, "base": args.base, "base_model": str(base_dir), "task": task_kind,
                            "budget": budget.to_dict() if budget else None, "chosen_alpha": chosen, "alphas": steps}, indent=1))
@@ -870,9 +888,36 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
             print(f"\nwithin budget {', '.join(f'{k}={v:g}' for k, v in budget.to_dict()['limits'].items())}: "
                   + (f"α = {chosen:g} (" + ("the best task measure among those within" if task_kind else "the largest")
                      + ")" if chosen is not None else "no α (even the base is over it?)"))
+    sys.stdout.flush()
+    if args.plot:
+        _plot_interpolation(steps, task_kind, args.plot, chosen)
     if save_at is not None:
+        # θ(α) is written from the two directories, not from the scoring model: let it go first (memory: one model)
+        setter.release()
+        del model
+        gc.collect()
+        setter.save(save_at[0], save_at[1], tokenizer)
         print(f"wrote the model at α = {save_at[0]:g} to {save_at[1]}", file=sys.stderr)
     return 0
+
+
+def _check_save_at(out: Path, inputs: dict[str, str | None]) -> None:
+    """Refuse a `--save-at` directory that is an input or holds one (the old one is removed when the new is in place,
+    even with --force), or whose parent cannot be written: before any model is loaded, not after the scoring."""
+    for flag, given in inputs.items():
+        if not given or not Path(given).exists():  # a model name, not a path: nothing on this disk to lose
+            continue
+        given_path = Path(given)
+        if _same_file(out, given_path) or (out.exists() and out.resolve() in given_path.resolve().parents):
+            raise ValueError(f"--save-at {out}: {'is' if _same_file(out, given_path) else 'holds'} {flag} ({given}); "
+                             "writing the model there would remove it. Choose another directory (this is refused even "
+                             "with --force)")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise ValueError(f"--save-at {out}: the directory {parent} does not exist. Create it first (mkdir -p "
+                         f"{quote(parent)}) or choose another place")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--save-at {out}: cannot write in {parent}; choose another place")
 
 
 def _base_model_dir(name: str | None, cache: str) -> Path:

@@ -29,7 +29,8 @@ import torch
 from ._io import read_jsonl
 
 __all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "held_out_loss", "load_task_data",
-           "encode_task_rows", "check_lora_config", "save_interpolated", "save_lora_merged", "DEFAULT_ALPHAS"]
+           "encode_task_rows", "check_lora_config", "save_interpolated", "save_lora_merged", "setting_differences",
+           "DEFAULT_ALPHAS"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,20 +127,43 @@ class _Tensors:
         return out
 
 
+def _check_pair(base: _Tensors, tuned: _Tensors) -> None:
+    """The two files hold the same tensors, with the same shapes, in dtypes interpolate reads: what makes θ(α) a model
+    of the checkpoint's architecture. Checked on the files' headers (no tensor is read) before any scoring or writing."""
+    for one, other in ((base, tuned), (tuned, base)):
+        extra = sorted(set(one.files) - set(other.files))
+        if extra:  # e.g. an untied lm_head in one and a tied one in the other: α = 0 would not be the base
+            raise InterpolationError(f"{one.directory}: tensor {extra[0]!r} ({len(extra)} in all) is not in "
+                                     f"{other.directory} (weights tied in one and not in the other?): not the same "
+                                     "architecture; interpolate a fine-tune toward its own base")
+    for name in tuned.files:
+        for side in (base, tuned):
+            kind = side.dtype(name)
+            if kind.startswith("F8") or (kind.startswith("F") and kind not in _FLOATS):
+                raise InterpolationError(f"{side.directory}: tensor {name!r} is {kind}: interpolate reads float64, "
+                                         "float32, float16 and bfloat16 weights; dequantise the checkpoint")
+        if base.shape(name) != tuned.shape(name):
+            raise InterpolationError(f"{base.directory}: tensor {name!r} has shape {list(base.shape(name))}, the "
+                                     f"checkpoint's is {list(tuned.shape(name))}: not the same architecture; interpolate "
+                                     "a fine-tune toward its own base")
+
+
 class Interpolator:
     """Sets `model` (loaded from the fine-tuned checkpoint) to θ_base + α (θ_ft − θ_base), in place.
 
-    Both sides are read from their safetensors files a tensor at a time, in float32, and the result cast to the
-    parameter's dtype: memory is one model plus one tensor of each file (θ(α) is made in place in the base's), each
-    file opened for one tensor at a time. Every parameter must exist in both files with the model's shape (tied weights count once); anything else is refused before any scoring, naming the tensor.
+    Both sides are read from their safetensors files in slices of rows, in float32, and the result cast into the
+    parameter: memory is one model plus a slice of each file (at most `chunk` elements), each file opened for one tensor
+    at a time. The two files must hold the same tensors with the same shapes, and every parameter must be one of them
+    with its shape (tied weights count once); anything else is refused before any scoring, naming the tensor.
 
     Args:
         model: the fine-tuned model (its parameters are overwritten by `set`).
         base_dir, tuned_dir: the base model's and the checkpoint's directories.
+        chunk: elements read from each file at a time (default 2**22: 16 MiB in float32).
     """
 
-    def __init__(self, model: Any, base_dir: str | os.PathLike, tuned_dir: str | os.PathLike):
-        self.model = model
+    def __init__(self, model: Any, base_dir: str | os.PathLike, tuned_dir: str | os.PathLike, chunk: int = 1 << 22):
+        self.model, self.chunk = model, chunk
         self.base = _Tensors(Path(base_dir), "the base model")
         self.tuned = _Tensors(Path(tuned_dir), "the checkpoint")
         seen: set[int] = set()
@@ -148,32 +172,46 @@ class Interpolator:
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 self.params[name] = p
-        extra = sorted(set(self.base.files) - set(self.tuned.files))
-        if extra:  # e.g. an untied lm_head in the base and a tied one in the checkpoint: α = 0 would not be the base
-            raise InterpolationError(f"{self.base.directory}: tensor {extra[0]!r} ({len(extra)} in all) is not in the "
-                                     f"checkpoint {self.tuned.directory} (weights tied in one and not in the other?): not "
-                                     "the same architecture; interpolate a fine-tune toward its own base")
-        for side in (self.base, self.tuned):
-            missing = [n for n in self.params if n not in side.files]
-            if missing:
-                raise InterpolationError(f"{side.directory}: no tensor {missing[0]!r} ({len(missing)} of the model's "
-                                         f"{len(self.params)} missing): not the same architecture as the checkpoint; "
-                                         "interpolate a fine-tune toward its own base")
-            for name, p in self.params.items():
-                kind = side.dtype(name)
-                if kind not in _FLOATS or not p.is_floating_point():
-                    raise InterpolationError(f"{side.directory}: tensor {name!r} is {kind} (the model's parameter "
-                                             f"{p.dtype}): interpolate reads float64, float32, float16 and bfloat16 "
-                                             "weights; dequantise the checkpoint")
-                if side.shape(name) != tuple(p.shape):
-                    raise InterpolationError(f"{side.directory}: tensor {name!r} has shape {list(side.shape(name))}, the "
-                                             f"model's is {list(p.shape)}: not the same architecture; interpolate a "
-                                             "fine-tune toward its own base")
+        _check_pair(self.base, self.tuned)
+        missing = [n for n in self.params if n not in self.tuned.files]
+        if missing:  # the files agree with each other, and the model does not read them under their own names
+            raise InterpolationError(f"--model {self.tuned.directory}: the model's parameter {missing[0]!r} ({len(missing)} "
+                                     f"of its {len(self.params)}) is not a tensor of its weight files: transformers renames "
+                                     "or fuses this architecture's weights when it loads them (mixture-of-experts layers "
+                                     "do), which interpolate does not follow. Merge the files with a tool that works on "
+                                     "them (e.g. mergekit's linear merge at weights 1-α and α) and score each with "
+                                     "`forgetwatch compare`")
+        for name, p in self.params.items():
+            kinds = {side.dtype(name) for side in (self.base, self.tuned)} - set(_FLOATS)
+            if kinds or not p.is_floating_point():
+                raise InterpolationError(f"--model {self.tuned.directory}: parameter {name!r} is "
+                                         f"{', '.join(sorted(kinds)) or p.dtype} in the files (the model's {p.dtype}): "
+                                         "interpolate reads float64, float32, float16 and bfloat16 weights; dequantise "
+                                         "the checkpoint")
+            if self.tuned.shape(name) != tuple(p.shape):
+                raise InterpolationError(f"{self.tuned.directory}: tensor {name!r} has shape {list(self.tuned.shape(name))}, "
+                                         f"the model's is {list(p.shape)}: not the same architecture; interpolate a "
+                                         "fine-tune toward its own base")
 
     @torch.no_grad()
     def set(self, alpha: float) -> None:
+        from safetensors import safe_open
+
         for name, p in self.params.items():
-            p.data.copy_(_at(alpha, self.base, self.tuned, name).to(dtype=p.dtype, device=p.device))
+            if p.dim() == 0:
+                p.data.copy_(_at(alpha, self.base, self.tuned, name).to(dtype=p.dtype, device=p.device))
+                continue
+            rows = p.shape[0]
+            step = max(1, self.chunk // max(1, p.numel() // max(rows, 1)))
+            with safe_open(self.base.files[name], "pt") as fb, safe_open(self.tuned.files[name], "pt") as ft:
+                sb, st = fb.get_slice(name), ft.get_slice(name)
+                for i in range(0, rows, step):
+                    if alpha in (0, 1):  # exactly one side: no arithmetic
+                        part = (st if alpha == 1 else sb)[i : i + step]
+                    else:
+                        part = sb[i : i + step].float().lerp_(st[i : i + step].float(), alpha)
+                    p.data[i : i + step].copy_(part.to(dtype=p.dtype, device=p.device))
+                    del part
 
 
 def _at(alpha: float, base: _Tensors, tuned: _Tensors, name: str) -> torch.Tensor:
@@ -199,10 +237,7 @@ def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike,
     from safetensors.torch import save_file
 
     base, tuned = _Tensors(Path(base_dir), "the base model"), _Tensors(Path(tuned_dir), "the checkpoint")
-    missing = [n for n in tuned.files if n not in base.files]
-    if missing:
-        raise InterpolationError(f"{base.directory}: no tensor {missing[0]!r} ({len(missing)} of the checkpoint's "
-                                 f"{len(tuned.files)} missing): not the same architecture as the checkpoint")
+    _check_pair(base, tuned)
     out = Path(out)
     out.mkdir(parents=True)
     weights = set(tuned.files.values()) | {tuned.directory / "model.safetensors.index.json"}
@@ -250,6 +285,44 @@ def save_lora_merged(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike
     model.merge_and_unload().to(dtype).save_pretrained(out)
 
 
+def setting_differences(base_dir: str | os.PathLike, model: Any, tokenizer: Any) -> list[str]:
+    """What the scoring model (the checkpoint's tokenizer and generation settings) does differently from the base's own,
+    in what changes a probe's result: the chat template, the special tokens, the vocabulary, the end tokens generation
+    stops at. Every α is scored under the checkpoint's (they are what θ(α) ships with, and `--save-at` writes them), so
+    where this is not empty α = 0 is the base's weights under other settings and its figures need not be zero.
+
+    Example:
+        >>> setting_differences("base/", model, tokenizer)  # doctest: +SKIP
+        ['the chat template', "the end token ('<|im_end|>' against '</s>')"]
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    base_dir = Path(base_dir)
+    out = []
+    try:
+        base_tok = AutoTokenizer.from_pretrained(base_dir)
+    except (OSError, ValueError):  # no tokenizer beside the base's weights: nothing to compare with
+        base_tok = None
+    if base_tok is not None:
+        if (base_tok.chat_template or None) != (tokenizer.chat_template or None):
+            out.append("the chat template")
+        for what, attr in (("end", "eos_token"), ("start", "bos_token")):
+            a, b = getattr(tokenizer, attr, None), getattr(base_tok, attr, None)
+            if a != b:
+                out.append(f"the {what} token ({a!r} against {b!r})")
+        if base_tok.get_vocab() != tokenizer.get_vocab():
+            out.append(f"the vocabulary ({len(tokenizer)} tokens against {len(base_tok)})")
+    if (base_dir / "generation_config.json").is_file():
+        ends = GenerationConfig.from_pretrained(base_dir).eos_token_id
+        now = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if ends != now:
+            out.append(f"generation's end token ids ({now!r} against {ends!r})")
+    return out
+
+
+_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
+
+
 def check_lora_config(config: dict[str, Any], path: str | os.PathLike) -> None:
     """Refuse an adapter whose effect α cannot scale: only LoRA's update B A is scaled, so layers kept whole
     (`modules_to_save`), DoRA's magnitude, trained biases and trained token rows would stay as trained, and α = 0
@@ -271,6 +344,15 @@ def check_lora_config(config: dict[str, Any], path: str | os.PathLike) -> None:
         parts.append(f"trained biases (bias: {config['bias']})")
     if config.get("trainable_token_indices"):
         parts.append("trained token rows (trainable_token_indices)")
+    init = config.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+        # PiSSA, OLoRA, CorDA and LoftQ take the adapter's start out of the base's weights: PEFT redoes that when it
+        # loads the adapter, so α = 0 would be the base minus that start, not the base (measured: 4e-3 in the logits)
+        raise InterpolationError(
+            f"{path}: init_lora_weights {init!r} changes the base's weights when the adapter is loaded, so α = 0 would not "
+            "be the base. Convert it to a plain LoRA first (save_pretrained(DIR, path_initial_model_for_weight_conversion="
+            "INITIAL_ADAPTER_DIR)) and interpolate DIR, or merge it into full weights "
+            "(model.merge_and_unload().save_pretrained(DIR)) and interpolate DIR instead")
     if parts:
         raise InterpolationError(f"{path}: {'; '.join(parts)}: α scales only LoRA's update B A, so the rest would stay as "
                                  "trained and α = 0 would not be the base. Merge it into full weights "
@@ -295,37 +377,81 @@ class LoraScaler:
 
 
 class TaskData(list):
-    """The rows of a task file, with the line each came from (for messages that name it)."""
+    """The rows of a task set, with where each came from (for messages that name it): a file's line, a dataset's row."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | str, unit: str = "line"):
         super().__init__()
-        self.path, self.lines = path, []
+        self.path, self.lines, self.unit = path, [], unit
 
 
-def load_task_data(path: str | os.PathLike, max_examples: int | None = None) -> list[dict[str, Any]]:
-    """A held-out task set: JSONL rows with `text`, or `messages` (chat, the last one the assistant's answer), or
-    `prompt` and `completion`. Every row is checked before any scoring; a bad one is refused with its line."""
+def _task_row_ok(row: dict[str, Any]) -> bool:
+    return bool((isinstance(row.get("text"), str) and row["text"].strip()) or (
+        isinstance(row.get("messages"), list) and row["messages"] and isinstance(row["messages"][-1], dict)
+        and row["messages"][-1].get("role") == "assistant") or (
+        isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str) and row["completion"]))
+
+
+def _task_row_refused(where: str, unit: str, at: int, row: dict[str, Any]) -> InterpolationError:
+    return InterpolationError(f"{where}, {unit} {at}: a task example needs `text`, or `messages` ending with the "
+                              "assistant's answer, or `prompt` and `completion`; this row has "
+                              f"{', '.join(sorted(row)) or 'nothing'}")
+
+
+def load_task_data(path: str | os.PathLike, max_examples: int | None = None, split: str = "test") -> list[dict[str, Any]]:
+    """A held-out task set: rows with `text`, or `messages` (chat, the last one the assistant's answer), or `prompt` and
+    `completion`, from a JSONL file, or from a dataset `datasets` loads (a directory `save_to_disk` wrote, a local
+    dataset directory, or a Hub name) at `split`. Every row is checked before any scoring; a bad one is refused with its
+    line (its row, in a dataset).
+
+    Example:
+        >>> rows = load_task_data("held_out.jsonl", max_examples=100)  # doctest: +SKIP
+        >>> rows = load_task_data("trl-lib/tldr", split="validation")  # a Hub dataset  # doctest: +SKIP
+    """
+    text = str(path)
     path = Path(path)
-    if not path.is_file():
+    if path.is_file():
+        rows = TaskData(path)
+        source = ((lineno, row) for lineno, row in read_jsonl(path, InterpolationError, objects=True))
+    elif path.suffix in (".jsonl", ".json") or (not path.exists() and (text.startswith((".", "/", "~")) or text.count("/") > 1)):
         raise InterpolationError(f"--task-data {path}: no such file (a JSONL of held-out examples: text, messages, or "
-                                 "prompt + completion)")
-    rows = TaskData(path)
-    for lineno, row in read_jsonl(path, InterpolationError, objects=True):
-        ok = (isinstance(row.get("text"), str) and row["text"].strip()) or (
-            isinstance(row.get("messages"), list) and row["messages"] and isinstance(row["messages"][-1], dict)
-            and row["messages"][-1].get("role") == "assistant") or (
-            isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str) and row["completion"])
-        if not ok:
-            raise InterpolationError(f"{path}, line {lineno}: a task example needs `text`, or `messages` ending with the "
-                                     "assistant's answer, or `prompt` and `completion`; this row has "
-                                     f"{', '.join(sorted(row)) or 'nothing'}")
+                                 "prompt + completion; or a dataset directory or Hub name, with --task-split)")
+    else:
+        dataset = _load_task_dataset(text, split)
+        rows = TaskData(f"{text} ({split})", unit="row")
+        source = enumerate(dataset)
+    for at, row in source:
+        if not _task_row_ok(row):
+            raise _task_row_refused(str(rows.path), rows.unit, at, row)
         rows.append(row)
-        rows.lines.append(lineno)
+        rows.lines.append(at)
         if max_examples and len(rows) >= max_examples:
             break
     if not rows:
-        raise InterpolationError(f"--task-data {path}: no examples")
+        raise InterpolationError(f"--task-data {rows.path}: no examples")
     return rows
+
+
+def _load_task_dataset(name: str, split: str) -> Any:
+    """A split of a dataset `datasets` can load: `save_to_disk`'s directory, a local dataset directory, a Hub name."""
+    import datasets
+
+    path = Path(name)
+    try:
+        if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise InterpolationError(f"--task-data {name}: no split {split!r}; it has {', '.join(loaded)}: "
+                                             "choose one with --task-split")
+                loaded = loaded[split]
+            return loaded
+        return datasets.load_dataset(name, split=split)
+    except InterpolationError:
+        raise
+    except Exception as e:  # noqa: BLE001 (datasets raises many kinds: missing, unknown split, no network, bad files)
+        raise InterpolationError(f"--task-data {name}: cannot load it as a dataset at split {split!r} ({type(e).__name__}: "
+                                 f"{e}); give a JSONL file of held-out examples, a dataset directory, or a Hub dataset "
+                                 "name, and the split with --task-split") from None
 
 
 def encode_task_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_length: int = 1024,
@@ -340,29 +466,30 @@ def encode_task_rows(tokenizer: Any, rows: Sequence[dict[str, Any]], max_length:
         [([17, 489, 17, 426, 604], 4)]
     """
     lines = getattr(rows, "lines", None) or list(range(1, len(rows) + 1))
-    where = source or getattr(rows, "path", None) or "--task-data"
+    unit = getattr(rows, "unit", "line")
+    where = getattr(rows, "path", None) or source or "--task-data"
     pairs, cut = [], []
     for row, line in zip(rows, lines, strict=True):
         if "messages" in row and not getattr(tokenizer, "chat_template", None):
-            raise InterpolationError(f"{where}, line {line}: a chat row (messages) needs the checkpoint's chat template, "
+            raise InterpolationError(f"{where}, {unit} {line}: a chat row (messages) needs the checkpoint's chat template, "
                                      "and its tokenizer has none: give text, or prompt and completion, rows instead, or "
                                      "save the tokenizer with its chat template")
         try:
             ids, start = _encode(tokenizer, row, max_length)
         except (ValueError, TypeError, KeyError) as e:
-            raise InterpolationError(f"{where}, line {line}: the tokenizer cannot encode this row ({e})") from None
+            raise InterpolationError(f"{where}, {unit} {line}: the tokenizer cannot encode this row ({e})") from None
         if start >= len(ids) or len(ids) < 2:  # cut away, as training cuts it: no answer token to score
             cut.append((line, start))
             continue
         pairs.append((ids, start))
     if not pairs:
         line, start = cut[0]
-        raise InterpolationError(f"{where}: no row keeps any of its answer within --task-max-length {max_length} (line "
+        raise InterpolationError(f"{where}: no row keeps any of its answer within --task-max-length {max_length} ({unit} "
                                  f"{line}: the answer starts at token {start}): raise --task-max-length")
     if cut:
         logger.warning("forgetwatch: %s: %d of %d task rows have no answer token within --task-max-length %d (first: "
-                       "line %d) and are left out of the task loss, as training cuts them", where, len(cut), len(rows),
-                       max_length, cut[0][0])
+                       "%s %d) and are left out of the task loss, as training cuts them", where, len(cut), len(rows),
+                       max_length, unit, cut[0][0])
     return pairs
 
 

@@ -392,3 +392,176 @@ def test_a_sharded_checkpoint_is_streamed_and_saved_shard_by_shard(tuned, capsys
     for shard in sorted(set(index.values())):
         for name, t in load_file(out / shard).items():
             torch.testing.assert_close(t, base[name] + 0.5 * (ft[name] - base[name]), rtol=0, atol=1e-6, msg=name)
+
+
+# -- a second review of issue 30 (2026-11-26): what got past the first -------------------------------------------
+def _no_scoring(monkeypatch):
+    import forgetwatch.scoring as scoring
+
+    monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
+
+
+@pytest.mark.parametrize("init", ["pissa", "pissa_niter_4", "olora", "corda", "loftq"])
+def test_an_adapter_whose_init_changed_the_base_is_refused(tuned, capsys, monkeypatch, tmp_path, init):
+    """PiSSA, OLoRA, CorDA and LoftQ take the adapter's start out of the base's weights, and PEFT does it again when it
+    loads the adapter: α = 0 would be that changed base (measured 4.3e-3 in the logits), silently."""
+    _no_scoring(monkeypatch)
+    adapter = _copy(tuned["lora"], tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "init_lora_weights": init}))
+    assert cli(["interpolate", "--model", str(adapter), *run(tuned, "--alphas", "0,1")[3:]]) == 2
+    err = capsys.readouterr().err
+    assert f"init_lora_weights {init!r}" in err and "path_initial_model_for_weight_conversion" in err
+
+
+def test_save_at_never_removes_an_input_even_with_force(tuned, capsys, monkeypatch, tmp_path):
+    """--save-at OUT --force replaces OUT when the model is written: OUT must not be, or hold, the checkpoint, the base
+    or another input (as --plot and compare -o refuse theirs)."""
+    _no_scoring(monkeypatch)
+    run_dir = tmp_path / "run"
+    ckpt = _copy(tuned["ft"], run_dir.mkdir() or run_dir / "checkpoint-8")
+    before = sorted(p.name for p in ckpt.iterdir())
+    for out, says in ((ckpt, "is --model"), (run_dir, "holds --model")):
+        assert cli(run({**tuned, "ft": ckpt}, "--alphas", "0.5", "--save-at", "0.5", str(out), "--force")) == 2
+        err = capsys.readouterr().err
+        assert says in err and "even with --force" in err
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    assert cli(run(tuned, "--alphas", "0.5", "--save-at", "0.5", str(tuned["base"]), "--force",
+                   "--base-model", str(tuned["base"]))) == 2
+    assert "--base-model" in capsys.readouterr().err
+    assert cli(run(tuned, "--alphas", "0.5", "--save-at", "0.5", str(tuned["base"]), "--force")) == 2  # the cache's
+    assert "the base model's directory" in capsys.readouterr().err
+    assert (tuned["base"] / "model.safetensors").is_file()
+    assert cli(run(tuned, "--alphas", "0.5", "--save-at", "0.5", str(tmp_path / "no" / "such" / "out"))) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_caches_scoring_settings_are_checked_before_any_scoring(tuned, capsys, monkeypatch, tmp_path):
+    """A checkpoint whose tokenizer lost (or gained) its chat template is scored in another form than the cache: refused
+    before α = 0 is scored, not after."""
+    cache = tmp_path / "generated.parquet"  # answers generated: the chat template is used where there is one
+    assert cli(["cache", "--model", str(tuned["base"]), "--probes", str(tuned["probes"]), "--max-new-tokens", "4",
+                "--mcq-mode", "generate", "-o", str(cache)]) == 0
+    capsys.readouterr()
+    ckpt = _copy(tuned["ft"], tmp_path / "untemplated")
+    (ckpt / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (ckpt / "tokenizer_config.json").write_text(json.dumps(config))
+    _no_scoring(monkeypatch)
+    assert cli(run({**tuned, "ft": ckpt, "cache": cache}, "--alphas", "0,1")) == 2
+    assert "chat" in capsys.readouterr().err
+
+
+def test_the_figures_are_out_before_the_plot_or_the_model_is_written(tuned, capsys, monkeypatch, tmp_path):
+    """A --save-at that fails at the end (a full disk) must not take the scoring with it; a --plot that cannot be drawn
+    (matplotlib is an extra) is refused before any scoring."""
+    import sys
+
+    import forgetwatch.interpolate as interp
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(interp, "save_interpolated", full)
+    assert cli(run(tuned, "--alphas", "0,1", "--save-at", "0.5", str(tmp_path / "out"))) != 0
+    out = json.loads(capsys.readouterr().out)
+    assert [s["alpha"] for s in out["alphas"]] == [0, 1]
+    assert not (tmp_path / "out").exists()
+    _no_scoring(monkeypatch)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli(run(tuned, "--alphas", "0,1", "--plot", str(tmp_path / "front.png"))) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+def test_settings_the_checkpoint_changed_are_said(tuned, capsys, tmp_path):
+    """Every α is scored with the checkpoint's tokenizer and generation settings: where they are not the base's, α = 0
+    is not the base as cached, and the user is told which differ."""
+    assert cli(run(tuned, "--alphas", "0")) == 0
+    assert "differ from the base's" not in capsys.readouterr().err
+    ckpt = _copy(tuned["ft"], tmp_path / "other-ends")
+    gen = json.loads((ckpt / "generation_config.json").read_text()) if (ckpt / "generation_config.json").is_file() else {}
+    (ckpt / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 5]}))
+    assert cli(run({**tuned, "ft": ckpt}, "--alphas", "0")) == 0
+    err = capsys.readouterr().err
+    assert "differ from the base's" in err and "generation's end token ids ([2, 5]" in err
+
+
+def test_the_task_set_can_be_a_dataset(tuned, capsys, tmp_path):
+    """--task-data names a dataset as well as a JSONL file: a `save_to_disk` directory, a local dataset directory (a
+    Hub name the same way, through `datasets`), at --task-split; the loss is the JSONL's on the same rows."""
+    from datasets import Dataset, DatasetDict
+
+    rows = [json.loads(line) for line in tuned["task"].read_text().splitlines()]
+    on_disk = tmp_path / "saved"
+    DatasetDict({"test": Dataset.from_list(rows), "train": Dataset.from_list(rows[:2])}).save_to_disk(on_disk)
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "validation.jsonl").write_text(tuned["task"].read_text())
+    args = ("--alphas", "1", "--task-max-length", "48")
+    want = interpolate(capsys, tuned, *args, "--task-data", str(tuned["task"]))["alphas"][0]["task"]
+    got = interpolate(capsys, tuned, *args, "--task-data", str(on_disk))["alphas"][0]["task"]
+    assert got == pytest.approx(want, rel=1e-6)
+    got = interpolate(capsys, tuned, *args, "--task-data", str(files), "--task-split", "validation")["alphas"][0]["task"]
+    assert got == pytest.approx(want, rel=1e-6)
+    assert cli(run(tuned, *args, "--task-data", str(on_disk), "--task-split", "dev")) == 2
+    assert "no split 'dev'; it has test, train" in capsys.readouterr().err
+    assert cli(run(tuned, *args, "--task-data", "nobody/no-such-dataset")) == 2
+    assert "cannot load it as a dataset" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    Dataset.from_list([{"text": "fine"}, {"question": "no answer"}]).save_to_disk(bad)
+    assert cli(run(tuned, *args, "--task-data", str(bad), "--task-split", "train")) == 2
+    assert "row 1: a task example needs" in capsys.readouterr().err
+
+
+def test_the_interpolation_is_made_a_slice_of_rows_at_a_time(tuned):
+    """θ(α) is read from both files in slices (memory: one model plus a slice of each), the same numbers as whole."""
+    from transformers import AutoModelForCausalLM
+
+    from forgetwatch.interpolate import Interpolator
+
+    model = AutoModelForCausalLM.from_pretrained(tuned["ft"])
+    interp = Interpolator(model, tuned["base"], tuned["ft"], chunk=7)
+    base, ft = load_file(tuned["base"] / "model.safetensors"), load_file(tuned["ft"] / "model.safetensors")
+    got = dict(model.named_parameters())
+    for alpha in (0.3, 0, 1):
+        interp.set(alpha)
+        for name in ft:
+            if name in got:
+                want = base[name] if alpha == 0 else ft[name] if alpha == 1 else base[name].lerp(ft[name], alpha)
+                assert torch.equal(got[name].data, want), (alpha, name)
+
+
+def test_a_checkpoint_with_a_tensor_the_base_lacks_is_refused_before_scoring(tuned, capsys, monkeypatch, tmp_path):
+    """The files are compared with each other, both ways (names, shapes), before any scoring: a tensor only in the
+    checkpoint used to pass the scoring and fail at --save-at."""
+    from safetensors.torch import save_file
+
+    _no_scoring(monkeypatch)
+    ckpt = _copy(tuned["ft"], tmp_path / "extra")
+    weights = load_file(ckpt / "model.safetensors")
+    weights["model.extra_buffer"] = torch.zeros(3)
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    assert cli(run({**tuned, "ft": ckpt}, "--alphas", "0.5")) == 2
+    assert "'model.extra_buffer' (1 in all) is not in" in capsys.readouterr().err
+
+
+def test_an_architecture_transformers_renames_on_load_is_named_as_such(tmp_path):
+    """Mixtral's files say `block_sparse_moe.experts.0.w1`, transformers 5 loads `mlp.experts.gate_up_proj`: the files
+    agree with each other, so the refusal says that interpolate does not follow the renaming, not "another model"."""
+    from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    from forgetwatch.interpolate import Interpolator
+
+    config = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=1, num_local_experts=2, num_experts_per_tok=1)
+    torch.manual_seed(0)
+    MixtralForCausalLM(config).save_pretrained(tmp_path / "a")
+    MixtralForCausalLM(config).save_pretrained(tmp_path / "b")
+    if not any("block_sparse_moe" in k for k in load_file(tmp_path / "a" / "model.safetensors")):
+        pytest.skip("this transformers saves Mixtral under its loaded names")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "b")
+    if not any(n not in load_file(tmp_path / "a" / "model.safetensors") for n, _ in model.named_parameters()):
+        pytest.skip("this transformers loads Mixtral under its file names")
+    with pytest.raises(InterpolationError, match="renames or fuses"):
+        Interpolator(model, tmp_path / "a", tmp_path / "b")
