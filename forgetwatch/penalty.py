@@ -67,7 +67,8 @@ class MarginPenalty(TrainerCallback):
         beta: the weight of the term (≥ 0; 0 makes it do nothing).
         ratio: pool items drawn per training example (> 0; e.g. 0.1).
         floor: the margin (nats) worth defending: an item is pulled back when its margin falls below its base margin or
-            this, whichever is smaller (2 nats: the at-risk rule's threshold, RESULTS §7).
+            this, whichever is smaller (2 nats: the at-risk rule's threshold, RESULTS §7; `math.inf`: always the base's
+            own margin).
         strategy: "closed_loop" (toward the categories the monitor sees forgetting) or "uniform".
         monitor: the run's `ForgetWatchCallback`: steers the closed loop, and its probes are held out of the pool.
         tokenizer: the trainer's tokenizer.
@@ -84,10 +85,17 @@ class MarginPenalty(TrainerCallback):
 
         self.beta = check_beta(beta, "the 1→0 penalty")
         check_draws("the 1→0 penalty", "penalty", "pool items", ratio, strategy, monitor)
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
-            raise ValueError(f"the 1→0 penalty's `floor` (the margin in nats worth defending) must be > 0, got {floor!r}")
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) or floor <= 0:
+            raise ValueError(f"the 1→0 penalty's `floor` (the margin in nats worth defending) must be > 0 (math.inf: "
+                             f"always the base's own margin), got {floor!r}")
         if tokenizer is None:
             raise ValueError("the 1→0 penalty needs the trainer's `tokenizer` (it reads margins in the scoring form)")
+        if monitor is not None and monitor.config.mcq_mode != "loglik":
+            # the margin defended is the summed log-likelihood's; another form's flips need not follow it
+            logger.warning("forgetwatch: the monitor scores multiple choice by %r, and the 1→0 penalty defends the "
+                           "summed log-likelihood margin (loglik): it pushes back on another margin than the one whose "
+                           "1→0 flips are counted. Monitor with forgetwatch_mcq_mode loglik to measure what it defends",
+                           monitor.config.mcq_mode)
         items = [p for p in pool_probes(pool, exclude=monitor.probes if monitor is not None else None) if p.kind == "mcq"]
         if not items:
             raise ValueError(f"the 1→0 penalty's pool ({pool}) holds no multiple-choice items: margins need options")
@@ -204,7 +212,8 @@ class MarginPenalty(TrainerCallback):
         self.base_margin = np.array(margins, np.float64)
         self._base_at = None
         self._saved = {"ids": [p.id for p in self.items],
-                       "margin": [None if math.isnan(m) else float(m) for m in self.base_margin], "floor": self.floor}
+                       "margin": [None if math.isnan(m) else float(m) for m in self.base_margin],
+                       "floor": self.floor if math.isfinite(self.floor) else None}  # strict JSON: no Infinity
         if main:
             _write(path, self._saved)
 

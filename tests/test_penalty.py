@@ -4,6 +4,7 @@ begins, a hinge that pulls back items slipping toward a flip, the trajectory unt
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -147,17 +148,32 @@ def test_a_pool_without_multiple_choice_or_holding_monitored_probes(tokenizer):
     assert not {x.id for x in p.items} & set(watch.probes.ids)  # the monitored probes are held out
 
 
-def test_under_bf16_the_base_itself_is_not_pulled(tokenizer, tmp_path):
+@pytest.mark.parametrize("floor", [50.0, math.inf])
+def test_under_bf16_the_base_itself_is_not_pulled(tokenizer, tmp_path, floor):
     """At learning rate 0 the model stays the base, so the penalty must stay at 0 at every step. It did not under bf16
     mixed precision while the base's margins were read in fp32 by the scoring form's packed forward and the current
     ones under the trainer's autocast, padded (review of issue 30: 3 of 4 items pulled at the base); they are now read
     by the same forward, at the first micro-batch."""
     from trl import SFTTrainer
 
-    p = penalty(tokenizer, floor=50.0)  # every item the base knew defended at its full base margin: the strictest case
+    p = penalty(tokenizer, floor=floor)  # every item the base knew defended at its full base margin: the strictest case
     t = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path, anchor=p, callbacks=[p], max_steps=4, learning_rate=0.0,
                  bf16=True, logging_steps=1)
     t.train()
     hinges = [h["penalty_hinge"] for h in t.state.log_history if "penalty_hinge" in h]
     assert len(hinges) >= 3 and np.isfinite(p.base_margin).sum() > 0
     assert max(hinges) == 0.0, hinges
+
+
+def test_a_monitor_scoring_another_form_is_told_what_the_penalty_defends(tokenizer, caplog):
+    """The penalty defends the summed log-likelihood margin; a monitor that counts flips by letters (or generation)
+    measures another margin, and the user is told so (a second review of issue 30)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.penalty"):
+        MarginPenalty(pool(), beta=1.0, monitor=ForgetWatchCallback(make_probes(), eval_steps=2), tokenizer=tokenizer)
+    assert "defends the summed log-likelihood" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.penalty"):
+        MarginPenalty(pool(), beta=1.0, monitor=ForgetWatchCallback(make_probes(), eval_steps=2, mcq_mode="letter"),
+                      tokenizer=tokenizer)
+    assert "scores multiple choice by 'letter'" in caplog.text
