@@ -203,13 +203,13 @@ class Interpolator:
                 continue
             rows = p.shape[0]
             step = max(1, self.chunk // max(1, p.numel() // max(rows, 1)))
-            with safe_open(self.base.files[name], "pt") as fb, safe_open(self.tuned.files[name], "pt") as ft:
-                sb, st = fb.get_slice(name), ft.get_slice(name)
-                for i in range(0, rows, step):
+            for i in range(0, rows, step):
+                # the files opened for one slice: a mapped file keeps every page read resident while it is open
+                with safe_open(self.base.files[name], "pt") as fb, safe_open(self.tuned.files[name], "pt") as ft:
                     if alpha in (0, 1):  # exactly one side: no arithmetic
-                        part = (st if alpha == 1 else sb)[i : i + step]
+                        part = (ft if alpha == 1 else fb).get_slice(name)[i : i + step]
                     else:
-                        part = sb[i : i + step].float().lerp_(st[i : i + step].float(), alpha)
+                        part = fb.get_slice(name)[i : i + step].float().lerp_(ft.get_slice(name)[i : i + step].float(), alpha)
                     p.data[i : i + step].copy_(part.to(dtype=p.dtype, device=p.device))
                     del part
 
