@@ -315,9 +315,13 @@ def setting_differences(base_dir: str | os.PathLike, model: Any, tokenizer: Any)
     if (base_dir / "generation_config.json").is_file():
         ends = GenerationConfig.from_pretrained(base_dir).eos_token_id
         now = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if ends != now:
+        if _ids(ends) != _ids(now):  # 2 and [2] are one end token (trainers save either)
             out.append(f"generation's end token ids ({now!r} against {ends!r})")
     return out
+
+
+def _ids(value: Any) -> frozenset:
+    return frozenset(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
 
 
 _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")

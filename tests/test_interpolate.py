@@ -479,8 +479,14 @@ def test_settings_the_checkpoint_changed_are_said(tuned, capsys, tmp_path):
     is not the base as cached, and the user is told which differ."""
     assert cli(run(tuned, "--alphas", "0")) == 0
     assert "differ from the base's" not in capsys.readouterr().err
+    same = _copy(tuned["ft"], tmp_path / "same-ends")
+    gen = json.loads((same / "generation_config.json").read_text()) if (same / "generation_config.json").is_file() else {}
+    base_end = json.loads((tuned["base"] / "generation_config.json").read_text()).get("eos_token_id")
+    listed = base_end if isinstance(base_end, list) or base_end is None else [base_end]
+    (same / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": listed}))
+    assert cli(run({**tuned, "ft": same}, "--alphas", "0")) == 0  # 2 and [2]: one end token (transformers 4.56 wrote 2)
+    assert "differ from the base's" not in capsys.readouterr().err
     ckpt = _copy(tuned["ft"], tmp_path / "other-ends")
-    gen = json.loads((ckpt / "generation_config.json").read_text()) if (ckpt / "generation_config.json").is_file() else {}
     (ckpt / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 5]}))
     assert cli(run({**tuned, "ft": ckpt}, "--alphas", "0")) == 0
     err = capsys.readouterr().err
