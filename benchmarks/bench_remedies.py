@@ -32,7 +32,10 @@ Each run then scores the 1,000 held-out probes with its final model against thei
 as `interpolate` scores α = 1) and computes the held-out GSM8K loss (rows 0-99, cut at 128 tokens as training cuts them:
 §12's `held_out_loss`); one JSON per run in benchmarks/results/remedies/<arm>-s<seed>.json (tracked: a fresh clone
 resumes; an unfinished run starts again from scratch). The final model is kept for seeds 6 and 7 only (interpolation);
-the other runs' output directories are deleted once their result is written.
+the other runs' output directories are deleted once their result is written. Interpolation keeps each point as a tracked
+JSON (results/remedies/interp-parts/; α = 0 is the base's weights for every checkpoint, scored once), and trains a kept
+seed again when its model is gone (a machine restart keeps tracked files only): the new run is compared with the kept
+result (interp-parts/<run>-rebuilt.json) and its model is the one interpolated.
 
     python benchmarks/bench_remedies.py --prepare                 # probe files, base caches, base outputs (~15 min)
     python benchmarks/bench_remedies.py --run --lanes 2           # every run not done, penalty_2 once penalty_1 is done
@@ -299,8 +302,9 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
-def one(arm: str, seed: int, st: Setting, beta: float | None) -> None:
-    """Train one run in this process, then score it; write its result (the run is done when that file exists)."""
+def one(arm: str, seed: int, st: Setting, beta: float | None, done_dir: Path | None = None) -> None:
+    """Train one run in this process, then score it; write its result (the run is done when that file exists) to
+    `done_dir` (default: the tracked results; a rebuild of a kept model writes elsewhere, see `rebuild_model`)."""
     import torch
     from sft import main, make_parser
     from transformers import TrainerCallback
@@ -355,10 +359,11 @@ def one(arm: str, seed: int, st: Setting, beta: float | None) -> None:
             "compare_overall": report["metrics"].get("overall"), "monitored": monitored, "mixers": mixers,
             "logs": history, "train_seconds": train_seconds, "scoring_seconds": scoring_seconds,
             "total_seconds": time.time() - t0}
-    _done(st).mkdir(parents=True, exist_ok=True)
-    tmp = _done(st) / f".{out.name}.json.tmp"
+    done_dir = done_dir or _done(st)
+    done_dir.mkdir(parents=True, exist_ok=True)
+    tmp = done_dir / f".{out.name}.json.tmp"
     tmp.write_text(json.dumps(done))
-    tmp.replace(_done(st) / f"{out.name}.json")
+    tmp.replace(done_dir / f"{out.name}.json")
     if seed in st.keep_seeds:  # the final model, for interpolation; nothing else
         for p in out.glob("checkpoint-*"):
             shutil.rmtree(p)
@@ -366,21 +371,23 @@ def one(arm: str, seed: int, st: Setting, beta: float | None) -> None:
         shutil.rmtree(out)
 
 
-def run_one(arm: str, seed: int, st: Setting, beta: float | None = None) -> bool:
+def run_one(arm: str, seed: int, st: Setting, beta: float | None = None, done_dir: Path | None = None) -> bool:
     name = run_name(arm, seed)
-    if (_done(st) / f"{name}.json").is_file():
+    done_dir = done_dir or _done(st)
+    if (done_dir / f"{name}.json").is_file():
         print(f"{name}: done already", flush=True)
         return True
     out = _out(st) / name
     if out.exists():
         shutil.rmtree(out)  # an unfinished run starts again from scratch
     t0 = time.time()
-    cmd = [sys.executable, __file__, "--one", arm, str(seed), "--setting", str(_out(st) / "setting.json")]  # run() saved it
+    cmd = [sys.executable, __file__, "--one", arm, str(seed), "--setting", str(_out(st) / "setting.json"),  # run() saved it
+           "--done-dir", str(done_dir)]
     if beta is not None:
         cmd += ["--beta", str(beta)]
     with open(_out(st) / f"{name}.log", "w") as log:
         proc = subprocess.run(cmd, env=_env(1), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    ok = proc.returncode == 0 and (_done(st) / f"{name}.json").is_file()
+    ok = proc.returncode == 0 and (done_dir / f"{name}.json").is_file()
     status = "ok" if ok else f"FAILED ({proc.returncode}; see {_out(st) / name}.log)"
     print(f"{name}: {status} in {time.time() - t0:.0f} s", flush=True)
     return ok
@@ -446,10 +453,45 @@ def run(st: Setting, arms: list[str], seeds: list[int], lanes: int) -> bool:
 
 
 # -- interpolation ----------------------------------------------------------------------------------------------
+def _parts(st: Setting) -> Path:
+    """Each interpolation point's output, tracked: a machine that restarts keeps no untracked file, and the curve is
+    their union (every α is scored from the same two directories, so one call per α gives what one call over the grid
+    gives)."""
+    return _done(st) / "interp-parts"
+
+
+BASE_POINT = "base-a0.json"  # θ(0) is the base's weights whatever the checkpoint: scored once, shared by every curve
+
+
+def rebuild_model(arm: str, seed: int, st: Setting) -> bool:
+    """Train a kept seed's run again when its model is gone (untracked files do not outlive the machine) and its result
+    is kept: the new result goes to <out>/rebuilt/, is compared with the kept one (outcomes, task loss) and the comparison
+    kept in interp-parts/<run>-rebuilt.json; the curve is then this model's. A run not done yet is simply run."""
+    beta = penalty_2_beta(st)["beta"] if arm == "penalty_2" else None
+    name = run_name(arm, seed)
+    kept = _done(st) / f"{name}.json"
+    if not kept.is_file():
+        return run_one(arm, seed, st, beta)
+    rebuilt = _out(st) / "rebuilt"
+    if not run_one(arm, seed, st, beta, done_dir=rebuilt):
+        return False
+    a, b = json.loads(kept.read_text()), json.loads((rebuilt / f"{name}.json").read_text())
+    differ = int(sum(x != y for x, y in zip(a["outcome"], b["outcome"], strict=True)))
+    record = {"run": name, "same_outcomes": differ == 0,
+              "outcomes_differing": differ, "F_kept": a["F"], "F_rebuilt": b["F"], "BT_kept": a["BT"], "BT_rebuilt": b["BT"],
+              "task_loss_kept": a["task_loss"], "task_loss_rebuilt": b["task_loss"],
+              "monitored_same": a["monitored"] == b["monitored"], "total_seconds": b["total_seconds"]}
+    _parts(st).mkdir(parents=True, exist_ok=True)
+    (_parts(st) / f"{name}-rebuilt.json").write_text(json.dumps(record, indent=1))
+    print(f"{name} rebuilt: {'the same outcomes' if record['same_outcomes'] else f'{differ} outcomes differ'} "
+          f"(held-out F {a['F']:.3f} kept, {b['F']:.3f} rebuilt; task loss {a['task_loss']:.5f}, {b['task_loss']:.5f})",
+          flush=True)
+    return True
+
+
 def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     """`forgetwatch interpolate` on one kept model, one α a call: a session that ends mid-way loses one point (~10 min
-    contended), not the whole curve (~1 h). Each α's output is kept in <out>/interp-parts/; the curve is their union,
-    the same figures one call over the grid gives (every α is scored from the same two directories)."""
+    contended), not the whole curve (~1 h). A kept model that is gone is trained again first (`rebuild_model`)."""
     from forgetwatch.interpolate import alpha_grid
 
     name = run_name(arm, seed)
@@ -457,17 +499,18 @@ def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     if path.is_file():
         print(f"interp {name}: done already", flush=True)
         return True
-    model = _out(st) / name
-    if not (model / "model.safetensors").is_file() and not (model / "model.safetensors.index.json").is_file():
-        print(f"interp {name}: no kept model in {model} (run it first)", flush=True)
-        return None
-    parts = _out(st) / "interp-parts"
-    parts.mkdir(exist_ok=True)
+    parts = _parts(st)
+    parts.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    got, seconds = [], 0.0
+    got = []
     for alpha in alpha_grid(st.alphas, False):
-        part = parts / f"{name}-a{alpha:g}.json"
+        part = parts / (BASE_POINT if alpha == 0 else f"{name}-a{alpha:g}.json")
         if not part.is_file():
+            model = _out(st) / name
+            if not (model / "model.safetensors").is_file() and not (model / "model.safetensors.index.json").is_file():
+                print(f"interp {name}: no kept model in {model}; training it (again)", flush=True)
+                if not rebuild_model(arm, seed, st):
+                    return False
             t1 = time.time()
             with open(_out(st) / f"interp-{name}.log", "a") as log:
                 proc = subprocess.run([_cli(), "interpolate", "--model", str(model),
@@ -481,13 +524,14 @@ def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
                 return False
             one = json.loads(proc.stdout)
             one["seconds"] = time.time() - t1
+            one["scored_with"] = name
             tmp = part.with_name(f".{part.name}.tmp")
             tmp.write_text(json.dumps(one))
             tmp.replace(part)
             print(f"interp {name} α {alpha:g}: ok in {one['seconds']:.0f} s", flush=True)
         got.append(json.loads(part.read_text()))
     seconds = sum(g.pop("seconds") for g in got)
-    head = {k: v for k, v in got[0].items() if k != "alphas"}
+    head = {k: v for k, v in got[-1].items() if k not in ("alphas", "scored_with")}  # the last α's: this checkpoint's
     result = {"arm": arm, "seed": seed, "seconds": seconds, **head, "alphas": [g["alphas"][0] for g in got]}
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(result))
@@ -496,9 +540,11 @@ def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     return True
 
 
-def interpolate(st: Setting, arms: list[str], lanes: int) -> bool:
+def interpolate(st: Setting, arms: list[str], lanes: int, seeds: list[int] | None = None) -> bool:
     _require_prepared(st)
-    jobs = [(a, s) for s in st.keep_seeds if s in st.seeds for a in arms]
+    _check_prepared(st)
+    st.save()  # a model that is gone is trained again, and its run reads the setting
+    jobs = [(a, s) for s in st.keep_seeds if s in st.seeds and (seeds is None or s in seeds) for a in arms]
     with ThreadPoolExecutor(lanes) as ex:
         got = list(ex.map(lambda j: interpolate_one(j[0], j[1], st), jobs))
     return all(g is not False for g in got)
@@ -642,6 +688,9 @@ def analyse(st: Setting) -> dict:
         if at1 and (v["arm"], v["seed"]) in runs:
             check[k] = {"run_F": runs[(v["arm"], v["seed"])]["F"], "interp_F_alpha1": at1[0]["F"],
                         "run_task_loss": runs[(v["arm"], v["seed"])]["task_loss"], "interp_task_loss_alpha1": at1[0]["task_loss"]}
+            rebuilt = _parts(st) / f"{k}-rebuilt.json"  # the curve's model was trained again: is it the run's?
+            if rebuilt.is_file():
+                check[k]["rebuilt"] = json.loads(rebuilt.read_text())
     return {"protocol": "benchmarks/protocols/remedies.md", "setting": asdict(st), "base_task_loss": base_task,
             "base_held_out_accuracy": float((base_outcome == 1).mean()) if base_outcome is not None else None,
             "arms": arms, "tests": tests, "penalty_2_decision": decision, "missing_runs": missing,
@@ -783,6 +832,17 @@ def smoke(keep: bool, arms: list[str], lanes: int) -> None:
         print(f"[smoke] runs {'ok' if ok else 'FAILED'} at {time.time() - t0:.0f} s", flush=True)
         ok = interpolate(st, arms, lanes) and ok
         print(f"[smoke] interpolation {'ok' if ok else 'FAILED'} at {time.time() - t0:.0f} s", flush=True)
+        # a machine that restarts keeps the tracked results only: the model and the curve's last point are gone, so
+        # the model is trained again, compared with its kept result, and the point scored with it
+        again = run_name(arms[0], st.keep_seeds[0])
+        shutil.rmtree(_out(st) / again)
+        (_done(st) / f"interp-{again}.json").unlink()
+        (_parts(st) / f"{again}-a1.json").unlink()
+        ok = interpolate(st, arms[:1], lanes) and ok
+        rebuilt = json.loads((_parts(st) / f"{again}-rebuilt.json").read_text())
+        assert rebuilt["same_outcomes"] and rebuilt["monitored_same"], f"smoke: {again} trained again differs: {rebuilt}"
+        print(f"[smoke] {again} trained again: the same held-out outcomes and monitored curve; interpolation "
+              f"{'ok' if ok else 'FAILED'} at {time.time() - t0:.0f} s", flush=True)
         prepare(st, threads=1)  # made again: the same files (else it refuses)
         result = analysis(st)
         for k, c in result["interpolation_alpha1_vs_run"].items():
@@ -820,11 +880,12 @@ def main() -> None:
     ap.add_argument("--one", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)
     ap.add_argument("--beta", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--setting", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--done-dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     st = Setting.load(args.setting)
     arms = args.arms or list(ARMS)
     if args.one:
-        one(args.one[0], int(args.one[1]), st, args.beta)
+        one(args.one[0], int(args.one[1]), st, args.beta, Path(args.done_dir) if args.done_dir else None)
     elif args.smoke:
         smoke(args.keep, args.arms or list(SMOKE_ARMS), args.lanes)
     elif args.prepare:
@@ -836,7 +897,7 @@ def main() -> None:
         if not run(st, arms, args.seeds or list(st.seeds), args.lanes):
             raise SystemExit(1)
     elif args.interpolate:
-        if not interpolate(st, arms, args.lanes):
+        if not interpolate(st, arms, args.lanes, args.seeds):
             raise SystemExit(1)
     else:
         analysis(st)
