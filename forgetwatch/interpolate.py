@@ -86,6 +86,7 @@ class _Tensors:
 
     def __init__(self, directory: Path, what: str):
         self.directory = directory
+        self._header: dict[str, tuple[str, tuple[int, ...]]] | None = None
         index = directory / "model.safetensors.index.json"
         if index.is_file():
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -101,13 +102,26 @@ class _Tensors:
                                      f"stream ({found}); save it with `save_pretrained` (safetensors is its default)")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        with self._open(name) as f:
-            return tuple(f.get_slice(name).get_shape())
+        return self._meta()[name][1]
 
     def dtype(self, name: str) -> str:
         """The tensor's safetensors dtype ("F32", "BF16", ...)."""
-        with self._open(name) as f:
-            return f.get_slice(name).get_dtype()
+        return self._meta()[name][0]
+
+    def _meta(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every tensor's dtype and shape, read from the headers with each file opened once (no tensor is read): the
+        checks ask for them per tensor, and a file opened per question cost one open per tensor and check."""
+        from safetensors import safe_open
+
+        if self._header is None:
+            header: dict[str, tuple[str, tuple[int, ...]]] = {}
+            for path, names in self.by_file(list(self.files)).items():
+                with safe_open(path, "pt") as f:
+                    for name in names:
+                        part = f.get_slice(name)
+                        header[name] = (part.get_dtype(), tuple(part.get_shape()))
+            self._header = header
+        return self._header
 
     def get(self, name: str) -> torch.Tensor:
         """One tensor, read with its file opened for it alone: a file held open keeps every page read from it mapped,

@@ -571,3 +571,30 @@ def test_an_architecture_transformers_renames_on_load_is_named_as_such(tmp_path)
         pytest.skip("this transformers loads Mixtral under its file names")
     with pytest.raises(InterpolationError, match="renames or fuses"):
         Interpolator(model, tmp_path / "a", tmp_path / "b")
+
+
+def test_the_checks_read_each_files_header_once(tuned, monkeypatch, tmp_path):
+    """The shape and dtype checks read the headers with each file opened once, not once per tensor and question (a
+    70B checkpoint has ~700 tensors over ~30 shards); the refusals they make are the tests above."""
+    import safetensors
+    from transformers import AutoModelForCausalLM
+
+    from forgetwatch.interpolate import Interpolator
+
+    sharded = tmp_path / "ft-sharded"
+    AutoModelForCausalLM.from_pretrained(tuned["ft"]).save_pretrained(sharded, max_shard_size="100KB")
+    shards = set(json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"].values())
+    opened: list[str] = []
+    real = safetensors.safe_open
+
+    def counting(path, *args, **kwargs):
+        opened.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting)
+    Interpolator(AutoModelForCausalLM.from_pretrained(sharded), tuned["base"], sharded)
+    from collections import Counter
+
+    # the one-file base: once to list its tensors, once for their headers; each shard of the index: once
+    want = Counter({str(tuned["base"] / "model.safetensors"): 2, **{str(sharded / s): 1 for s in shards}})
+    assert len(shards) > 2 and Counter(opened) == want, Counter(opened)
