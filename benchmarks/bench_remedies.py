@@ -502,15 +502,15 @@ def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     parts = _parts(st)
     parts.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    got = []
+    got, model = [], _out(st) / name
     for alpha in alpha_grid(st.alphas, False):
         part = parts / (BASE_POINT if alpha == 0 else f"{name}-a{alpha:g}.json")
         if not part.is_file():
-            model = _out(st) / name
             if not (model / "model.safetensors").is_file() and not (model / "model.safetensors.index.json").is_file():
                 print(f"interp {name}: no kept model in {model}; training it (again)", flush=True)
                 if not rebuild_model(arm, seed, st):
                     return False
+        if not part.is_file():  # (the shared α = 0 point may have come from another lane meanwhile)
             t1 = time.time()
             with open(_out(st) / f"interp-{name}.log", "a") as log:
                 proc = subprocess.run([_cli(), "interpolate", "--model", str(model),
