@@ -788,10 +788,33 @@ def report(result: dict) -> None:
             cells = [f"{by[a]['F']:.3f} / {by[a]['task_loss']:.4f}" if a in by else "" for a in alphas]
             chosen = "none" if v["alpha_rule"] is None else f"{v['alpha_rule']:g}"
             print(f"| {k} | " + " | ".join(cells) + f" | {chosen} |")
+        by_arm: dict[str, list[dict]] = {}
+        for v in result["interpolation"].values():
+            by_arm.setdefault(v["arm"], []).append(v)
+        print("\nper arm, the mean over its curves: held-out F / task cost against the control's mean run loss")
+        print("| arm | curves | " + " | ".join(f"α {a:g}" for a in alphas) + " | α by the rule, per curve |")
+        print("|---|---|" + "---|" * (len(alphas) + 1))
+        for arm, vs in by_arm.items():
+            cells = []
+            for a in alphas:
+                at = [p for v in vs for p in v["points"] if p["alpha"] == a]
+                cost = [p["task_cost_vs_control_alpha1"] for p in at if "task_cost_vs_control_alpha1" in p]
+                cells.append(f"{np.mean([p['F'] for p in at]):.3f} / {_pct(float(np.mean(cost)) if cost else None, 1)}"
+                             if len(at) == len(vs) else "")
+            rule = ", ".join("none" if v["alpha_rule"] is None else f"{v['alpha_rule']:g}" for v in vs)
+            print(f"| {arm} | {len(vs)} | " + " | ".join(cells) + f" | {rule} |")
     if result["interpolation_alpha1_vs_run"]:
+        def again(c: dict) -> str:
+            r = c.get("rebuilt")
+            if not r:
+                return ""
+            same = "the same held-out outcomes" if r["same_outcomes"] else f"{r['outcomes_differing']} held-out outcomes differ"
+            return (f" (model trained again: {same}, monitored curve {'the same' if r['monitored_same'] else 'differs'}, "
+                    f"task loss {r['task_loss_kept']:.5f} / {r['task_loss_rebuilt']:.5f})")
+
         print("\nthe run's figures against its model's at α = 1 (the same weights, scored again): "
               + "; ".join(f"{k} F {c['run_F']:.4f} / {c['interp_F_alpha1']:.4f}, task loss {c['run_task_loss']:.4f} / "
-                          f"{c['interp_task_loss_alpha1']:.4f}" for k, c in result["interpolation_alpha1_vs_run"].items()))
+                          f"{c['interp_task_loss_alpha1']:.4f}{again(c)}" for k, c in result["interpolation_alpha1_vs_run"].items()))
     if result["missing_runs"] or result["interpolation_missing"]:
         runs, interps = result["missing_runs"], result["interpolation_missing"]
         print(f"\nmissing: {len(runs)} runs ({', '.join(runs) or 'none'}); {len(interps)} interpolations "
