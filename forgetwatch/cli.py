@@ -138,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         "interpolate", help="score a checkpoint interpolated toward its base (θ_base + α(θ_ft − θ_base)) at each α, against the "
         "base cache, beside a task measure: what stepping back toward the base buys in forgetting and costs on the task",
         description="WiSE-FT without training: for each α of the grid the weights are θ_base + α(θ_ft − θ_base) (a LoRA "
-                    "adapter is scaled by α), streamed tensor by tensor (one model in memory), and scored as `compare` "
-                    "scores a checkpoint. α = 0 is the base, α = 1 the checkpoint. docs/cli.md#interpolate")
+                    "adapter is scaled by α), streamed in slices of a tensor (one model in memory), and scored as `compare` "
+                    "scores a checkpoint. α = 0 is the base, α = 1 the checkpoint. More: docs/cli.md, section `interpolate`.")
     ip.add_argument("--model", required=True, help="the fine-tuned checkpoint: a model directory (safetensors) or a LoRA adapter directory")
     ip.add_argument("--probes", required=True, help="the probe set of the base cache: a JSONL file or suite names")
     ip.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("--plot", default=None, help="write a PNG of forgetting against the task measure, α by α (the Pareto front)")
     ip.add_argument("--save-at", nargs=2, metavar=("ALPHA", "OUT"), default=None,
                     help="also write the model at ALPHA to the directory OUT (refused if it exists, unless --force)")
-    ip.add_argument("--force", action="store_true", help="with --save-at: replace OUT if it exists")
+    ip.add_argument("--force", action="store_true", help="replace --save-at's OUT or the --plot file if it exists")
     ip.add_argument("--allow-other-model", action="store_true",
                     help="the checkpoint's architecture differs from the base cache's model: compare anyway")
     ip.add_argument("--revision", default=None, help=argparse.SUPPRESS)
