@@ -27,6 +27,9 @@ Arms (seeds 6-15; the seed sets data order and every draw):
     penalty_2      the penalty at the strength the protocol's rule picks from penalty_1's finished results (all 10
                    seeds of it and of the control): beta 3.0 if penalty_1's task cost against the control is ≤ 2.5%,
                    else 0.3 (recorded in results/remedies/penalty_2.json; refused before then). Exploratory.
+    none_sampler   POST HOC (added after the primary test was complete; not in the protocol, no verdict): the control
+                   in the Trainer sampler's order, anchor_strong's run without the anchor, so that the anchor's cost
+                   and cut can be read against the same rows in the same order (`--run --arms none_sampler`)
 
 Each run then scores the 1,000 held-out probes with its final model against their base cache (`forgetwatch compare`,
 as `interpolate` scores α = 1) and computes the held-out GSM8K loss (rows 0-99, cut at 128 tokens as training cuts them:
@@ -94,6 +97,12 @@ SUITES = s12.SUITES
 CONTROL = "none_stream"
 PRIMARY = ("gold_closed", "penalty_1", "anchor_strong")
 ARMS = (CONTROL, *PRIMARY, "penalty_2")
+# Added after the primary test was complete (2026-11-26), so post hoc and not in the protocol: the control in the Trainer
+# sampler's order, the order anchor_strong read its rows in (none_stream reads the stream's), so that the anchor's task
+# cost and F cut can be read against the same rows in the same order. Its runs are anchor_strong's without the anchor.
+SAMPLER_CONTROL = "none_sampler"
+POST_HOC = (SAMPLER_CONTROL,)
+ALL_ARMS = (*ARMS, *POST_HOC)
 REPLAY_RATIO = 0.1
 PENALTY_BETA, PENALTY_RATIO, PENALTY_FLOOR = 1.0, 0.1, 2.0
 ANCHOR_BETA, ANCHOR_RATIO = 5.0, 0.5
@@ -182,7 +191,9 @@ def arm_args(arm: str, st: Setting, beta: float | None = None) -> list[str]:
     if arm == "anchor_strong":  # as §12's anchor (the Trainer's order, no stream), 25 times its pull
         return [*pool, "--forgetwatch_replay_strategy", "closed_loop", "--forgetwatch_anchor_beta", str(ANCHOR_BETA),
                 "--forgetwatch_anchor_ratio", str(ANCHOR_RATIO)]
-    raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+    if arm == SAMPLER_CONTROL:  # anchor_strong's run without the anchor (beta 0: no base outputs are read)
+        return [*pool, "--forgetwatch_replay_strategy", "closed_loop"]
+    raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ALL_ARMS)}")
 
 
 # -- preparation ------------------------------------------------------------------------------------------------
@@ -397,7 +408,7 @@ def load_runs(st: Setting) -> dict[tuple[str, int], dict]:
     runs = {}
     for path in sorted(_done(st).glob("*-s*.json")):
         m = re.fullmatch(r"(.+)-s(\d+)", path.stem)
-        if m and m.group(1) in ARMS:
+        if m and m.group(1) in ALL_ARMS:
             runs[(m.group(1), int(m.group(2)))] = json.loads(path.read_text())
     return runs
 
@@ -571,9 +582,47 @@ def _interp_point(step: dict) -> dict:
     return {"alpha": step["alpha"], "F": overall["forgetting"], "BT": overall["backward_transfer"], "task_loss": step["task"]}
 
 
+def _paired(runs: dict, ref: str, arm: str, seeds: list[int], rng_seed: int, base_outcome, base_note: str) -> dict:
+    """`arm` against `ref` over the seeds both have: the per-seed F differences (ref − arm) and their exact sign-flip
+    test, the mean cut and paired task cost with bootstrap intervals over seeds, and McNemar pooled over probes × seeds."""
+    from forgetwatch.metrics import mcnemar_exact
+
+    fc = np.array([runs[(ref, s)]["F"] for s in seeds])
+    fr = np.array([runs[(arm, s)]["F"] for s in seeds])
+    bc = np.array([runs[(ref, s)]["BT"] for s in seeds])
+    br = np.array([runs[(arm, s)]["BT"] for s in seeds])
+    lc = np.array([runs[(ref, s)]["task_loss"] for s in seeds])
+    lr = np.array([runs[(arm, s)]["task_loss"] for s in seeds])
+    d = fc - fr
+    t = {"seeds": seeds, "diff_F_per_seed": d.tolist(), "mean_diff_F": float(d.mean()),
+         "cut_F": float(1 - fr.mean() / fc.mean()) if fc.mean() else None,
+         "p_sign_flip": float(sign_flip_p(d[None, :])[0]), "diff_BT_per_seed": (br - bc).tolist(),
+         "mean_diff_BT": float((br - bc).mean()), "task_cost_paired": float(lr.mean() / lc.mean() - 1)}
+    rng = np.random.default_rng(rng_seed)  # the same resamples for every comparison
+    idx = rng.integers(len(seeds), size=(BOOTSTRAP, len(seeds)))
+    mc = fc[idx].mean(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cuts = 1 - fr[idx].mean(1) / mc
+    cuts = cuts[np.isfinite(cuts)]
+    t["cut_F_ci95"] = [float(np.percentile(cuts, 2.5)), float(np.percentile(cuts, 97.5))] if len(cuts) else None
+    diffs = d[idx].mean(1)
+    t["mean_diff_F_ci95"] = [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+    costs = lr[idx].mean(1) / lc[idx].mean(1) - 1
+    t["task_cost_ci95"] = [float(np.percentile(costs, 2.5)), float(np.percentile(costs, 97.5))]
+    t["mcnemar_pooled"] = base_note
+    if base_outcome is not None:  # pooled over probes × seeds: optimistic (ignores run-to-run variance)
+        right = base_outcome == 1
+        b = sum(int((right & (np.asarray(runs[(ref, s)]["outcome"]) != 1)
+                     & (np.asarray(runs[(arm, s)]["outcome"]) == 1)).sum()) for s in seeds)
+        c = sum(int((right & (np.asarray(runs[(ref, s)]["outcome"]) == 1)
+                     & (np.asarray(runs[(arm, s)]["outcome"]) != 1)).sum()) for s in seeds)
+        t["mcnemar_pooled"] = {"forgotten_by_control_only": b, "forgotten_by_remedy_only": c,
+                               "p": mcnemar_exact(b, c), "note": "optimistic: ignores run-to-run variance"}
+    return t
+
+
 def analyse(st: Setting) -> dict:
     from forgetwatch.cache import BaseCache
-    from forgetwatch.metrics import mcnemar_exact
 
     prepared = json.loads((_done(st) / "prepared.json").read_text()) if (_done(st) / "prepared.json").is_file() else {}
     base_outcome, base_note = None, f"skipped: no {_out(st) / 'base-held_out.parquet'} (run --prepare)"
@@ -605,42 +654,13 @@ def analyse(st: Setting) -> dict:
             a["task_cost_per_seed"] = [r / control["task_loss"]["mean"] - 1 for r in a["task_loss"]["runs"]]
             if arm == CONTROL:
                 continue
+            if arm in POST_HOC:
+                continue
             seeds = [s for s in st.seeds if (arm, s) in runs and (CONTROL, s) in runs]
             if not seeds:  # no pair: no test (a sign-flip test over zero seeds is not p = 0)
                 tests[arm] = {"seeds": [], "primary": arm in PRIMARY, "note": "no seed in common with the control"}
                 continue
-            fc = np.array([runs[(CONTROL, s)]["F"] for s in seeds])
-            fr = np.array([runs[(arm, s)]["F"] for s in seeds])
-            bc = np.array([runs[(CONTROL, s)]["BT"] for s in seeds])
-            br = np.array([runs[(arm, s)]["BT"] for s in seeds])
-            lc = np.array([runs[(CONTROL, s)]["task_loss"] for s in seeds])
-            lr = np.array([runs[(arm, s)]["task_loss"] for s in seeds])
-            d = fc - fr
-            t = {"seeds": seeds, "diff_F_per_seed": d.tolist(), "mean_diff_F": float(d.mean()),
-                 "cut_F": float(1 - fr.mean() / fc.mean()) if fc.mean() else None,
-                 "p_sign_flip": float(sign_flip_p(d[None, :])[0]), "diff_BT_per_seed": (br - bc).tolist(),
-                 "mean_diff_BT": float((br - bc).mean()), "task_cost_paired": float(lr.mean() / lc.mean() - 1),
-                 "primary": arm in PRIMARY}
-            rng = np.random.default_rng(rng_seed)  # the same resamples for every remedy
-            idx = rng.integers(len(seeds), size=(BOOTSTRAP, len(seeds)))
-            mc = fc[idx].mean(1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                cuts = 1 - fr[idx].mean(1) / mc
-            cuts = cuts[np.isfinite(cuts)]
-            t["cut_F_ci95"] = [float(np.percentile(cuts, 2.5)), float(np.percentile(cuts, 97.5))] if len(cuts) else None
-            diffs = d[idx].mean(1)
-            t["mean_diff_F_ci95"] = [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
-            costs = lr[idx].mean(1) / lc[idx].mean(1) - 1
-            t["task_cost_ci95"] = [float(np.percentile(costs, 2.5)), float(np.percentile(costs, 97.5))]
-            t["mcnemar_pooled"] = base_note
-            if base_outcome is not None:  # pooled over probes × seeds: optimistic (ignores run-to-run variance)
-                right = base_outcome == 1
-                b = sum(int((right & (np.asarray(runs[(CONTROL, s)]["outcome"]) != 1)
-                             & (np.asarray(runs[(arm, s)]["outcome"]) == 1)).sum()) for s in seeds)
-                c = sum(int((right & (np.asarray(runs[(CONTROL, s)]["outcome"]) == 1)
-                             & (np.asarray(runs[(arm, s)]["outcome"]) != 1)).sum()) for s in seeds)
-                t["mcnemar_pooled"] = {"forgotten_by_control_only": b, "forgotten_by_remedy_only": c,
-                                       "p": mcnemar_exact(b, c), "note": "optimistic: ignores run-to-run variance"}
+            t = {**_paired(runs, CONTROL, arm, seeds, rng_seed, base_outcome, base_note), "primary": arm in PRIMARY}
             tests[arm] = t
         primary_p = {a: tests[a]["p_sign_flip"] for a in PRIMARY if a in tests and tests[a]["seeds"]}
         for a, p in holm(primary_p).items():
@@ -661,6 +681,23 @@ def analyse(st: Setting) -> dict:
                 t["target_met"] = None
                 t["target_met_uncorrected"] = bool(met and t["p_sign_flip"] <= ALPHA_TEST)
                 t["note"] = "exploratory: uncorrected, not part of Holm's family"
+    # post hoc (not in the protocol): the anchor against the control in its own row order, and what the order alone does
+    post_hoc: dict[str, dict] = {}
+    for arm in POST_HOC:
+        rs = [runs[(arm, s)] for s in st.seeds if (arm, s) in runs]
+        if rs:
+            arms[arm] = {"seeds": [r["seed"] for r in rs], "F": _stat([r["F"] for r in rs]),
+                         "BT": _stat([r["BT"] for r in rs]), "task_loss": _stat([r["task_loss"] for r in rs]),
+                         "minutes": _stat([r["total_seconds"] / 60 for r in rs]), "post_hoc": True}
+            if control:
+                arms[arm]["task_cost"] = arms[arm]["task_loss"]["mean"] / control["task_loss"]["mean"] - 1
+                arms[arm]["task_cost_per_seed"] = [r / control["task_loss"]["mean"] - 1 for r in arms[arm]["task_loss"]["runs"]]
+    for ref, arm, what in ((SAMPLER_CONTROL, "anchor_strong", "the anchor against the control in its own row order"),
+                           (CONTROL, SAMPLER_CONTROL, "the sampler's row order against the stream's, neither with a remedy")):
+        seeds = [s for s in st.seeds if (arm, s) in runs and (ref, s) in runs]
+        if seeds:
+            post_hoc[f"{arm}_vs_{ref}"] = {**_paired(runs, ref, arm, seeds, rng_seed, base_outcome, base_note),
+                                           "reference": ref, "arm": arm, "what": what, "post_hoc": True}
     # interpolation
     interp: dict[str, dict] = {}
     for arm in ARMS:
@@ -693,7 +730,7 @@ def analyse(st: Setting) -> dict:
                 check[k]["rebuilt"] = json.loads(rebuilt.read_text())
     return {"protocol": "benchmarks/protocols/remedies.md", "setting": asdict(st), "base_task_loss": base_task,
             "base_held_out_accuracy": float((base_outcome == 1).mean()) if base_outcome is not None else None,
-            "arms": arms, "tests": tests, "penalty_2_decision": decision, "missing_runs": missing,
+            "arms": arms, "tests": tests, "post_hoc": post_hoc, "penalty_2_decision": decision, "missing_runs": missing,
             "interpolation": interp, "interpolation_missing": interp_missing,
             "interpolation_threshold_F": threshold, "interpolation_task_reference": interp_ref,
             "interpolation_alpha1_vs_run": check}
@@ -707,7 +744,7 @@ def plot(result: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, arm in enumerate(ARMS):
+    for i, arm in enumerate(ALL_ARMS):
         color = colors[i % len(colors)]
         a = result["arms"].get(arm)
         if a and "task_cost" in a:
@@ -773,6 +810,16 @@ def report(result: dict) -> None:
             cost = f"{_pct(t['task_cost_paired'], 1)} ({_pct(t['task_cost_ci95'][0], 1)}, {_pct(t['task_cost_ci95'][1], 1)})"
             print(f"| {arm}{'' if t['primary'] else ' (exploratory)'} | {len(t['seeds'])} | {_pct(t['cut_F'], 1)}{ci} | "
                   f"{diffs} | {t['p_sign_flip']:.3f} | {holm_p} | {mc} | {cost} | {verdict} |")
+    if result.get("post_hoc"):
+        print("\npost hoc (added after the primary test; not in the protocol, no verdict):")
+        print("| comparison | seeds paired | cut in F (95% CI) | reference − arm F per seed | sign-flip p | task cost paired (95% CI) |")
+        print("|---|---|---|---|---|---|")
+        for t in result["post_hoc"].values():
+            ci = f" ({_pct(t['cut_F_ci95'][0], 1)}, {_pct(t['cut_F_ci95'][1], 1)})" if t["cut_F_ci95"] else ""
+            diffs = ", ".join(f"{x:+.3f}" for x in t["diff_F_per_seed"])
+            cost = f"{_pct(t['task_cost_paired'], 1)} ({_pct(t['task_cost_ci95'][0], 1)}, {_pct(t['task_cost_ci95'][1], 1)})"
+            print(f"| {t['arm']} vs {t['reference']}: {t['what']} | {len(t['seeds'])} | {_pct(t['cut_F'], 1)}{ci} | "
+                  f"{diffs} | {t['p_sign_flip']:.3f} | {cost} |")
     d = result["penalty_2_decision"]
     if d:
         print(f"\npenalty_2: beta {d['beta']:g} (penalty_1's task cost {d['penalty_1_task_cost']:+.2%}; {d['rule']})")
@@ -896,7 +943,8 @@ def main() -> None:
     ap.add_argument("--interpolate", action="store_true", help="forgetwatch interpolate on the kept models (seeds 6, 7)")
     ap.add_argument("--smoke", action="store_true", help="the whole pipeline on a tiny setting in a temporary directory")
     ap.add_argument("--keep", action="store_true", help="with --smoke: keep the temporary directory")
-    ap.add_argument("--arms", nargs="+", choices=ARMS, default=None, help=f"default: all ({', '.join(ARMS)})")
+    ap.add_argument("--arms", nargs="+", choices=ALL_ARMS, default=None,
+                    help=f"default: the protocol's ({', '.join(ARMS)}); post hoc: {', '.join(POST_HOC)}")
     ap.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 6-15")
     ap.add_argument("--lanes", type=int, default=2, help="runs at a time, one torch thread each (default 2)")
     ap.add_argument("--threads", type=int, default=2, help="--prepare's torch threads (default 2)")
