@@ -700,7 +700,7 @@ def analyse(st: Setting) -> dict:
                                            "reference": ref, "arm": arm, "what": what, "post_hoc": True}
     # interpolation
     interp: dict[str, dict] = {}
-    for arm in ARMS:
+    for arm in ALL_ARMS:
         for path in sorted(_done(st).glob(f"interp-{arm}-s*.json"), key=lambda p: int(p.stem.rsplit("-s", 1)[1])):
             d = json.loads(path.read_text())
             interp[f"{d['arm']}-s{d['seed']}"] = {"arm": d["arm"], "seed": d["seed"],
