@@ -10,6 +10,7 @@ from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .drift import DriftStats, RiskRule, compute_drift
 from .metrics import ForgettingMetrics, compute_metrics, compute_report
 from .noise import NoiseFloor
+from .options import ForgetWatchArguments
 from .probes import Probe, ProbeFormatError, ProbeSet
 from .record import load_record
 from .results import ProbeResults
@@ -43,7 +44,6 @@ __all__ = [
 
 # torch-backed names load on first use, so `import forgetwatch` stays light (no torch, no trl, no wandb).
 _LAZY = {
-    "ForgetWatchArguments": ".callback",
     "ForgetWatchCallback": ".callback",
     "ScoringConfig": ".scoring",
     "score_probes": ".scoring",

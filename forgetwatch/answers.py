@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
+from .options import SHORT_MATCHES
+
 __all__ = [
     "LETTERS",
     "MATCH_MODES",
@@ -43,7 +45,7 @@ __all__ = [
 ]
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-MATCH_MODES = ("exact", "contains")
+MATCH_MODES = SHORT_MATCHES  # declared with the option (forgetwatch.options)
 
 
 # -- multiple choice ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import json
 import logging
@@ -12,7 +13,6 @@ import socket
 import time
 import uuid
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ._io import atomic_write, read_json_or_none
-from .budgets import ROBUST_BUDGETS, Breach, Budget, check_options, parse_budget
+from .budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key, read_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
@@ -28,14 +28,24 @@ from .lock import RecordInUseError, acquire
 from .loggers import make_loggers
 from .models import model_identity
 from .monitor import PREFIX, Monitor
+from .options import (
+    GROUPS,
+    REMEDIES,
+    ForgetWatchArguments,
+    changed,
+    default,
+    options_doc,
+    options_from_kwargs,
+)
+from .options import options as option_list
 from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
 from .results import ProbeResults
 from .robustness import make_plan
 from .scoring import ScoringConfig, describe_precision, full_precision
-from .suites import is_probe_file, load_probes
+from .suites import load_probes
 
-__all__ = ["ForgetWatchCallback", "ForgetWatchArguments"]
+__all__ = ["ForgetWatchCallback"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,113 +55,6 @@ _OLD_KIND = "replay: letter form (a record from before streams said their kind)"
 # Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SERIAL = itertools.count()
-SCORING_MODES = ("inline", "sidecar")
-REPLAY_TARGETS = ("gold", "base")
-
-
-@dataclass
-class ForgetWatchArguments:
-    """The callback's options as a dataclass, for `TrlParser` / `HfArgumentParser` scripts and YAML recipes.
-
-    Field names are the callback's argument names with a `forgetwatch_` prefix, because the trainer's own
-    arguments already have `eval_steps` and `seed`.
-
-    Example:
-        >>> from trl import SFTConfig, TrlParser
-        >>> training_args, fw_args = TrlParser((SFTConfig, ForgetWatchArguments)).parse_args_and_config()  # doctest: +SKIP
-        >>> trainer = SFTTrainer(..., callbacks=[ForgetWatchCallback.from_args(fw_args)])  # doctest: +SKIP
-    """
-
-    forgetwatch_probes: str | None = field(default=None, metadata={"help": "Probe set: a JSONL file, or comma-separated built-in suite names (e.g. 'arc_easy,mmlu,triviaqa'). None disables the callback."})
-    forgetwatch_eval_steps: int = field(default=50, metadata={"help": "Score the probes every this many optimizer steps (and at the end of training)."})
-    forgetwatch_per_suite: int | None = field(default=100, metadata={"help": "With suite names: probes per suite, stratified by category."})
-    forgetwatch_seed: int = field(default=0, metadata={"help": "With suite names: subsampling seed."})
-    forgetwatch_base_cache: str | None = field(default=None, metadata={"help": "Base-model cache (from `forgetwatch cache`). Absent or not matching: the model is scored at the start of training, which is the base, and the cache is written (default <output_dir>/forgetwatch/base.parquet)."})
-    forgetwatch_mcq_mode: str = field(default="loglik", metadata={"help": "Multiple-choice scoring: loglik, loglik_norm, letter or generate."})
-    forgetwatch_chat_template: bool | None = field(default=None, metadata={"help": "Wrap prompts in the chat template (default: for generation only, when the tokenizer has one)."})
-    forgetwatch_cot: bool = field(default=False, metadata={"help": "Generative probes: ask for reasoning and a final 'Answer:' line."})
-    forgetwatch_max_new_tokens: int | None = field(default=None, metadata={"help": "Generation budget for generative probes (default 32, 256 with cot)."})
-    forgetwatch_short_mode: str | None = field(default=None, metadata={"help": "Short-answer scoring: greedy_match (one teacher-forced forward: does greedy decoding produce an accepted answer?) or generate (decode, extract, match). Default greedy_match, generate with cot."})
-    forgetwatch_short_match: str = field(default="exact", metadata={"help": "With short_mode=generate: exact (normalised exact match) or contains (an accepted answer as whole words). Numeric probes compare numbers (math-verify)."})
-    forgetwatch_behavior_max_new_tokens: int = field(default=256, metadata={"help": "Generation budget of behaviour probes (instruct, comply): an answer that reaches it without ending its turn is a runaway."})
-    forgetwatch_batch_size: int = field(default=16, metadata={"help": "Probes per forward pass."})
-    forgetwatch_engine: str = field(default="hf", metadata={"help": "What runs generation: hf (the model in this process, finished answers leaving a refilling batch) or continuous (transformers' continuous batching, where it is faster; where it cannot run, e.g. several processes, it falls back to hf with a warning)."})
-    forgetwatch_robustness: int | None = field(default=None, metadata={"help": "Robustness drift: score K variants of each knowledge probe besides itself (option orders where the options are read as letters, question frames, lower case, typos) and log robust accuracy, robust forgetting, consistency and, in lettered modes, position bias. Off by default; each variant costs about one probe."})
-    forgetwatch_robust_per_suite: int | None = field(default=None, metadata={"help": "With forgetwatch_robustness: score variants of only this many probes per suite (a seeded draw), to bound the cost. Default: every knowledge probe."})
-    forgetwatch_replay: bool = field(default=False, metadata={"help": "Write forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples."})
-    forgetwatch_log_table: bool = field(default=True, metadata={"help": "Log a W&B table of the probes that flipped at each evaluation."})
-    forgetwatch_budget: dict | str | None = field(default=None, metadata={"help": "Forgetting budget: upper limits on metrics named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl; for behaviour probes runaway, over_refusal, instruct_forgetting, length_drift; overall or '<category>/<metric>'), as a dict in YAML or 'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' (or JSON) on the command line."})
-    forgetwatch_on_budget: str = field(default="alert", metadata={"help": "When a budget is exceeded: alert (W&B/trackio alert, warning, record event), save (also save a checkpoint there) or stop (also stop training)."})
-    forgetwatch_budget_bound: str = field(default="lower", metadata={"help": "lower: a limit is exceeded when the lower end of the 95% interval is above it (noise pages nobody); point: the measured value."})
-    forgetwatch_at_risk_margin: float = field(default=2.0, metadata={"help": "A probe right at base and still right counts as at risk when its margin (nats) is below this (chosen on a calibration run: benchmarks/RESULTS.md)..."})
-    forgetwatch_scoring: str = field(default="inline", metadata={"help": "inline: score in the training process; sidecar: score nothing here, save a checkpoint at every evaluation step and leave the scoring to `forgetwatch watch OUTPUT_DIR` in another process."})
-    forgetwatch_at_risk_drop: float | None = field(default=None, metadata={"help": "...or, when set, has fallen by this many nats since base (off by default: the drop did not predict flips)."})
-
-    forgetwatch_replay_mix: float = field(default=0.0, metadata={"help": "Replay: the share of training examples drawn from `forgetwatch_replay_pool` (0 = off; e.g. 0.1). Applied by the recipes with `forgetwatch.replay.mix_replay`; needs max_steps."})
-    forgetwatch_replay_pool: str | None = field(default=None, metadata={"help": "Replay pool: suite names (every probe of them except the monitored ones), a probe JSONL file, or a JSONL of training examples with a `category`. Default: the rest of the monitored suites."})
-    forgetwatch_replay_strategy: str = field(default="closed_loop", metadata={"help": "closed_loop (categories that forget get more replay, with a floor) or uniform (the control)."})
-    forgetwatch_replay_targets: str = field(default="gold", metadata={"help": "What replay trains toward: gold (the probes' gold answers, written as the probes are scored: the question, then the option's text or the bare answer) or base (the base model's own answers, made once into forgetwatch_base_outputs: self-distilled replay, any prompts, no labels)."})
-    forgetwatch_base_outputs: str | None = field(default=None, metadata={"help": "The base model's answers and top-k log-probabilities on the pool (for replay_targets=base and the KL anchor): made before training when the file is absent, reused when it matches the model, tokenizer and pool, never overwritten (default <output_dir>/base_outputs.parquet). `forgetwatch base-outputs` makes one ahead."})
-    forgetwatch_anchor_beta: float = field(default=0.0, metadata={"help": "KL anchor to the base on pool conversations: the weight of KL(base || model) on their answer tokens, from the cached top-k log-probabilities (0 = off; e.g. 1.0 weighs each anchored conversation like one training example)."})
-    forgetwatch_anchor_ratio: float = field(default=0.1, metadata={"help": "KL anchor: pool conversations drawn per training example, in addition to them (by forgetwatch_replay_strategy: toward the categories that forget, or uniform)."})
-    forgetwatch_penalty_beta: float = field(default=0.0, metadata={"help": "Explicit 1→0 penalty (SFT): the weight of max(0, min(base margin, floor) − margin now) on held-out multiple-choice items of the pool the base answers right (0 = off; e.g. 1.0). docs/replay.md"})
-    forgetwatch_penalty_ratio: float = field(default=0.1, metadata={"help": "1→0 penalty: pool items drawn per training example (by forgetwatch_replay_strategy)."})
-    forgetwatch_penalty_floor: float = field(default=2.0, metadata={"help": "1→0 penalty: the margin (nats) worth defending: an item is pulled back when its margin falls below its base margin or this, whichever is smaller."})
-
-    def __post_init__(self) -> None:
-        from .anchor import check_beta
-
-        if self.forgetwatch_replay_targets not in REPLAY_TARGETS:
-            raise ValueError(f"forgetwatch_replay_targets must be one of {', '.join(REPLAY_TARGETS)}, got "
-                             f"{self.forgetwatch_replay_targets!r}")
-        try:
-            self.forgetwatch_anchor_beta = check_beta(self.forgetwatch_anchor_beta)
-        except ValueError as e:
-            raise ValueError(f"forgetwatch_anchor_beta: {e}") from None
-        ratio = self.forgetwatch_anchor_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
-            raise ValueError(f"forgetwatch_anchor_ratio (pool conversations per training example) must be in (0, 8], got {ratio!r}")
-        try:
-            self.forgetwatch_penalty_beta = check_beta(self.forgetwatch_penalty_beta, "the 1→0 penalty")
-        except ValueError as e:
-            raise ValueError(f"forgetwatch_penalty_beta: {e}") from None
-        for name, low, high in (("forgetwatch_penalty_ratio", 0, 8), ("forgetwatch_penalty_floor", 0, math.inf)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-                raise ValueError(f"{name} must be a number in ({low}, {high}], got {value!r}")
-        if self.forgetwatch_penalty_beta and self.forgetwatch_anchor_beta:
-            raise ValueError("forgetwatch_penalty_beta and forgetwatch_anchor_beta: one term at a time (each is measured "
-                             "on its own in benchmarks/RESULTS.md); set one of them to 0")
-        if self.forgetwatch_replay_targets == "base" and not self.forgetwatch_replay_mix:
-            logger.warning("forgetwatch: forgetwatch_replay_targets=base does nothing while forgetwatch_replay_mix is 0: "
-                           "set the replay share (e.g. 0.1)")
-
-    def to_kwargs(self) -> dict[str, Any]:
-        """The callback's keyword arguments (the replay fields are `mix_replay`'s, see `replay_kwargs`)."""
-        return {f.name.removeprefix(PREFIX + "_"): getattr(self, f.name) for f in dataclasses.fields(self)
-                if not f.name.startswith((PREFIX + "_replay_", PREFIX + "_anchor_", PREFIX + "_penalty_",
-                                          PREFIX + "_base_outputs"))}
-
-    def replay_kwargs(self) -> dict[str, Any] | None:
-        """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""
-        if not self.forgetwatch_replay_mix:
-            return None
-        return {"pool": self.pool(), "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
-
-    def needs_base_outputs(self) -> bool:
-        """Self-distilled replay or the KL anchor: both read the base's answers to the pool."""
-        return bool(self.forgetwatch_anchor_beta) or (bool(self.forgetwatch_replay_mix) and self.forgetwatch_replay_targets == "base")
-
-    def pool(self) -> str:
-        """The replay / anchor pool: as given, or the rest of the monitored suites."""
-        pool = self.forgetwatch_replay_pool
-        if pool is None:
-            probes = str(self.forgetwatch_probes or "")
-            if is_probe_file(probes):
-                raise ValueError(f"forgetwatch_replay_pool is needed: forgetwatch_probes is a file ({probes}), so there are "
-                                 "no suites to hold examples out of; give suite names or a file of held-out examples")
-            pool = probes  # the rest of the monitored suites (mix_replay holds the monitored probes out by id)
-        return pool
 
 
 class ForgetWatchCallback(TrainerCallback, ExportableState):
@@ -171,22 +74,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     Args:
         probes: a `ProbeSet`, a JSONL path, or built-in suite names (a list or "arc_easy,mmlu").
-        eval_steps: score every this many optimizer steps.
-        per_suite: with suite names, probes per suite (stratified by category).
-        seed: with suite names, the subsampling seed.
-        base_cache: a cache made by `forgetwatch cache` (or by an earlier run); default
-            `<output_dir>/forgetwatch/base.parquet`.
-        mcq_mode, chat_template, cot, max_new_tokens, short_mode, short_match, behavior_max_new_tokens, batch_size, engine: scoring options (see
-            `ScoringConfig`); `short_mode="greedy_match"` (default) scores short answers with one forward,
-            `"generate"` decodes them and matches with `short_match` ("exact" or "contains").
-        robustness: score this many variants of each knowledge probe besides itself (`forgetwatch.robustness`:
-            option orders in lettered modes, question frames, surface noise) and log `robust_accuracy`,
-            `robust_forgetting`, `consistency` (and its change) and, in lettered modes, `position_bias`; probes still
-            right in their original form but no longer in every variant are listed as "robust→fragile" flips. Off
-            (None) by default; each variant costs about one probe. Part of the base cache's key.
-        robust_per_suite: with `robustness`, score variants of only this many probes per suite (a seeded draw).
-        replay: write forgotten probes to `<output_dir>/forgetwatch/replay.jsonl` as training examples.
-        log_table: log a W&B table of the probes that flipped at each evaluation.
+        eval_steps: score every this many optimizer steps (default 50).
+        **options: any other option of `forgetwatch options` (docs/options.md) by its name without the `forgetwatch_`
+            prefix: `per_suite=50`, `mcq_mode="loglik_norm"`, `budget={"forgetting": 0.05}`, `scoring="sidecar"`, ...
+            They are listed below. The remedies' options (`anchor_beta`, `replay_mix`, ...) are not the callback's:
+            `forgetwatch.remedies` builds them. A name that is not an option is refused, naming the closest.
+        args: the options as parsed `ForgetWatchArguments` (what `from_args` passes), instead of keywords.
 
     Example:
         >>> from forgetwatch import ForgetWatchCallback
@@ -195,70 +88,45 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         >>> trainer.train()  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        probes: ProbeSet | str | list[str] | None = None,
-        eval_steps: int = 50,
-        *,
-        per_suite: int | None = 100,
-        seed: int = 0,
-        base_cache: str | None = None,
-        mcq_mode: str = "loglik",
-        chat_template: bool | None = None,
-        cot: bool = False,
-        max_new_tokens: int | None = None,
-        short_mode: str | None = None,
-        short_match: str = "exact",
-        behavior_max_new_tokens: int = 256,
-        batch_size: int = 16,
-        engine: str = "hf",
-        robustness: int | None = None,
-        robust_per_suite: int | None = None,
-        replay: bool = False,
-        log_table: bool = True,
-        budget: dict[str, float] | str | None = None,
-        on_budget: str = "alert",
-        budget_bound: str = "lower",
-        at_risk_margin: float = 2.0,
-        at_risk_drop: float | None = None,
-        scoring: str = "inline",
-    ):
+    def __init__(self, probes: ProbeSet | str | list[str] | None = None, eval_steps: int | None = None, *,
+                 args: ForgetWatchArguments | None = None, **options: Any):
+        if args is not None and options:
+            raise TypeError(f"pass the options as `args` or as keywords, not both (got args and {', '.join(options)})")
+        args = args if args is not None else options_from_kwargs(**options)
+        if probes is not None:
+            args = dataclasses.replace(args, forgetwatch_probes=probes)
+        if eval_steps is not None:
+            args = dataclasses.replace(args, forgetwatch_eval_steps=eval_steps)
+        remedies = changed(args, names={o.name for o in option_list() if o.group == REMEDIES})
+        if remedies:
+            raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them with "
+                             "`forgetwatch.remedies` (docs/replay.md), which also adds this callback")
+        o = args.unprefixed()
+        probes, eval_steps = o["probes"], o["eval_steps"]
         if probes is None:
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
-        self.probes = load_probes(probes, per_suite=per_suite, seed=seed)
+        self.probes = load_probes(probes, per_suite=o["per_suite"], seed=o["seed"])
         self.eval_steps = eval_steps
-        self.config = ScoringConfig(mcq_mode=mcq_mode, chat_template=chat_template, cot=cot, max_new_tokens=max_new_tokens,
-                                    short_mode=short_mode, short_match=short_match, batch_size=batch_size,
-                                    behavior_max_new_tokens=behavior_max_new_tokens, engine=engine)
-        self.base_cache = base_cache
-        self.replay = replay
-        self.log_table = log_table
-        check_options(on_budget, budget_bound)
-        if scoring not in SCORING_MODES:
-            raise ValueError(f"`scoring` must be one of {', '.join(SCORING_MODES)}, got {scoring!r}")
+        self.config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
+        self.base_cache = base_cache = o["base_cache"]
+        scoring, budget, on_budget = o["scoring"], o["budget"], o["on_budget"]
         if scoring == "sidecar" and budget and on_budget in ("save", "stop"):
             raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
                              "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
                              "scoring='inline'")
         self.scoring = scoring
-        self.budget = Budget(parse_budget(budget), on_budget, budget_bound, self.probes.groups) if budget else None
+        self.budget = Budget(parse_budget(budget), on_budget, o["budget_bound"], self.probes.groups) if budget else None
         # which variants of which probes are scored besides them (None: robustness off); refused here, before training
-        self.plan = make_plan(self.probes, robustness, robust_per_suite, mcq_mode)
+        self.plan = make_plan(self.probes, o["robustness"], o["robust_per_suite"], self.config.mcq_mode)
         if self.budget is not None and self.plan is None:
             needs = [lim.key for lim in self.budget.limits if lim.metric in ROBUST_BUDGETS]
             if needs:
                 raise ValueError(f"budget {', '.join(needs)}: robust figures need variants; set `robustness` (e.g. 5)")
-        self.risk_rule = RiskRule(at_risk_margin, at_risk_drop)
-        self._args = {
-            "probes": probes if isinstance(probes, str) else None, "eval_steps": eval_steps, "per_suite": per_suite,
-            "seed": seed, "base_cache": base_cache, "mcq_mode": mcq_mode, "chat_template": chat_template, "cot": cot,
-            "max_new_tokens": max_new_tokens, "short_mode": short_mode, "short_match": short_match, "batch_size": batch_size,
-            "behavior_max_new_tokens": behavior_max_new_tokens, "engine": engine,
-            "robustness": robustness, "robust_per_suite": robust_per_suite, "replay": replay, "log_table": log_table, "budget": budget, "on_budget": on_budget, "budget_bound": budget_bound,
-            "at_risk_margin": at_risk_margin, "at_risk_drop": at_risk_drop, "scoring": scoring,
-        }
+        self.risk_rule = RiskRule(o["at_risk_margin"], o["at_risk_drop"])
+        # the options as given (a ProbeSet object is not an option: the record keeps it as probes.jsonl)
+        self.options = dataclasses.replace(args, forgetwatch_probes=probes if isinstance(probes, str) else None)
         if base_cache and Path(base_cache).is_file():
             # Fail before any training step is spent: a cache for another probe set can never match. (A cache of an
             # older format is rebuilt at the start of training, with a warning that says how to make it once.)
@@ -270,7 +138,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
                 cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
         # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
-        self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=log_table, replay=replay, plan=self.plan)
+        self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=o["log_table"], replay=o["replay"],
+                               plan=self.plan)
         self._started = False
         self._start_id: str | None = None  # this training start's id (on_train_begin), in its checkpoints and manifest
         self._serial = next(_SERIAL)
@@ -286,12 +155,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     @classmethod
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
-        """Build the callback from parsed `ForgetWatchArguments`."""
+        """Build the callback from parsed `ForgetWatchArguments` (its remedy options are `forgetwatch.remedies`')."""
         return cls(**args.to_kwargs())
 
     # -- ExportableState: survives `resume_from_checkpoint` -------------------------------------------------
     def state(self) -> dict[str, Any]:
-        args = dict(self._args)
+        args = self.options.to_kwargs()
         if args["probes"] is None and self._record_root is not None:
             args["probes"] = str(self._record_root / "probes.jsonl")  # a ProbeSet object is restored from the record
         # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
@@ -497,7 +366,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             logger.info("forgetwatch: %s was made under other options than this run's; replacing it with the base "
                         "cache this run uses", base_path)
             cache.save(base_path)
-        args_ = {k: v for k, v in self._args.items() if k not in ("probes", "base_cache", "scoring")}
+        args_ = {k: v for k, v in self.options.to_kwargs().items() if k not in ("probes", "base_cache", "scoring")}
         self._sidecar_path = record.root / "sidecar.json"
         first = read_json_or_none(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
         # The model's config and tokenizer, for checkpoints that hold neither: FSDP's sharded ones (also when FSDP comes
@@ -598,22 +467,23 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         origin = self.probes.origin
         if origin.startswith("suites:"):
             probes = origin.removeprefix("suites:")
-            per_suite, seed = self._args.get("per_suite"), self._args.get("seed", 0)
+            per_suite, seed = self.options.forgetwatch_per_suite, self.options.forgetwatch_seed
             probes += (f" --per-suite {per_suite}" if per_suite else "") + (f" --seed {seed}" if seed else "")
         elif origin.endswith(".jsonl"):
             probes = origin
         else:  # a ProbeSet built in code: the run's record keeps it as JSONL
             probes = str(self._record_root / "probes.jsonl") if self._record_root else "probes.jsonl"
         return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet",
-                             robustness=self._args.get("robustness"), robust_per_suite=self._args.get("robust_per_suite"))
+                             robustness=self.options.forgetwatch_robustness or None,
+                             robust_per_suite=self.options.forgetwatch_robust_per_suite)
 
     def _share_state_with_the_users_object(self) -> None:
         """With `restore_callback_states_from_checkpoint=True` the Trainer replaces the user's callback by a new one built
         from the checkpoint, so the object the user holds would never see the run. Find it (same probes and options, never
         started, the latest made) and let it share this instance's attributes: it then reads the live record, steps, replay."""
-        same = {k: v for k, v in self._args.items() if k != "probes"}
+        same = dataclasses.replace(self.options, forgetwatch_probes=None)
         mine = [cb for cb in list(_LIVE) if cb is not self and not cb._started and cb.probes.fingerprint == self.probes.fingerprint
-                and {k: v for k, v in cb._args.items() if k != "probes"} == same]
+                and dataclasses.replace(cb.options, forgetwatch_probes=None) == same]
         if mine:
             users = max(mine, key=lambda cb: cb._serial)
             self._mixers = users._mixers  # replay streams it steers (`mix_replay`) are not in the saved state
@@ -786,3 +656,18 @@ def _tokenizer(processing_class: Any) -> Any:
     # a multimodal processor wraps the tokenizer
     return processing_class.tokenizer if isinstance(processing_class, ProcessorMixin) else processing_class
 
+
+
+def _signature() -> inspect.Signature:
+    """`ForgetWatchCallback(probes, eval_steps, *, per_suite=100, ...)` as `help()` and editors show it, made from the
+    options (the remedies' are not the callback's)."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("probes", P.POSITIONAL_OR_KEYWORD, default=None),
+              P("eval_steps", P.POSITIONAL_OR_KEYWORD, default=default("eval_steps"))]
+    params += [P(o.short, P.KEYWORD_ONLY, default=o.default, annotation=o.type) for o in option_list()
+               if o.group != REMEDIES and o.short not in ("probes", "eval_steps")]
+    return inspect.Signature(params + [P("args", P.KEYWORD_ONLY, default=None)])
+
+
+ForgetWatchCallback.__init__.__signature__ = _signature()
+ForgetWatchCallback.__doc__ += options_doc(prefixed=False, groups=tuple(g for g in GROUPS if g != REMEDIES))

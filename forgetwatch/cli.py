@@ -27,6 +27,7 @@ from ._io import strict_json
 from .commands import cache_command as cache_command  # re-exported: it lived here before commands.py
 from .commands import quote
 from .modes import ENGINES, MCQ_MODES, SHORT_MATCHES, SHORT_MODES
+from .options import default
 from .probes import ProbeFormatError, ProbeSet
 from .robustness import make_plan
 from .suites import from_suites, load_probes
@@ -246,7 +247,7 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool, robustness: bool =
     # command scores variants (--robustness, --robust-per-suite); one that does not must not take them
     d = (lambda v: v) if defaults else (lambda v: None)
     note = "" if defaults else " (default: as in the base cache)"
-    p.add_argument("--mcq-mode", choices=MCQ_MODES, default=d("loglik"), help=f"how multiple-choice probes are scored{note}")
+    p.add_argument("--mcq-mode", choices=MCQ_MODES, default=d(default("mcq_mode")), help=f"how multiple-choice probes are scored{note}")
     p.add_argument("--chat-template", choices=tuple(_CHAT), default=d("auto"), help=f"wrap prompts in the chat template{note}")
     p.add_argument("--cot", action=argparse.BooleanOptionalAction, default=d(False), help=f"chain-of-thought generation with a final 'Answer:' line{note}")
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation budget (default 32, 256 with --cot){note}")
@@ -256,12 +257,13 @@ def _scoring_args(p: argparse.ArgumentParser, defaults: bool, robustness: bool =
     p.add_argument("--short-mode", choices=SHORT_MODES, default=None,
                    help="short answers: greedy_match (one forward: would greedy decoding give an accepted answer?) or "
                         "generate (decode, extract, match)" + (note or "; default greedy_match, generate with --cot"))
-    p.add_argument("--short-match", choices=SHORT_MATCHES, default=d("exact"), help=f"with --short-mode generate: exact or contains (whole words){note}")
+    p.add_argument("--short-match", choices=SHORT_MATCHES, default=d(default("short_match")), help=f"with --short-mode generate: exact or contains (whole words){note}")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d("float32"), help=f"weights dtype{note}")
     p.add_argument("--autocast", choices=("none", "bfloat16", "float16"), default=d("none"),
                    help="score under torch.autocast in this dtype, as a Trainer with bf16=True / fp16=True (TRL's default) "
                         f"runs the model; the callback then accepts the cache{note}"),
-    p.add_argument("--batch-size", type=int, default=16, help="questions per forward (default 16)")
+    p.add_argument("--batch-size", type=int, default=default("batch_size"),
+                   help=f"questions per forward (default {default('batch_size')})")
     p.add_argument("--engine", choices=ENGINES, default="hf",
                    help="what runs generation: hf (default: this process, a refilling batch) or continuous (transformers' "
                         "continuous batching, where it is faster: docs/speed.md); the same answers either way")
@@ -332,12 +334,12 @@ def _scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = 
         if autocast is None:
             autocast = precision.split("+autocast-")[1] if "+autocast-" in precision else "none"
     config = ScoringConfig(
-        mcq_mode=fields["mcq_mode"] or "loglik",
+        mcq_mode=fields["mcq_mode"] or default("mcq_mode"),
         chat_template=fields["chat_template"],
         cot=bool(fields["cot"]),
         max_new_tokens=fields["max_new_tokens"],
         short_mode=fields["short_mode"],
-        short_match=fields["short_match"] or "exact",
+        short_match=fields["short_match"] or default("short_match"),
         batch_size=args.batch_size,
         engine=args.engine,
         behavior_max_new_tokens=fields["behavior_max_new_tokens"] or BEHAVIOR_MAX_NEW_TOKENS,

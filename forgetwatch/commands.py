@@ -10,6 +10,8 @@ import re
 import shlex
 from typing import Any
 
+from .options import default
+
 __all__ = ["cache_command", "quote"]
 
 # what the callback appends to its suite names: `arc_easy,mmlu --per-suite 100 --seed 1` (options, not part of the name)
@@ -53,7 +55,7 @@ def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: 
         options += f" --seed {int(seed)}"
     parts = ["forgetwatch cache", f"--model {quote(model or '<your base model>')}", f"--probes {quote(probes)}{options}"]
     s = scoring_key
-    if s.get("mcq_mode", "loglik") != "loglik":
+    if s.get("mcq_mode", default("mcq_mode")) != default("mcq_mode"):
         parts.append(f"--mcq-mode {s['mcq_mode']}")
     if s.get("chat_template") is not None:
         parts.append(f"--chat-template {'on' if s['chat_template'] else 'off'}")
@@ -61,11 +63,11 @@ def cache_command(model: str, probes: str, scoring_key: dict[str, Any], output: 
         parts.append("--cot")
     if s.get("short_mode") and s["short_mode"] != ("generate" if s.get("cot") else "greedy_match"):
         parts.append(f"--short-mode {s['short_mode']}")
-    if s.get("short_match", "exact") != "exact":
+    if s.get("short_match", default("short_match")) != default("short_match"):
         parts.append(f"--short-match {s['short_match']}")
     if s.get("max_new_tokens") and s["max_new_tokens"] != (256 if s.get("cot") else 32):
         parts.append(f"--max-new-tokens {s['max_new_tokens']}")
-    if s.get("behavior_max_new_tokens") not in (None, 256):
+    if s.get("behavior_max_new_tokens") not in (None, default("behavior_max_new_tokens")):
         parts.append(f"--behavior-max-new-tokens {s['behavior_max_new_tokens']}")
     dtype, _, autocast = str(s.get("precision", "float32")).partition("+autocast-")
     parts.append(f"--dtype {dtype}")

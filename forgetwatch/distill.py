@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write, file_lock
+from .options import default
 from .probes import Probe
 from .prompts import PROMPT_VERSION, question_block
 
@@ -238,7 +239,7 @@ def _prompt_probes(rows: Sequence[tuple[str, Any]]) -> list[Probe]:
 
 
 def make_base_outputs(model: Any, tokenizer: Any, pool: Any, *, exclude: Any = None, max_length: int | None = None,
-                      top_k: int = TOP_K, max_new_tokens: int = 128, batch_size: int = 16,
+                      top_k: int = TOP_K, max_new_tokens: int = 128, batch_size: int = default("batch_size"),
                       progress: bool = False) -> BaseOutputs:
     """The base's answers and top-k log-probabilities for every pool prompt (see the module doc).
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import answers
+from .options import BEHAVIOR_MAX_NEW_TOKENS, ENGINES, MCQ_MODES, SHORT_MATCHES, SHORT_MODES, default
 from .probes import Probe
 from .prompts import (
     PROMPT_VERSION,
@@ -42,17 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ScoringConfig", "MCQ_MODES", "SHORT_MODES", "SHORT_MATCHES", "ENGINES", "BEHAVIOR_MAX_NEW_TOKENS"]
 
-MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
-SHORT_MODES = ("generate", "greedy_match")
-# What runs generation (`forgetwatch.engines.make_engine`); named here, where no torch is imported.
-ENGINES = ("hf", "continuous")
 # How the probes are run, not what they score: left out of the cache key.
 NOT_IN_KEY = ("batch_size", "pack_choices", "engine")
-SHORT_MATCHES = answers.MATCH_MODES
-# Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
-# measured, so they get room: SmolLM2-135M-Instruct ends 4 in 5 of the built-in suite's answers within it (84 of 105;
-# benchmarks/RESULTS.md §11).
-BEHAVIOR_MAX_NEW_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -99,17 +91,18 @@ class ScoringConfig:
         'loglik_norm'
     """
 
-    mcq_mode: str = "loglik"
-    chat_template: bool | None = None
-    cot: bool = False
-    max_new_tokens: int | None = None
-    short_mode: str | None = None
-    short_match: str = "exact"
+    # the defaults of the options users set are forgetwatch.options' (declared once there)
+    mcq_mode: str = default("mcq_mode")
+    chat_template: bool | None = default("chat_template")
+    cot: bool = default("cot")
+    max_new_tokens: int | None = default("max_new_tokens")
+    short_mode: str | None = default("short_mode")
+    short_match: str = default("short_match")
     system_prompt: str | None = None
-    batch_size: int = 16
+    batch_size: int = default("batch_size")
     pack_choices: bool | None = None
-    behavior_max_new_tokens: int = BEHAVIOR_MAX_NEW_TOKENS
-    engine: str = "hf"
+    behavior_max_new_tokens: int = default("behavior_max_new_tokens")
+    engine: str = default("engine")
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

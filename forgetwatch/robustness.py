@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .options import default
 from .probes import Probe
 
 __all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "VariantOutcomes", "make_variants", "max_variants",
@@ -246,8 +247,8 @@ LETTERED_MODES = ("letter", "generate")  # multiple-choice modes that read the o
 
 
 def make_plan(probes: Sequence[Probe], robustness: int | None, robust_per_suite: int | None = None,
-              mcq_mode: str = "loglik") -> VariantPlan | None:
-    """The variants a run scores with `robustness=K` (None: robustness off), on `robust_per_suite` probes of each
+              mcq_mode: str = default("mcq_mode")) -> VariantPlan | None:
+    """The variants a run scores with `robustness=K` (0: robustness off; None, as records before 0.2 say, too), on `robust_per_suite` probes of each
     suite or all; option order varies only where the options are read as a list (`mcq_mode` letter or generate).
     One function for the callback, the watcher and the CLI, so that they always plan the same variants.
 
@@ -256,7 +257,7 @@ def make_plan(probes: Sequence[Probe], robustness: int | None, robust_per_suite:
         >>> [v.shift for v in plan.variants["q"]]
         [0, 1, 0]
     """
-    if robustness is None:
+    if not robustness and not isinstance(robustness, bool):  # 0 or None: off
         if robust_per_suite is not None:
             raise RobustnessError(f"robust_per_suite={robust_per_suite} says how many probes get variants, but robustness "
                                   "is off: set `robustness` (e.g. 5) too, or leave robust_per_suite unset")

@@ -35,6 +35,7 @@ from .drift import RiskRule
 from .lock import acquire
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
 from .monitor import PREFIX, Monitor
+from .options import options_from_record
 from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
 from .robustness import make_plan, serves
@@ -91,7 +92,7 @@ class Watcher:
         # a cache for other probes can never match (as `compare` refuses it)
         cache.check(make_cache_key({}, self.probes, {}), ignore=("format", "model", "scoring"), path=cache_path)
         cache = cache.for_probes(self.probes.ids, cache_path)
-        opts = self.manifest["callback"]
+        opts = options_from_record(self.manifest["callback"]).unprefixed()  # a manifest of any version
         budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
                   if opts.get("budget") else None)
         self.eval_steps = int(opts["eval_steps"])

@@ -36,7 +36,7 @@ from test_callback import (  # noqa: E402
 from wandb_offline import find_run_file, finish_offline_run, read_history  # noqa: E402
 
 from forgetwatch import BaseCache, ForgetWatchCallback, load_record, score_probes  # noqa: E402
-from forgetwatch.callback import ForgetWatchArguments  # noqa: E402
+from forgetwatch.options import ForgetWatchArguments  # noqa: E402
 from forgetwatch.cli import main as cli  # noqa: E402
 from forgetwatch.models import load_checkpoint  # noqa: E402
 from forgetwatch.record import RunRecord  # noqa: E402

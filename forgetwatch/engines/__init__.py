@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..options import default
 from ..requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest
 from .continuous import ContinuousBatchingEngine
 from .hf import HFEngine
@@ -66,7 +67,7 @@ class Engine(Protocol):
         ...
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = 16, pack_choices: bool | None = None,
+def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
                 sync_ranks: bool = False) -> Engine:
     """The engine `ScoringConfig.engine` names: `"hf"` (`HFEngine`) or `"continuous"` (`ContinuousBatchingEngine`,
     which falls back to the HF engine's generation with a warning where it cannot run).

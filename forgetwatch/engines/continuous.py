@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..forward import pad_token_id, warn_once
+from ..options import default
 from ..requests import Answer, GenerateRequest, encode
 from .hf import HFEngine, _answer
 
@@ -95,7 +96,7 @@ class ContinuousBatchingEngine(HFEngine):
 
     name = "continuous"
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 16, pack_choices: bool | None = None,
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
                  sync_ranks: bool = False, fallback: bool = True):
         super().__init__(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
         self.unavailable = continuous_batching_unavailable(model, sync_ranks=sync_ranks)

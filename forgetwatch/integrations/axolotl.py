@@ -35,7 +35,8 @@ from typing import Any
 
 from pydantic import Field, create_model
 
-from ..callback import ForgetWatchArguments, ForgetWatchCallback
+from ..callback import ForgetWatchCallback
+from ..options import ForgetWatchArguments
 from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
 __all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config"]  # noqa: F822 (made on first use)

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..callback import ForgetWatchArguments
+from ..options import ForgetWatchArguments
 
 __all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TYPES", "check_keys", "front_end_arguments", "parse_keys",
            "split_keys", "where_given", "yaml_key_lines"]
@@ -89,8 +89,8 @@ def check_keys(config: Mapping[str, Any], *, source: str = "config", lines: Mapp
                                  f"level of the config")
         close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else f"forgetwatch's keys are {', '.join(sorted(KEYS))}."
-        raise ConfigKeyError(f"{where}: unknown key {key!r}: {hint} (Every key, with its meaning: `python -c \"from "
-                             f"forgetwatch import ForgetWatchArguments; help(ForgetWatchArguments)\"`)")
+        raise ConfigKeyError(f"{where}: unknown key {key!r}: {hint} (Every key, with its meaning: `forgetwatch options`, "
+                             "or docs/options.md)")
 
 
 def split_keys(config: Mapping[str, Any], *, source: str = "config",

@@ -1,0 +1,410 @@
+"""Every `forgetwatch_*` option, declared once: its type, default, one-line meaning and group.
+
+`ForgetWatchArguments` is the one declaration. Everything else derives from it: the callback's keyword arguments
+(`ForgetWatchCallback(probes, eval_steps, **options)`), `ScoringConfig`'s defaults, the CLI flags that share a name
+(`--mcq-mode`, `--batch-size`, ...), the sidecar manifest and the watcher, the Axolotl plugin's pydantic model, the
+LLaMA-Factory key checks, TRL's `--help` in the recipes, `forgetwatch options` and `docs/options.md`. A new option is one
+field here (with `_opt`) and the code that uses it.
+
+"Off" means one thing everywhere: a number that turns something on is off at 0 (`robustness`, `replay_mix`,
+`anchor_beta`, `penalty_beta`); an optional setting is off, or "decide for me", at None (`budget`, `at_risk_drop`).
+
+This module is plain Python and imports nothing from forgetwatch at import time, so every module may import it.
+
+Example:
+    >>> from forgetwatch.options import ForgetWatchArguments, describe
+    >>> ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_eval_steps=20).unprefixed()["eval_steps"]
+    20
+    >>> describe("forgetwatch_mcq_mode").default
+    'loglik'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "describe", "format_options", "options",
+           "options_from_kwargs", "options_from_record", "options_markdown"]
+
+PREFIX = "forgetwatch_"
+
+# The option groups, in the order `forgetwatch options` and docs/options.md list them.
+PROBES, LOGGING, BUDGETS, REMEDIES = "probes and scoring", "logging", "budgets and alerts", "remedies"
+GROUPS = (PROBES, LOGGING, BUDGETS, REMEDIES)
+
+# Choices of the options that take one of a few names (the modules that act on them import these).
+MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
+SHORT_MODES = ("generate", "greedy_match")
+SHORT_MATCHES = ("exact", "contains")
+ENGINES = ("hf", "continuous")
+SCORING_MODES = ("inline", "sidecar")
+ON_BUDGET = ("alert", "save", "stop")
+BUDGET_BOUNDS = ("lower", "point")
+REPLAY_STRATEGIES = ("closed_loop", "uniform")
+REPLAY_TARGETS = ("gold", "base")
+
+# Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
+# measured, so they get room: SmolLM2-135M-Instruct ends 4 in 5 of the built-in suite's answers within it (84 of 105;
+# benchmarks/RESULTS.md §11).
+BEHAVIOR_MAX_NEW_TOKENS = 256
+
+
+class Option(NamedTuple):
+    """One option as `forgetwatch options` shows it."""
+
+    name: str  # with the prefix: forgetwatch_eval_steps
+    type: str
+    default: Any
+    help: str
+    group: str
+    choices: tuple[str, ...] | None
+
+    @property
+    def short(self) -> str:
+        """The name without the prefix: the callback's keyword argument, the manifest's and the record's key."""
+        return self.name.removeprefix(PREFIX)
+
+
+# `_opt` records each field's group and choices in declaration order; `_grouped` pairs them with the dataclass's fields.
+# (HfArgumentParser passes a field's metadata to argparse as keyword arguments, so the group cannot live there.)
+_PENDING: list[tuple[str, tuple[str, ...] | None]] = []
+
+
+def _opt(default: Any, help: str, group: str, choices: tuple[str, ...] | None = None) -> Any:
+    if group not in GROUPS:
+        raise ValueError(f"unknown option group {group!r}")
+    if "%" in help:  # argparse expands % in help texts: `python recipes/sft.py --help` would crash
+        raise ValueError(f"an option's help may not contain '%': {help!r}")
+    _PENDING.append((group, choices))
+    metadata = {"help": help}
+    if choices is not None:
+        metadata["choices"] = choices  # argparse checks a value given on the command line
+    return field(default=default, metadata=metadata)
+
+
+def _grouped(cls: type) -> type:
+    fields = dataclasses.fields(cls)
+    if len(fields) != len(_PENDING):
+        raise TypeError(f"every field of {cls.__name__} must be declared with _opt(...)")
+    cls.__forgetwatch_options__ = {f.name: extra for f, extra in zip(fields, _PENDING, strict=True)}
+    _PENDING.clear()
+    return cls
+
+
+@_grouped
+@dataclass
+class ForgetWatchArguments:
+    """forgetwatch's options, for `TrlParser` / `HfArgumentParser` scripts, YAML recipes and front-end configs.
+
+    Field names are the callback's argument names with a `forgetwatch_` prefix, because the trainer's own arguments
+    already have `eval_steps` and `seed`. `forgetwatch options` lists them with their meanings (docs/options.md).
+
+    Example:
+        >>> from trl import SFTConfig, TrlParser
+        >>> training_args, fw_args = TrlParser((SFTConfig, ForgetWatchArguments)).parse_args_and_config()  # doctest: +SKIP
+        >>> trainer = SFTTrainer(..., callbacks=[ForgetWatchCallback.from_args(fw_args)])  # doctest: +SKIP
+    """
+
+    # -- probes and scoring ------------------------------------------------------------------------------------------
+    forgetwatch_probes: str | None = _opt(
+        None, "Probe set: a JSONL file, or comma-separated built-in suite names (e.g. 'arc_easy,mmlu,triviaqa'). Unset "
+        "turns forgetwatch off.", PROBES)
+    forgetwatch_eval_steps: int = _opt(50, "Score the probes every this many optimizer steps (and at the end).", PROBES)
+    forgetwatch_per_suite: int | None = _opt(
+        100, "With suite names: probes per suite, stratified by category (null: all).", PROBES)
+    forgetwatch_seed: int = _opt(0, "With suite names: the subsampling seed.", PROBES)
+    forgetwatch_base_cache: str | None = _opt(
+        None, "The base model's results (from `forgetwatch cache`). Absent or not matching: the base is scored when "
+        "training starts and written to <output_dir>/forgetwatch/base.parquet.", PROBES)
+    forgetwatch_mcq_mode: str = _opt(
+        "loglik", "Multiple choice: loglik (log-likelihood of each option's text), loglik_norm (per character), letter "
+        "(the option letters' logits) or generate (decode, extract the letter).", PROBES, MCQ_MODES)
+    forgetwatch_chat_template: bool | None = _opt(
+        None, "Wrap prompts in the chat template (null: for generation only, when the tokenizer has one).", PROBES)
+    forgetwatch_cot: bool = _opt(False, "Generative probes: ask for reasoning and a final 'Answer:' line.", PROBES)
+    forgetwatch_max_new_tokens: int | None = _opt(
+        None, "Generation budget of generative knowledge probes (null: 32, or 256 with cot).", PROBES)
+    forgetwatch_short_mode: str | None = _opt(
+        None, "Short answers: greedy_match (one forward: would greedy decoding give an accepted answer?) or generate "
+        "(decode, extract, match). Null: greedy_match, generate with cot.", PROBES, SHORT_MODES)
+    forgetwatch_short_match: str = _opt(
+        "exact", "With short_mode generate: exact (normalised exact match) or contains (an accepted answer as whole "
+        "words). Numeric answers are compared as numbers (math-verify).", PROBES, SHORT_MATCHES)
+    forgetwatch_behavior_max_new_tokens: int = _opt(
+        BEHAVIOR_MAX_NEW_TOKENS, "Generation budget of behaviour probes (instruct, comply): an answer that reaches it "
+        "without ending its turn is a runaway.", PROBES)
+    forgetwatch_batch_size: int = _opt(16, "Questions per forward pass (halved on out-of-memory).", PROBES)
+    forgetwatch_engine: str = _opt(
+        "hf", "What runs generation: hf (the model in this process, a refilling batch) or continuous (transformers' "
+        "continuous batching; falls back to hf with a warning where it cannot run). The same answers either way.",
+        PROBES, ENGINES)
+    forgetwatch_robustness: int = _opt(
+        0, "Score this many variants of each knowledge probe besides itself (option orders, question frames, lower "
+        "case, typos) for robust accuracy, consistency and position bias. 0: off. Each variant costs about one probe.",
+        PROBES)
+    forgetwatch_robust_per_suite: int | None = _opt(
+        None, "With robustness: variants of only this many probes per suite, a seeded draw (null: every knowledge "
+        "probe).", PROBES)
+    forgetwatch_scoring: str = _opt(
+        "inline", "inline: score in the training process; sidecar: save a checkpoint at each evaluation step and leave "
+        "the scoring to `forgetwatch watch OUTPUT_DIR` in another process.", PROBES, SCORING_MODES)
+    # -- logging -----------------------------------------------------------------------------------------------------
+    forgetwatch_log_table: bool = _opt(True, "Log a W&B table of the probes that flipped at each evaluation.", LOGGING)
+    forgetwatch_replay: bool = _opt(
+        False, "Write the forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples.", LOGGING)
+    forgetwatch_at_risk_margin: float = _opt(
+        2.0, "A probe right at base and still right is at risk when its margin (nats) is below this (chosen on a "
+        "calibration run: benchmarks/RESULTS.md).", LOGGING)
+    forgetwatch_at_risk_drop: float | None = _opt(
+        None, "...or, when set, when its margin has fallen by this many nats since base (null: off; the drop did not "
+        "predict flips).", LOGGING)
+    # -- budgets and alerts ------------------------------------------------------------------------------------------
+    forgetwatch_budget: dict | str | None = _opt(
+        None, "Upper limits on figures named as in metrics.jsonl (forgetting, forgetting_adjusted, margin_drop, kl, "
+        "runaway, over_refusal, ...; overall or '<category>/<metric>'): a mapping in YAML, or "
+        "'forgetting_adjusted=0.05,mmlu_stem/forgetting=0.1' on the command line. Null: no budget.", BUDGETS)
+    forgetwatch_on_budget: str = _opt(
+        "alert", "When a limit is exceeded: alert (a W&B / trackio alert, a warning and a record event), save (also save "
+        "a checkpoint there) or stop (also stop training).", BUDGETS, ON_BUDGET)
+    forgetwatch_budget_bound: str = _opt(
+        "lower", "lower: a limit is exceeded when the lower end of the 95 percent interval is above it (noise pages "
+        "nobody); point: when the measured value is.", BUDGETS, BUDGET_BOUNDS)
+    # -- remedies ----------------------------------------------------------------------------------------------------
+    forgetwatch_replay_mix: float = _opt(
+        0.0, "Replay: the share of training examples drawn from the replay pool (0: off; e.g. 0.1). Needs max_steps.",
+        REMEDIES)
+    forgetwatch_replay_pool: str | None = _opt(
+        None, "The pool replay, the anchor and the penalty draw from: suite names (their probes except the monitored "
+        "ones), a probe JSONL, or a JSONL of training examples with a `category` (null: the rest of the monitored "
+        "suites).", REMEDIES)
+    forgetwatch_replay_strategy: str = _opt(
+        "closed_loop", "How pool items are drawn: closed_loop (categories that forget get more, with a floor) or uniform.",
+        REMEDIES, REPLAY_STRATEGIES)
+    forgetwatch_replay_targets: str = _opt(
+        "gold", "What replay trains toward: gold (the pool's gold answers) or base (the base model's own answers, made "
+        "once into forgetwatch_base_outputs: self-distilled replay).", REMEDIES, REPLAY_TARGETS)
+    forgetwatch_base_outputs: str | None = _opt(
+        None, "The base model's answers and top-k log-probabilities on the pool (replay_targets base, the KL anchor): "
+        "made before training when absent, reused when it matches, never overwritten (null: "
+        "<output_dir>/base_outputs.parquet).", REMEDIES)
+    forgetwatch_anchor_beta: float = _opt(
+        0.0, "KL anchor: the weight of KL(base || model) on the answer tokens of pool conversations (0: off; 5 cut "
+        "held-out forgetting by a third in benchmarks/RESULTS.md).", REMEDIES)
+    forgetwatch_anchor_ratio: float = _opt(
+        0.1, "KL anchor: pool conversations drawn per training example, in addition to it.", REMEDIES)
+    forgetwatch_penalty_beta: float = _opt(
+        0.0, "1→0 penalty: the weight of max(0, min(base margin, floor) − margin now) on held-out multiple-choice pool "
+        "items the base answers right (0: off; e.g. 1.0).", REMEDIES)
+    forgetwatch_penalty_ratio: float = _opt(
+        0.1, "1→0 penalty: pool items drawn per training example (under gradient clipping, its real strength).",
+        REMEDIES)
+    forgetwatch_penalty_floor: float = _opt(
+        2.0, "1→0 penalty: the margin (nats) worth defending: an item is pulled back when its margin falls below its "
+        "base margin or this, whichever is smaller.", REMEDIES)
+
+    def __post_init__(self) -> None:
+        _check_values(self)
+
+    def unprefixed(self) -> dict[str, Any]:
+        """The options by their short names (the callback's keyword arguments, the manifest's keys)."""
+        return {f.name.removeprefix(PREFIX): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The callback's keyword arguments: every option but the remedies' (`forgetwatch.remedies` reads those)."""
+        return {o.short: getattr(self, o.name) for o in options() if o.group != REMEDIES}
+
+    def needs_base_outputs(self) -> bool:
+        """Self-distilled replay or the KL anchor: both read the base's answers to the pool."""
+        return bool(self.forgetwatch_anchor_beta) or (bool(self.forgetwatch_replay_mix)
+                                                      and self.forgetwatch_replay_targets == "base")
+
+    def replay_kwargs(self) -> dict[str, Any] | None:
+        """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""
+        if not self.forgetwatch_replay_mix:
+            return None
+        return {"pool": self.pool(), "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
+
+    def pool(self) -> str:
+        """The replay / anchor / penalty pool: as given, or the rest of the monitored suites."""
+        pool = self.forgetwatch_replay_pool
+        if pool is None:
+            probes = str(self.forgetwatch_probes or "")
+            # a file, not suite names (`suites.is_probe_file`'s rule; suites is not imported here: options is a leaf)
+            if probes.endswith(".jsonl") or os.path.sep in probes or os.path.isfile(probes):
+                raise ValueError(f"forgetwatch_replay_pool is needed: forgetwatch_probes is a file ({probes}), so there are "
+                                 "no suites to hold examples out of; give suite names or a file of held-out examples")
+            pool = probes  # the rest of the monitored suites (mix_replay holds the monitored probes out by id)
+        return pool
+
+
+def _check_values(args: ForgetWatchArguments) -> None:
+    """The checks that need no model and no probes: choices, ranges, options that exclude each other."""
+    import logging
+
+    if args.forgetwatch_robustness is None:  # records and YAML from before "off" was 0
+        args.forgetwatch_robustness = 0
+    for o in options():
+        value = getattr(args, o.name)
+        if o.choices is not None and value not in o.choices and not (value is None and o.default is None):
+            raise ValueError(f"{o.name} must be one of {', '.join(o.choices)}, got {value!r}")
+    for name in ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"):
+        setattr(args, name, _beta(name, getattr(args, name)))
+    for name, what, low, high in (("forgetwatch_anchor_ratio", "pool conversations per training example", 0, 8),
+                                  ("forgetwatch_penalty_ratio", "pool items per training example", 0, 8),
+                                  ("forgetwatch_penalty_floor", "nats", 0, math.inf)):
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+            raise ValueError(f"{name} ({what}) must be in ({low}, {high}], got {value!r}")
+    if args.forgetwatch_penalty_beta and args.forgetwatch_anchor_beta:
+        raise ValueError("forgetwatch_penalty_beta and forgetwatch_anchor_beta: one term at a time (each is measured "
+                         "on its own in benchmarks/RESULTS.md); set one of them to 0")
+    if args.forgetwatch_replay_targets == "base" and not args.forgetwatch_replay_mix:
+        logging.getLogger(__name__).warning(
+            "forgetwatch: forgetwatch_replay_targets=base does nothing while forgetwatch_replay_mix is 0: set the replay "
+            "share (e.g. 0.1)")
+
+
+def _beta(name: str, beta: Any) -> float:
+    """A loss weight: a finite number ≥ 0 (0 turns the term off)."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(f"{name}: the term's `beta` must be a number >= 0 (0 turns it off; e.g. 1.0), got {beta!r}")
+    return float(beta)
+
+
+def options() -> list[Option]:
+    """Every option, in declaration order (grouped).
+
+    Example:
+        >>> [o.short for o in options() if o.group == "budgets and alerts"]
+        ['budget', 'on_budget', 'budget_bound']
+    """
+    extra = ForgetWatchArguments.__forgetwatch_options__
+    return [Option(f.name, _type_name(f.type), f.default, f.metadata["help"], *extra[f.name])
+            for f in dataclasses.fields(ForgetWatchArguments)]
+
+
+def describe(name: str) -> Option:
+    """One option, by its full or short name; an unknown name raises `KeyError` naming the closest."""
+    by_name = {o.name: o for o in options()}
+    full = name if name.startswith(PREFIX) else PREFIX + name
+    if full not in by_name:
+        raise KeyError(_unknown(name, by_name))
+    return by_name[full]
+
+
+def default(name: str) -> Any:
+    """An option's default, by its short name: how `ScoringConfig` and the CLI take theirs."""
+    return describe(name).default
+
+
+def _unknown(name: str, known: Any) -> str:
+    short = [k.removeprefix(PREFIX) for k in known]
+    close = difflib.get_close_matches(name.removeprefix(PREFIX), short, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown forgetwatch option {name!r}: {hint}`forgetwatch options` lists them"
+
+
+def options_from_kwargs(**kwargs: Any) -> ForgetWatchArguments:
+    """`ForgetWatchArguments` from the callback's keyword arguments (short names); an unknown one is refused by name.
+
+    Example:
+        >>> options_from_kwargs(probes="arc_easy", eval_stpes=10)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: unknown forgetwatch option 'eval_stpes': did you mean 'eval_steps'? ...
+    """
+    known = {f.name for f in dataclasses.fields(ForgetWatchArguments)}
+    values = {}
+    for name, value in kwargs.items():
+        if PREFIX + name not in known:
+            raise TypeError(_unknown(name, known))
+        values[PREFIX + name] = value
+    return ForgetWatchArguments(**values)
+
+
+def options_from_record(values: Mapping[str, Any]) -> ForgetWatchArguments:
+    """The options as a record holds them (the sidecar manifest's `callback`, a checkpoint's callback state), by short
+    name, written by any version: a name this version does not know is left out, a missing one takes its default.
+
+    Example:
+        >>> options_from_record({"eval_steps": 5, "robustness": None, "gone": 1}).forgetwatch_robustness
+        0
+    """
+    known = {f.name for f in dataclasses.fields(ForgetWatchArguments)}
+    return ForgetWatchArguments(**{PREFIX + k: v for k, v in values.items() if PREFIX + k in known})
+
+
+def _type_name(t: Any) -> str:
+    return str(t).replace("typing.", "") if not isinstance(t, type) else t.__name__
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def format_options(group: str | None = None, width: int = 100) -> str:
+    """The options as `forgetwatch options` prints them: by group, each with its default and meaning."""
+    lines = []
+    for g in GROUPS if group is None else (group,):
+        lines.append(f"{g}:")
+        for o in options():
+            if o.group != g:
+                continue
+            choices = f" {{{','.join(o.choices)}}}" if o.choices else ""
+            lines.append(f"  {o.name} ({o.type}, default {_yaml(o.default)}){choices}")
+            lines += textwrap.wrap(o.help, width, initial_indent="      ", subsequent_indent="      ")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def options_markdown() -> str:
+    """docs/options.md: the reference page, generated (`forgetwatch options --markdown > docs/options.md`)."""
+    out = ["# Options", "",
+           "<!-- Generated by `forgetwatch options --markdown` from forgetwatch/options.py; a test fails when it is stale. -->",
+           "",
+           "Every `forgetwatch_*` option, as a YAML key of the recipes, the Axolotl plugin and `forgetwatch llamafactory "
+           "train`, a `--forgetwatch_*` flag of `recipes/*.py`, and, without the prefix, a keyword argument of "
+           "`ForgetWatchCallback`. A number that turns something on is off at 0; an optional setting is off (or "
+           "decided for you) at `null`.", ""]
+    for g in GROUPS:
+        out += [f"## {g[0].upper() + g[1:]}", "", "| option | type | default | meaning |", "|---|---|---|---|"]
+        for o in options():
+            if o.group == g:
+                choices = f" One of: {', '.join(f'`{c}`' for c in o.choices)}." if o.choices else ""
+                text = (o.help + choices).replace("|", "\\|").replace("<", "&lt;")  # not an HTML tag
+                out.append(f"| `{o.name}` | {o.type.replace('|', 'or')} | `{_yaml(o.default)}` | {text} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def options_doc(prefixed: bool = True, groups: tuple[str, ...] = GROUPS) -> str:
+    """The options' meanings as a docstring section, so that `help(ForgetWatchArguments)` shows them."""
+    lines = ["", "    Options (`forgetwatch options`, docs/options.md):"]
+    for g in groups:
+        lines.append(f"        {g}:")
+        for o in options():
+            if o.group == g:
+                name = o.name if prefixed else o.short
+                lines += textwrap.wrap(f"{name} (default {_yaml(o.default)}): {o.help}", 110,
+                                       initial_indent="            ", subsequent_indent="                ")
+    return "\n".join(lines) + "\n"
+
+
+def changed(args: ForgetWatchArguments, names: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The options set to something other than their default, by full name (for messages and summaries)."""
+    return {o.name: getattr(args, o.name) for o in options() if getattr(args, o.name) != o.default
+            and (names is None or o.name in names)}
+
+
+ForgetWatchArguments.__doc__ += options_doc()

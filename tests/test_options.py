@@ -1,0 +1,131 @@
+"""The one options object (`forgetwatch.options`): declared once, and everything else derived from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forgetwatch import ForgetWatchArguments, ForgetWatchCallback, ScoringConfig
+from forgetwatch.options import (
+    GROUPS,
+    REMEDIES,
+    describe,
+    format_options,
+    options,
+    options_from_kwargs,
+    options_from_record,
+    options_markdown,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "forgetwatch"
+
+
+def test_docs_options_md_is_generated_and_current():
+    """docs/options.md is `forgetwatch options --markdown`; regenerate it when an option changes."""
+    page = (ROOT / "docs" / "options.md").read_text()
+    assert page == options_markdown(), ("docs/options.md is stale: run `forgetwatch options --markdown > "
+                                        "docs/options.md`")
+    for o in options():
+        assert f"`{o.name}`" in page
+
+
+def test_every_option_has_a_group_a_meaning_and_a_safe_help():
+    seen = set()
+    for o in options():
+        assert o.group in GROUPS and o.help.strip() and "%" not in o.help
+        assert o.name.startswith("forgetwatch_") and o.name not in seen
+        seen.add(o.name)
+    assert {o.group for o in options()} == set(GROUPS)
+    text = format_options()
+    assert all(f"{g}:" in text for g in GROUPS) and all(o.name in text for o in options())
+
+
+def test_help_of_the_arguments_shows_each_meaning():
+    doc = ForgetWatchArguments.__doc__
+    for o in options():
+        assert f"{o.name} (default" in doc
+
+
+@pytest.mark.parametrize("recipe", ["sft", "grpo", "dpo"])
+def test_recipe_help_exits_0_and_shows_every_meaning(recipe):
+    out = subprocess.run([sys.executable, str(ROOT / "recipes" / f"{recipe}.py"), "--help"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    flat = " ".join(out.stdout.split())
+    for o in options():
+        assert f"--{o.name}" in flat
+        assert " ".join(o.help.split())[:40] in flat, o.name
+
+
+def test_scoring_defaults_are_the_options():
+    """ScoringConfig, the engines and the callback take their defaults from the one declaration."""
+    for f in dataclasses.fields(ScoringConfig):
+        try:
+            o = describe(f.name)
+        except KeyError:
+            continue  # system_prompt, pack_choices: not user options
+        assert f.default == o.default, f.name
+    sig = inspect.signature(ForgetWatchCallback)
+    for o in options():
+        if o.group != REMEDIES and o.short != "probes":
+            assert sig.parameters[o.short].default == o.default
+
+
+def test_defaults_are_written_once_in_the_package():
+    """`mcq_mode`'s, `short_match`'s and `batch_size`'s defaults appear as literals only in options.py."""
+    # a default: in a signature or a field (`name: type = value`), a `.get(name, value)`, an `or value` fallback, an
+    # argparse `default=`; not a call that asks for a mode it needs (`ScoringConfig(mcq_mode="loglik")`: the penalty)
+    patterns = {
+        "mcq_mode": r'mcq_mode\s*:[^=\n]*=\s*"loglik"|\.get\("mcq_mode",\s*"loglik"\)|or "loglik"|default=d?\(?"loglik"',
+        "short_match": r'short_match\s*:[^=\n]*=\s*"exact"|\.get\("short_match",\s*"exact"\)|or "exact"|default=d?\(?"exact"',
+        "batch_size": r'batch_size\s*:[^=\n]*=\s*16\b|\.get\("batch_size",\s*16\)|or 16\b|default=16\b',
+    }
+    for name, pattern in patterns.items():
+        hits = [f"{p.relative_to(ROOT)}:{i}" for p in PACKAGE.rglob("*.py") if p.name != "options.py"
+                for i, line in enumerate(p.read_text().splitlines(), 1)
+                if re.search(pattern, line) and ">>>" not in line]
+        assert not hits, f"{name}'s default restated at {hits}: take it from forgetwatch.options"
+
+
+def test_callback_refuses_an_unknown_option_by_name_and_remedies():
+    with pytest.raises(TypeError, match="unknown forgetwatch option 'eval_stpes': did you mean 'eval_steps'"):
+        ForgetWatchCallback("arc_easy", eval_stpes=3)
+    with pytest.raises(ValueError, match="forgetwatch_anchor_beta: the remedies are not the callback's options"):
+        ForgetWatchCallback("arc_easy", per_suite=2, anchor_beta=5)
+    with pytest.raises(TypeError, match="not both"):
+        ForgetWatchCallback(args=ForgetWatchArguments(forgetwatch_probes="arc_easy"), per_suite=2)
+
+
+def test_callback_from_args_and_keywords_agree():
+    args = ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_per_suite=3, forgetwatch_eval_steps=7,
+                                forgetwatch_mcq_mode="loglik_norm", forgetwatch_batch_size=4)
+    a = ForgetWatchCallback.from_args(args)
+    b = ForgetWatchCallback("arc_easy", 7, per_suite=3, mcq_mode="loglik_norm", batch_size=4)
+    assert a.options == b.options and a.config == b.config and a.eval_steps == b.eval_steps == 7
+    assert a.config.batch_size == 4 and a.config.mcq_mode == "loglik_norm"
+    assert a.state()["args"] == b.state()["args"]
+
+
+def test_robustness_off_is_0_everywhere_and_old_records_say_none():
+    """A checkpoint's callback state or a sidecar manifest written before "off" was 0 held `robustness: None`."""
+    assert describe("robustness").default == 0
+    old = ForgetWatchCallback("arc_easy", per_suite=2).state()["args"] | {"robustness": None}
+    restored = ForgetWatchCallback(**old)
+    assert restored.plan is None and restored.options.forgetwatch_robustness == 0
+    assert options_from_record({"eval_steps": 4, "robustness": None, "from_the_future": 1}).forgetwatch_eval_steps == 4
+
+
+def test_choices_are_checked_with_the_option_named():
+    with pytest.raises(ValueError, match="forgetwatch_mcq_mode must be one of loglik, loglik_norm, letter, generate"):
+        ForgetWatchArguments(forgetwatch_mcq_mode="letters")
+    with pytest.raises(ValueError, match="forgetwatch_on_budget must be one of alert, save, stop"):
+        options_from_kwargs(on_budget="page")
+    with pytest.raises(KeyError, match="did you mean 'batch_size'"):
+        describe("batchsize")
