@@ -6,12 +6,27 @@ Example:
 """
 
 from .budgets import Budget
-from .cache import BaseCache, CacheMismatchError, make_cache_key
+from .cache import BaseCache, make_cache_key
 from .drift import DriftStats, RiskRule, compute_drift
+from .errors import (
+    CacheFormatError,
+    CacheMismatchError,
+    ConfigKeyError,
+    ForgetWatchError,
+    InstructionFormatError,
+    InterpolationError,
+    ProbeFormatError,
+    ProbeSetError,
+    RecordError,
+    RecordInUseError,
+    RobustnessError,
+    SamplesFormatError,
+    SidecarError,
+)
 from .metrics import ForgettingMetrics, compute_metrics, compute_report
 from .noise import NoiseFloor
 from .options import ForgetWatchArguments
-from .probes import Probe, ProbeFormatError, ProbeSet
+from .probes import Probe, ProbeSet
 from .record import load_record
 from .results import ProbeResults
 from .suites import load_probes
@@ -21,18 +36,29 @@ __version__ = "0.1.0"
 __all__ = [
     "BaseCache",
     "Budget",
+    "CacheFormatError",
     "CacheMismatchError",
+    "ConfigKeyError",
     "DriftStats",
     "ForgetWatchArguments",
     "ForgetWatchCallback",
+    "ForgetWatchError",
     "ForgettingMetrics",
+    "InstructionFormatError",
+    "InterpolationError",
     "NoiseFloor",
     "Probe",
     "ProbeFormatError",
     "ProbeResults",
     "ProbeSet",
+    "ProbeSetError",
+    "RecordError",
+    "RecordInUseError",
     "RiskRule",
+    "RobustnessError",
+    "SamplesFormatError",
     "ScoringConfig",
+    "SidecarError",
     "compute_drift",
     "compute_metrics",
     "compute_report",

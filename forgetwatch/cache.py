@@ -22,6 +22,7 @@ import numpy as np
 
 from ._io import atomic_write, file_lock, read_jsonl
 from .commands import quote
+from .errors import CacheFormatError, CacheMismatchError
 from .results import ProbeResults
 from .robustness import SEP, is_variant, serves
 
@@ -30,14 +31,6 @@ __all__ = ["BaseCache", "CacheFormatError", "CacheMismatchError", "make_cache_ke
 # 2: every option's score (`option_scores`), which drift and KL need. Older caches are refused with how to rebuild.
 CACHE_FORMAT = 2
 _META_KEY = b"forgetwatch"
-
-
-class CacheMismatchError(ValueError):
-    """The cache was made for another model, probe set or scoring config."""
-
-
-class CacheFormatError(ValueError):
-    """A cache file that is damaged or was not written by forgetwatch: the message names the file, column and row."""
 
 
 _REBUILD = "not a readable forgetwatch cache; delete it and run `forgetwatch cache` again"

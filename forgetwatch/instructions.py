@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from .errors import InstructionFormatError
+
 __all__ = ["InstructionFormatError", "Verdict", "UNAVAILABLE", "instruction_ids", "instruction_group", "describe_instruction", "validate_instructions", "check_instructions"]
 
 # Instruction ids of IFEval whose checkers need nltk's punkt tokenizer: nltk downloads it at run time, and no
@@ -58,11 +60,6 @@ def _type_problem(key: str, value: Any) -> str | None:
 
 class _Missing(ImportError):
     pass
-
-
-class InstructionFormatError(ValueError):
-    """A probe's instruction ids or arguments are wrong; the message names where and the field (`ProbeSet` loading
-    turns it into a `ProbeFormatError`)."""
 
 
 @cache

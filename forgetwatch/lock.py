@@ -18,7 +18,7 @@ Example:
     >>> lock = acquire("outputs/run", "scoring", run="run-a")  # doctest: +SKIP
     >>> acquire("outputs/run", "scoring", run="run-b")  # another process  # doctest: +SKIP
     Traceback (most recent call last):
-    forgetwatch.lock.RecordInUseError: outputs/run: the forgetwatch record is being written (scoring) by run-a ...
+    forgetwatch.errors.RecordInUseError: outputs/run: the forgetwatch record is being written (scoring) by run-a ...
     >>> lock.release()  # doctest: +SKIP
 """
 
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ._io import pid_alive
+from .errors import RecordInUseError
 
 __all__ = ["RecordInUseError", "RecordLock", "acquire", "ROLES"]
 
@@ -49,10 +50,6 @@ STALE_AFTER = 300.0  # a holder on another host whose heartbeat is older than th
 # an exception) takes its own lock over instead of refusing itself.
 _HELD: dict[str, RecordLock] = {}
 _HELD_GUARD = threading.Lock()
-
-
-class RecordInUseError(BlockingIOError):
-    """Another live process writes this record; the message names it and says what to do."""
 
 
 @dataclass

@@ -50,6 +50,7 @@ import numpy as np
 
 from ._io import atomic_write, read_jsonl
 from .answers import extract_number
+from .errors import ProbeFormatError
 
 __all__ = ["Probe", "ProbeSet", "ProbeFormatError"]
 
@@ -58,10 +59,6 @@ BEHAVIOR_KINDS = ("instruct", "comply")
 _FIELDS = ("id", "kind", "question", "choices", "gold", "answers", "numeric", "instructions", "kwargs", "category", "source")
 # IFEval's own fields: a line with them (and no `kind`) is an instruct probe
 _IFEVAL_FIELDS = ("key", "prompt", "instruction_id_list", "kwargs")
-
-
-class ProbeFormatError(ValueError):
-    """A probe file or record is malformed; the message names where and what to fix."""
 
 
 @dataclass(frozen=True)

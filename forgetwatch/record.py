@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write, read_json, read_jsonl, repair_cut_tail, split_cut_tail
+from .errors import RecordError
 from .results import ProbeResults, pack_ragged, unpack_ragged
 from .robustness import VariantOutcomes
 
@@ -64,10 +65,6 @@ SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/su
 
 _DAMAGED = ("forgetwatch writes whole lines, so the file was changed by hand or by another program: restore it, or move "
             "the record away")
-
-
-class RecordError(ValueError):
-    """A record file that cannot be read as forgetwatch wrote it; the message names the file and what is wrong."""
 
 
 def _append(path: Path, text: str, sync: bool = True) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ProbeSetError
+
 __all__ = ["LoglikRequest", "NextTokenRequest", "GenerateRequest", "Continuations", "Answer", "ProbeSetError"]
 
 
@@ -84,10 +86,6 @@ class Answer:
     n_tokens: int  # up to the end of turn, not counting it (a stop string that cut the answer is counted)
     stopped: bool  # False: it ran to max_new_tokens
     nonfinite: bool = False  # a NaN / inf among the logits it was decoded from: the text means nothing
-
-
-class ProbeSetError(ValueError):
-    """The probe set cannot be scored with this model at all (not one checkpoint's problem)."""
 
 
 def encode(tokenizer: Any, texts: Sequence[str], chat: bool) -> list[list[int]]:

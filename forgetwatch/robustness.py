@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import RobustnessError
 from .options import default
 from .probes import Probe
 
@@ -44,10 +45,6 @@ VARIANTS_VERSION = 2
 FRAMES = ("{q}", "Here is a question: {q}", "Please answer the following question. {q}", "{q} Answer carefully.")
 NOISES = ("none", "lowercase", "typos")
 TYPO_RATE = 0.1  # share of the words of 4+ letters that get two adjacent letters swapped (at least one word)
-
-
-class RobustnessError(ValueError):
-    """A robustness setting that cannot be applied to these probes (says what to change)."""
 
 
 @dataclass(frozen=True)

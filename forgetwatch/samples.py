@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ._io import read_json, read_jsonl
+from .errors import SamplesFormatError
 from .metrics import ForgettingMetrics, compute_report
 
 __all__ = ["Sample", "SampleSet", "SampleComparison", "SamplesFormatError", "read_samples", "compare_samples"]
@@ -52,10 +53,6 @@ _PREFERRED = ("acc", "exact_match", "loglikelihood_acc", "em", "pass@1", "acc_no
               "prompt_level_strict_acc")  # lm-eval's ifeval: every instruction of the prompt followed, as generated
 # those that are 0/1 by definition (pass@1 over several samples is a fraction)
 _STRICT01 = frozenset(_PREFERRED) - {"pass@1"}
-
-
-class SamplesFormatError(ValueError):
-    """A per-sample file is of an unknown format or malformed; the message names the file, line and field."""
 
 
 @dataclass(frozen=True)

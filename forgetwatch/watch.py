@@ -32,6 +32,7 @@ from ._io import pid_alive, read_json, read_json_or_none
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, diff_keys, make_cache_key
 from .drift import RiskRule
+from .errors import SidecarError
 from .lock import acquire
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
 from .monitor import PREFIX, Monitor
@@ -47,10 +48,6 @@ logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 MAX_ATTEMPTS = 3  # a checkpoint that fails to load or score this often is given up on
-
-
-class SidecarError(ValueError):
-    """The output directory cannot be watched; the message says why and what to do."""
 
 
 class Watcher:

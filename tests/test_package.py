@@ -10,9 +10,11 @@ import forgetwatch
 
 def test_all_is_pinned():
     assert sorted(forgetwatch.__all__) == [
-        "BaseCache", "Budget", "CacheMismatchError", "DriftStats", "ForgetWatchArguments", "ForgetWatchCallback",
-        "ForgettingMetrics", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet", "RiskRule",
-        "ScoringConfig", "compute_drift", "compute_metrics", "compute_report", "load_probes", "load_record",
+        "BaseCache", "Budget", "CacheFormatError", "CacheMismatchError", "ConfigKeyError", "DriftStats",
+        "ForgetWatchArguments", "ForgetWatchCallback", "ForgetWatchError", "ForgettingMetrics", "InstructionFormatError",
+        "InterpolationError", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet", "ProbeSetError",
+        "RecordError", "RecordInUseError", "RiskRule", "RobustnessError", "SamplesFormatError", "ScoringConfig",
+        "SidecarError", "compute_drift", "compute_metrics", "compute_report", "load_probes", "load_record",
         "make_cache_key", "score_probes",
     ]
     for name in forgetwatch.__all__:

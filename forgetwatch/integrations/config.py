@@ -12,11 +12,11 @@ Example:
     >>> split_keys({"forgetwatch_eval_step": 10}, source="train.yaml")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    forgetwatch.integrations.config.ConfigKeyError: train.yaml: unknown key 'forgetwatch_eval_step': did you mean 'forgetwatch_eval_steps'? ...
+    forgetwatch.errors.ConfigKeyError: train.yaml: unknown key 'forgetwatch_eval_step': did you mean 'forgetwatch_eval_steps'? ...
     >>> parse_keys({"forgetwatch_eval_steps": "ten"}, source="train.yaml")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    forgetwatch.integrations.config.ConfigKeyError: train.yaml: forgetwatch_eval_steps must be an integer, got 'ten' (str); ...
+    forgetwatch.errors.ConfigKeyError: train.yaml: forgetwatch_eval_steps must be an integer, got 'ten' (str); ...
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigKeyError
 from ..options import ForgetWatchArguments
 
 __all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TYPES", "check_keys", "front_end_arguments", "parse_keys",
@@ -40,10 +41,6 @@ KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Forg
 TYPES = typing.get_type_hints(ForgetWatchArguments)
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
                type(None): "null"}
-
-
-class ConfigKeyError(ValueError):
-    """A `forgetwatch_*` key of a front-end's config is unknown, of the wrong type, or refused; the message says which."""
 
 
 def where_given(source: str, lines: Mapping[str, int | str] | None, key: str) -> str:
@@ -210,7 +207,7 @@ def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: st
         >>> front_end_arguments({"forgetwatch_eval_steps": 5}, front_end="Axolotl", source="c.yaml")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        forgetwatch.integrations.config.ConfigKeyError: c.yaml: forgetwatch_eval_steps is set but forgetwatch_probes is not...
+        forgetwatch.errors.ConfigKeyError: c.yaml: forgetwatch_eval_steps is set but forgetwatch_probes is not...
     """
     ours, rest = split_keys(config, source=source, lines=lines)
     if not ours:
