@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import options
+
 __all__ = ["ROBUST_BUDGETS", "Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "check_options", "parse_budget"]
 
 # metric -> whether it is a rate (limit in [0, 1]) or a figure in nats (limit >= 0)
@@ -35,8 +37,7 @@ BUDGET_METRICS = {"forgetting": "rate", "forgetting_adjusted": "rate", "margin_d
                   # the share of variants answered right
                   "robust_forgetting": "rate", "consistency_drop": "rate"}
 ROBUST_BUDGETS = ("robust_forgetting", "consistency_drop")  # need robustness on
-ON_BUDGET = ("alert", "save", "stop")
-BOUNDS = ("lower", "point")
+ON_BUDGET, BOUNDS = options.ON_BUDGET, options.BUDGET_BOUNDS  # declared with the options
 
 
 @dataclass(frozen=True)

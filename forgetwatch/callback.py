@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import json
 import logging
 import math
 import os
-import socket
 import time
 import uuid
 import weakref
@@ -19,9 +17,8 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ._io import atomic_write, read_json_or_none
 from .budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
-from .cache import BaseCache, CacheMismatchError, make_cache_key, read_key
+from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
 from .lock import RecordInUseError, acquire
@@ -39,10 +36,12 @@ from .options import (
 )
 from .options import options as option_list
 from .probes import ProbeSet
-from .record import MODEL_FILES, RunRecord
+from .record import RunRecord
 from .results import ProbeResults
 from .robustness import make_plan
 from .scoring import ScoringConfig, describe_precision, full_precision
+from .sidecar import SidecarManifest
+from .steering import ReplaySteering
 from .suites import load_probes
 
 __all__ = ["ForgetWatchCallback"]
@@ -50,8 +49,6 @@ __all__ = ["ForgetWatchCallback"]
 logger = logging.getLogger(__name__)
 
 
-# What replay_mix.json written before streams recorded their kind held: gold replay in the lettered form.
-_OLD_KIND = "replay: letter form (a record from before streams said their kind)"
 # Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SERIAL = itertools.count()
@@ -149,8 +146,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._scored_step: int | None = None
         self._is_main = True
         self._progress = True
-        self._mix_written: list = []
-        self._mixers: list = []  # replay streams this run steers (`mix_replay`); never part of the saved state
+        self.steering = ReplaySteering()  # replay streams this run steers (`mix_replay`, the anchor's, the penalty's)
         self._locks: list = []  # the record's writer locks (main process), held from train begin to train end
 
     @classmethod
@@ -189,10 +185,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     def attach_mixer(self, mixer) -> None:
         """Steer a replay stream (`forgetwatch.replay.mix_replay` calls this): after each evaluation its category
         weights follow the per-category forgetting, and its history goes into the record."""
-        if self.scoring == "sidecar" and mixer.strategy == "closed_loop":
-            raise ValueError("closed-loop replay steers by the scores inside the training process, and scoring='sidecar' "
-                             "scores in `forgetwatch watch`: use strategy='uniform' or scoring='inline'")
-        self._mixers.append(mixer)
+        self.steering.attach(mixer, self.scoring)
 
     # -- trainer events -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
@@ -264,16 +257,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._begin_replay(args, state)
 
     def _begin_replay(self, args, state) -> None:
-        """Start the replay streams this run steers; a resume without the replay the run started with is said (by the
-        main process, in either scoring mode)."""
-        if self._mixers:
-            self._start_mixers(args, state)
-        elif state.global_step > 0 and self._is_main:
-            try:
-                mix = RunRecord(self._record_root).read_mix()
-                self._warn_changed_kinds([m.get("kind", _OLD_KIND) for m in mix["mixers"]] if mix else [], state.global_step)
-            except Exception as e:  # a warning is not worth a run
-                logger.warning("forgetwatch: could not read replay_mix.json (%s)", e)
+        last = None  # the weights of the last evaluation before a resume take effect again
+        if self._is_main and state.global_step > 0 and self.steering.mixers and self.evaluated_steps \
+                and self.evaluated_steps[-1] > 0:
+            last = (self.evaluated_steps[-1], self.monitor.category_forgetting())
+        self.steering.begin(args, state, self._record_root, self._is_main, last)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
@@ -283,8 +271,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps
                     or control.should_training_stop):
                 control.should_save = True  # `forgetwatch watch` scores the checkpoint
-            if self._mixers and self._is_main:
-                self._write_mix()
+            if self._is_main:
+                self.steering.write(self._record_root)
             return control
         if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
             breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
@@ -295,8 +283,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                     control.should_save = True
                 elif act:
                     control.should_training_stop = True
-        if self._mixers and self._is_main:
-            self._write_mix()
+        if self._is_main:
+            self.steering.write(self._record_root)
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -317,14 +305,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.scoring == "sidecar":
             if self._is_main:
-                self._write_sidecar({"finished": True, "final_step": state.global_step})
+                self._sidecar.update(finished=True, final_step=state.global_step)
                 self._release_locks()
             return
         if self._scored_step != state.global_step:
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
-        if self._mixers and self._is_main:
-            self._write_mix()
         if self._is_main:
+            self.steering.write(self._record_root)
             self.monitor.finish()
             self._release_locks()
 
@@ -353,57 +340,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     # -- sidecar mode: the training process scores nothing -----------------------------------------------------
     def _start_sidecar(self, args, state, cache: BaseCache, record: RunRecord, precision: str, model, tokenizer) -> None:
-        """What `forgetwatch watch` needs to score the checkpoints as this process would: the probes, the base cache
-        and a manifest (scoring options, precision, budget, the trainer's W&B run to sit beside)."""
-        record.root.mkdir(parents=True, exist_ok=True)
-        self.probes.to_jsonl(record.root / "probes.jsonl")
-        base_path = record.root / "base.parquet"
-        if not base_path.is_file():
-            cache.save(base_path)
-        elif read_key(base_path) != json.loads(json.dumps(cache.key)):  # as the file holds it
-            # A resume under other options (robustness turned on, with a cache that has the variants): the watcher
-            # scores as the manifest says, against this base. It is the record's own copy, never a file the user named.
-            logger.info("forgetwatch: %s was made under other options than this run's; replacing it with the base "
-                        "cache this run uses", base_path)
-            cache.save(base_path)
-        args_ = {k: v for k, v in self.options.to_kwargs().items() if k not in ("probes", "base_cache", "scoring")}
-        self._sidecar_path = record.root / "sidecar.json"
-        first = read_json_or_none(self._sidecar_path) if state.global_step > 0 else None  # a resume keeps its first start
-        # The model's config and tokenizer, for checkpoints that hold neither: FSDP's sharded ones (also when FSDP comes
-        # from `accelerate launch`, where args.fsdp is unset and SHARDED_STATE_DICT is accelerate's default). Small.
-        try:
-            _save_model_files(model, tokenizer, record.root / MODEL_FILES)
-        except Exception as e:  # only sharded FSDP checkpoints need them: not worth ending the run for
-            logger.warning("forgetwatch: could not write the model's config and tokenizer for `forgetwatch watch` (%s: %s); "
-                           "it can still load checkpoints that hold them", type(e).__name__, e)
-        if (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true") and hasattr(model, "peft_config"):
-            logger.warning("forgetwatch: a LoRA run under FSDP saves adapter-only checkpoints; with sharded ones "
-                           "(SHARDED_STATE_DICT) `forgetwatch watch` cannot score them: set fsdp_config state_dict_type "
-                           "FULL_STATE_DICT")
-        if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-            logger.warning("forgetwatch: scoring='sidecar' loads the checkpoints in another process: under ZeRO-3 set "
-                           "stage3_gather_16bit_weights_on_model_save true so that they hold full weights, or "
-                           "`forgetwatch watch` cannot load them")
-        self._sidecar = {
-            "format": 1, "probes": "probes.jsonl", "base_cache": "base.parquet", "precision": precision,
-            "callback": args_, "scoring_config": dataclasses.asdict(self.config), "max_steps": state.max_steps,
-            "report_to": list(args.report_to or []), "run_name": args.run_name, "wandb": _wandb_run_info(),
-            "trackio_project": getattr(args, "project", None),
-            "started_at_step": first.get("started_at_step", 0) if first else state.global_step,
-            # each training start (the first, then every resume): its step and id, which its checkpoints carry; a
-            # resume from an earlier checkpoint supersedes the checkpoints after it, and the watcher's evaluations of them
-            "starts": ((first or {}).get("starts", []) if state.global_step > 0 else [])
-            + [{"step": state.global_step, "at": time.time(), "id": self._start_id}],
-            # a checkpoint older than this run's start belongs to an earlier run in the same output_dir
-            "started_at": first.get("started_at", time.time()) if first else time.time(),
-            "pid": os.getpid(), "host": socket.gethostname(), "finished": False, "final_step": None,
-        }
-        self._write_sidecar({})
-
-    def _write_sidecar(self, update: dict[str, Any]) -> None:
-        self._sidecar.update(update)
-        with atomic_write(self._sidecar_path) as f:
-            f.write(json.dumps(self._sidecar, indent=1) + "\n")
+        """What `forgetwatch watch` needs to score the checkpoints as this process would (`forgetwatch.sidecar`)."""
+        self._sidecar = SidecarManifest(record.root)
+        self._sidecar.start(args, state, options=self.options, config=self.config, precision=precision, probes=self.probes,
+                            cache=cache, start_id=self._start_id, model=model, tokenizer=tokenizer)
 
     # -- internals ------------------------------------------------------------------------------------------
     def _score(self, model, tokenizer, progress: bool, desc: str) -> tuple[ProbeResults, ProbeResults | None]:
@@ -486,7 +426,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 and dataclasses.replace(cb.options, forgetwatch_probes=None) == same]
         if mine:
             users = max(mine, key=lambda cb: cb._serial)
-            self._mixers = users._mixers  # replay streams it steers (`mix_replay`) are not in the saved state
+            self.steering = users.steering  # the replay streams it steers are not in the saved state
             users.__dict__ = self.__dict__
 
     def _evaluate(self, model, processing_class, state) -> list[Breach]:
@@ -502,79 +442,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._scored_step = state.global_step
         robust = self.plan.outcomes(results, variants) if self.plan is not None else None
         breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust) if self._is_main else []
-        if self._mixers:
-            self._steer_mixers(state.global_step)
+        if self.steering.mixers:
+            self.steering.steer(state.global_step, None if self.monitor.figures_missing else self.monitor.category_forgetting(),
+                                self._is_main)
         return breaches
-
-    def _start_mixers(self, args, state) -> None:
-        """Tell the replay streams how ranks slice them, and give a resumed run the weights' history up to its checkpoint."""
-        if args.dataloader_num_workers:
-            raise ValueError("mix_replay: the replay stream follows the monitor in the training process; set "
-                             "`dataloader_num_workers=0` (workers would read a copy that never hears of an evaluation)")
-        if getattr(args, "num_generations", None):  # GRPO: the stream holds prompts, each sampled num_generations times
-            per_rank = args.per_device_train_batch_size * getattr(args, "steps_per_generation", 1) / args.num_generations
-            if getattr(args, "shuffle_dataset", False) and any(m.strategy == "closed_loop" for m in self._mixers):
-                logger.warning("forgetwatch: GRPO's buffered shuffle reads ~1,000 prompts ahead, so closed-loop replay "
-                               "reacts that late; set `shuffle_dataset=False` (mix_replay shuffles the training data itself)")
-        else:
-            per_rank = args.per_device_train_batch_size
-        world_size = args.world_size if float(per_rank).is_integer() else 1  # groups spanning ranks: no per-rank share
-        schedules, last = None, None
-        if self._is_main and state.global_step > 0:
-            try:
-                mix = RunRecord(self._record_root).read_mix()
-                schedules = [m.get("schedule", []) for m in mix["mixers"]] if mix else []
-                self._warn_changed_kinds([m.get("kind", _OLD_KIND) for m in mix["mixers"]] if mix else [], state.global_step)
-            except Exception as e:  # decided here and shared: raising on this rank alone would leave the others waiting
-                logger.warning("forgetwatch: could not read replay_mix.json (%s); the replay weights start afresh", e)
-                schedules = []
-            if self.evaluated_steps and self.evaluated_steps[-1] > 0:
-                last = (self.evaluated_steps[-1], self.monitor.category_forgetting())
-        schedules, last = broadcast_from_main((schedules, last))
-        for i, mixer in enumerate(self._mixers):
-            mixer.set_layout(int(per_rank), world_size)
-            mixer.reset()
-            if schedules:
-                mixer.restore(schedules[i] if i < len(schedules) else [], upto_step=state.global_step)
-            if last is not None and (not mixer.schedule or mixer.schedule[-1][1] < last[0]):
-                # the run stopped before its last evaluation's weights were drawn: they take effect now
-                mixer.publish(*last)
-        self._mix_written: list = []
-
-    def _warn_changed_kinds(self, was: list[str], step: int) -> None:
-        """A resume whose replay streams are not what the run started with (another target or form, as after an upgrade
-        from the lettered form) trains on other examples from here on: said, not refused (the user may mean it)."""
-        now = [getattr(m, "kind", "replay") for m in self._mixers]
-        if was and was != now:
-            logger.warning("forgetwatch: this run started with %s but resumes at step %d with %s: the replayed examples "
-                           "change from here on, so its curves before and after are not one experiment; to continue it "
-                           "as it was, resume with the same replay options (and forgetwatch version)",
-                           " + ".join(was), step, " + ".join(now) or "no replay")
-
-    def _steer_mixers(self, step: int) -> None:
-        """Hand each category's forgetting at this evaluation to the replay streams (the same on every rank); none when
-        figures are missing (probes scored NaN / inf): the weights in force stay."""
-        forgetting = broadcast_from_main((None if self.monitor.figures_missing else self.monitor.category_forgetting())
-                                         if self._is_main else None)
-        if forgetting is None:
-            return
-        for mixer in self._mixers:
-            mixer.publish(step, forgetting)
-
-    def _write_mix(self) -> None:
-        """replay_mix.json, when an evaluation published new weights or a stream switched to them since it was last
-        written (a switch happens when the data is next read, after the evaluation)."""
-        state = [(len(m.schedule), m.weights) for m in self._mixers]
-        if state == self._mix_written:
-            return
-        self._mix_written = state
-        try:
-            RunRecord(self._record_root).write_mix({"mixers": [
-                {"kind": getattr(m, "kind", "replay"), "ratio": m.ratio, "strategy": m.strategy, "floor": m.floor, "seed": m.seed,
-                 "categories": m.categories,
-                 "weights": m.weights, "schedule": [list(e) for e in m.schedule]} for m in self._mixers]})
-        except Exception:
-            logger.exception("forgetwatch: could not write replay_mix.json; training goes on")
 
     def _log_config(self) -> None:
         try:
@@ -587,46 +458,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
-
-
-def _save_model_files(model, tokenizer, target: Path) -> None:
-    """Config, generation config and tokenizer into `target`, replaced whole (a watcher reading the old ones meanwhile
-    sees the old ones, never a mix; no stale file of an earlier run is left)."""
-    import shutil
-    import tempfile
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        config = getattr(model, "config", None)
-        if config is None:
-            return
-        config.save_pretrained(tmp)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        if target.exists():
-            target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _wandb_run_info() -> dict[str, Any] | None:
-    """The trainer's live W&B run, for a watcher's run to sit beside it (same project and group, named after it)."""
-    try:
-        import wandb
-
-        run = wandb.run
-        if run is None:
-            return None
-        return {"id": run.id, "project": run.project, "entity": run.entity, "group": run.group or run.id, "name": run.name,
-                "mode": "offline" if run.settings._offline else "online", "dir": str(Path(run.dir).parents[2])}  # <dir>/wandb/<run>/files
-    except Exception:  # wandb absent or a run without these fields: the watcher starts its own run elsewhere
-        return None
 
 
 def _training_autocast(model: Any, args: Any) -> str | None:

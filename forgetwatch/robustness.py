@@ -85,7 +85,7 @@ def check_robustness(k: int | None, probes: Sequence[Probe], lettered: bool) -> 
         return
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise RobustnessError(f"`robustness` is the number of variants scored besides each probe: an integer ≥ 1, got {k!r} "
-                              "(leave it unset to score no variants)")
+                              "(0 scores no variants)")
     knowledge = [p for p in probes if not p.is_behavior]
     if not knowledge:
         raise RobustnessError("`robustness` scores variants of knowledge probes (multiple choice, short answers), and "

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._io import pid_alive, read_json, read_json_or_none
+from ._io import pid_alive, read_json_or_none
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, diff_keys, make_cache_key
 from .drift import RiskRule
@@ -41,6 +41,7 @@ from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
 from .robustness import make_plan, serves
 from .scoring import ProbeSetError, ScoringConfig
+from .sidecar import read_manifest
 
 __all__ = ["Watcher", "SidecarError"]
 
@@ -77,7 +78,7 @@ class Watcher:
         path = record_dir / "sidecar.json"
         if not path.is_file():
             raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
-        self.manifest = read_json(path, "a forgetwatch sidecar manifest", SidecarError)
+        self.manifest = read_manifest(record_dir)
         probes_path = record_dir / str(self.manifest.get("probes", "probes.jsonl"))
         if not probes_path.is_file():
             raise SidecarError(f"{probes_path}: the record's probe set is missing (the training process writes it when "
@@ -336,7 +337,7 @@ class Watcher:
 
     def _refresh_manifest(self) -> None:
         try:
-            self.manifest = read_json(self.output_dir / PREFIX / "sidecar.json", "a forgetwatch sidecar manifest")
+            self.manifest = read_manifest(self.output_dir / PREFIX, ValueError)
         except (OSError, ValueError):
             pass  # being rewritten: the previous one holds
 

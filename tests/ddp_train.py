@@ -261,7 +261,7 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
                             **extra)
     trainer.train()
     if replay is not None:
-        _trace(out, event="mix", schedule=[list(e) for e in callback._mixers[0].schedule])
+        _trace(out, event="mix", schedule=[list(e) for e in callback.steering.mixers[0].schedule])
     if penalty is not None:
         _trace(out, event="penalty_base", margin=[None if m != m else float(m) for m in extra["anchor"].base_margin])
     backend = dist.get_backend() if dist.is_initialized() else None

@@ -54,9 +54,9 @@ def test_bad_budgets_are_refused_at_construction(limits, message):
 
 
 def test_bad_on_budget_and_bound_are_refused():
-    with pytest.raises(ValueError, match="`on_budget` must be one of alert, save, stop; got 'halt'"):
+    with pytest.raises(ValueError, match="forgetwatch_on_budget must be one of alert, save, stop, got 'halt'"):
         watcher(budget={"forgetting": 0.1}, on_budget="halt")
-    with pytest.raises(ValueError, match="`budget_bound` must be one of lower, point"):
+    with pytest.raises(ValueError, match="forgetwatch_budget_bound must be one of lower, point"):
         watcher(budget={"forgetting": 0.1}, budget_bound="upper")
 
 
@@ -252,7 +252,7 @@ def test_the_report_shows_drift_risk_noise_and_the_budget(stop_run):
 
 def test_budget_options_are_checked_even_without_a_budget():
     """A typo in on_budget must not pass silently because the budget itself was left out (e.g. in a recipe)."""
-    with pytest.raises(ValueError, match="`on_budget` must be one of alert, save, stop; got 'halt'"):
+    with pytest.raises(ValueError, match="forgetwatch_on_budget must be one of alert, save, stop, got 'halt'"):
         watcher(on_budget="halt")
-    with pytest.raises(ValueError, match="`budget_bound` must be one of lower, point"):
+    with pytest.raises(ValueError, match="forgetwatch_budget_bound must be one of lower, point"):
         watcher(budget_bound="upper")

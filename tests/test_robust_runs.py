@@ -221,7 +221,7 @@ def test_a_watcher_asked_for_variants_the_base_cache_lacks_says_how_to_make_it(t
 
 
 @pytest.mark.parametrize("kwargs, says", [
-    ({"robustness": 0}, "an integer ≥ 1"),
+    ({"robustness": -1}, "an integer ≥ 1"),
     ({"robustness": 99}, "has 11 variants besides itself"),
     ({"robustness": 2.5}, "an integer ≥ 1"),
     ({"robust_per_suite": 5}, "set `robustness`"),
@@ -232,6 +232,11 @@ def test_a_watcher_asked_for_variants_the_base_cache_lacks_says_how_to_make_it(t
 def test_bad_robustness_is_refused_at_construction(kwargs, says):
     with pytest.raises(ValueError, match=says):
         watcher(**kwargs)
+
+
+def test_robustness_0_is_off():
+    """"Off" is 0 for every option that turns something on (forgetwatch.options)."""
+    assert watcher(robustness=0).plan is None and watcher().plan is None
 
 
 def test_robustness_on_behaviour_only_probes_is_refused():

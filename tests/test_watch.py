@@ -193,7 +193,7 @@ def test_bad_output_dirs_say_how_to_start(tokenizer, tmp_path, capsys):
 def test_sidecar_refuses_what_needs_scores_in_the_training_process():
     with pytest.raises(ValueError, match="on_budget='stop' needs the scores inside the training process"):
         ForgetWatchCallback(make_probes(), budget={"forgetting": 0.1}, on_budget="stop", scoring="sidecar")
-    with pytest.raises(ValueError, match="`scoring` must be one of inline, sidecar"):
+    with pytest.raises(ValueError, match="scoring.*must be one of inline, sidecar"):
         ForgetWatchCallback(make_probes(), scoring="async")
     from datasets import Dataset
 
