@@ -254,13 +254,13 @@ def test_a_failed_compare_write_still_prints_the_report(capsys, tmp_path, tiny_m
 
 
 def test_a_file_that_appears_while_scoring_is_not_replaced(tmp_path, base):
-    from forgetwatch.cli import _save
+    from forgetwatch.cli.common import save_results
 
     cache = BaseCache.load(base)
     path = tmp_path / "base.parquet"
     path.write_text("written by another process meanwhile")
     with pytest.raises(OSError) as e:
-        _save(cache, str(path), replace=False)
+        save_results(cache, str(path), replace=False)
     assert "appeared while scoring" in str(e.value) and "the results were saved to" in str(e.value)
     assert path.read_text() == "written by another process meanwhile"
     (saved,) = tmp_path.glob("base.unsaved-*.parquet")

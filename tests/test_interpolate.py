@@ -100,13 +100,12 @@ def test_the_scoring_model_is_let_go_before_save_at_writes(tuned, capsys, tmp_pa
     import gc
     import weakref
 
-    import forgetwatch.cli as cli_module
     import forgetwatch.interpolate as interp
+    import forgetwatch.sweep as sweep
 
     loaded, alive_at_save = [], []
-    load = cli_module._interpolated_model
-    monkeypatch.setattr(cli_module, "_interpolated_model",
-                        lambda *a, **k: (out := load(*a, **k), loaded.append(weakref.ref(out[0])))[0])
+    load = sweep._load
+    monkeypatch.setattr(sweep, "_load", lambda *a, **k: (out := load(*a, **k), loaded.append(weakref.ref(out[0])))[0])
     def spying(save):
         def spy(*a, **k):
             gc.collect()
