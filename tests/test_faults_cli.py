@@ -337,11 +337,11 @@ def test_the_library_never_imports_its_command_line():
     """callback.py imported `cache_command` from cli.py: the library reached up into its command line."""
     package = Path(__import__("forgetwatch").__file__).parent
     offenders = []
-    for source in sorted(package.glob("*.py")):
-        if source.name in ("cli.py", "__main__.py"):
+    for source in sorted(package.glob("*.py")):  # the command line is the package forgetwatch/cli/, not among them
+        if source.name == "__main__.py":
             continue
         for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "cli":
+            if isinstance(node, ast.ImportFrom) and "cli" in (node.module or "").split("."):  # .cli, .cli.common
                 offenders.append(f"{source.name}:{node.lineno}")
     assert offenders == []
 
