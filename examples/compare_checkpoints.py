@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from forgetwatch import compute_report, load_probes, score_probes
-from forgetwatch.cli import format_report
+from forgetwatch.metrics import format_report
 from forgetwatch.models import load_model
 
 

@@ -58,6 +58,8 @@ __all__ = [
     "mcnemar_exact",
     "forgetting_events",
     "first_forgotten_index",
+    "format_report",
+    "format_figure",
 ]
 
 OUTCOME_CORRECT, OUTCOME_WRONG, OUTCOME_INVALID = 1, 0, -1
@@ -509,3 +511,44 @@ def mark_missing(rows: dict[str, dict[str, Any]], bad: np.ndarray, members: Call
                       f"{', '.join(list(ids)[:3])}): the scores overflowed or are not numbers")
     if OVERALL in rows:
         rows[OVERALL][count] = len(ids)
+
+
+def format_report(report: dict, label: str = "category", footer: bool = True) -> str:
+    """A fixed-width table, one row per category (or task) and one for all probes; `footer`: the net change, McNemar
+    and what the columns mean (the nothing-to-forget mark is explained either way)."""
+    w = max([22] + [len(k) + 4 for k in report])  # mmlu subtasks and lighteval's suite|task|k are long
+    head = f"{label:<{w}}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
+    lines = [head, "-" * len(head)]
+    names = [k for k in report if k != "overall"] + ["overall"]
+    for name in names:
+        m = report[name]
+        ci = f"[{m.forgetting_ci[0]:.3f}, {m.forgetting_ci[1]:.3f}]"
+        adj = (lambda v: f"{v:.3f}") if m.adjusted else (lambda v: "n/a")
+        if name == "overall":
+            lines.append("-" * len(head))
+        row = f"{name} *" if m.nothing_to_forget and name != "overall" else name
+        lines.append(
+            f"{row:<{w}}{m.n:>6}{m.accuracy_pre:>10.3f}{m.accuracy_post:>9.3f}{m.forgotten:>6}{m.learned:>6}"
+            f"{m.forgetting:>8.3f}{adj(m.forgetting_adjusted):>8}{ci:>16}{m.backward_transfer:>8.3f}"
+            f"{adj(m.backward_transfer_adjusted):>8}{m.invalid_rate_post:>9.3f}"
+        )
+    overall = report["overall"]
+    if footer:
+        lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
+        lines.append("F adj / BT adj subtract flips expected from guessing among each item's own k options; short-answer and generative items have no chance term (n/a).")
+    nothing = [k for k in names if k != "overall" and report[k].nothing_to_forget]
+    if nothing:
+        lines.append(f"* nothing to forget ({', '.join(nothing)}): the base model knew nothing there beyond chance "
+                     "(chance-corrected base accuracy 0, or fewer than 2 and under 2% of short answers right); only backward transfer can show.")
+    return "\n".join(lines)
+
+
+
+def format_figure(value: Any) -> str:
+    """A figure for a table: three decimals, "n/a" where there is none (None or NaN).
+
+    Example:
+        >>> format_figure(0.12345), format_figure(float("nan")), format_figure(None)
+        ('0.123', 'n/a', 'n/a')
+    """
+    return "n/a" if value is None or (isinstance(value, float) and value != value) else f"{value:.3f}"

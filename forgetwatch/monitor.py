@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from .results import CORRECT, ProbeResults
 from .robust_metrics import fragile_changes, robust_rows, robust_scalars
 from .robustness import VariantOutcomes, VariantPlan
 
-__all__ = ["PREFIX", "Monitor", "figure_rows"]
+__all__ = ["PREFIX", "Monitor", "figure_rows", "flip_rows", "fragile_flip_rows", "add_robust_figures"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,6 @@ class Monitor:
         self.plan = plan
         self.base_robust: VariantOutcomes | None = None
         self.last_robust: VariantOutcomes | None = None
-        self._robust_index = np.array([probes.index_of(pid) for pid in plan.variants], np.int64) if plan else None
         self.strict = strict
         self._said_missing: set[str] = set()  # which kinds of missing figures were said (once a run)
         self._unjudged_before: set[str] = set()
@@ -82,6 +82,7 @@ class Monitor:
         self._kinds = [p.kind for p in probes]
         # knowledge and behaviour probes together: "overall" pools them; these two groups keep them apart
         self._groups = probes.kind_groups()
+        self._members = _members_of(probes)
         # what replay can weigh: categories, not summary groups (behaviour categories too: self-distilled replay can
         # replay the base's own answers to behaviour prompts)
         self._replayable = {p.category for p in probes}
@@ -190,41 +191,12 @@ class Monitor:
                 row["forgetting_excl_noise"] = clean[name].forgetting if name in clean else float("nan")
                 row["forgetting_adjusted_excl_noise"] = clean[name].forgetting_adjusted if name in clean else float("nan")
             rows["overall"].update(noise_probes=self.noise.count, min_detectable_forgetting=self.noise.min_detectable())
-        bad = self.base.nonfinite_mask() | results.nonfinite_mask()
         if robust is not None and self.base_robust is not None:
-            groups = {name: self._members(name)[self._robust_index] for name in rows}
-            robust_keys: set[str] = set()
-            for name, row in robust_rows(self.base_robust, robust, groups, self.plan.lettered).items():
-                rows[name].update(row)
-                robust_keys.update(row)
-            # a variant scored NaN / inf blanks its groups' robust figures only: the probes as asked have their answers
-            variant_bad = self._robust_bad(robust)
-            if variant_bad.any():
-                self._mark_missing(rows, variant_bad, keys=robust_keys, field="robust_missing",
-                                   what="have a variant scored NaN or inf")
+            add_robust_figures(rows, self.probes, self.base_robust, robust, self.plan.lettered)
+        bad = self.base.nonfinite_mask() | results.nonfinite_mask()
         if bad.any():
-            self._mark_missing(rows, bad)
+            mark_missing(rows, bad, self._members, [self.probes[int(i)].id for i in np.flatnonzero(bad)])
         return report, drift, rows
-
-    def _robust_bad(self, robust: VariantOutcomes) -> np.ndarray:
-        """Per probe: a variant of it scored NaN / inf, at base or now."""
-        out = np.zeros(len(self.probes), bool)
-        out[self._robust_index] = self.base_robust.nonfinite.any(1) | robust.nonfinite.any(1)
-        return out
-
-    def _members(self, name: str) -> np.ndarray:
-        """The probes a figure's group holds: all of them, a category's, or a kind group's."""
-        if name == "overall":
-            return np.ones(len(self.probes), bool)
-        if name in self._groups:
-            return np.asarray(self._groups[name], bool)
-        return np.array([c == name for c in self._categories])
-
-    def _mark_missing(self, rows: dict[str, dict[str, Any]], bad: np.ndarray, keys: set[str] | None = None,
-                      field: str = "missing", what: str = "scored NaN or inf") -> None:
-        """`mark_missing` over this monitor's probes and groups."""
-        mark_missing(rows, bad, self._members, [self.probes[int(i)].id for i in np.flatnonzero(bad)], keys=keys,
-                     field=field, what=what, count="nonfinite_probes" if keys is None else "nonfinite_variant_probes")
 
     @property
     def figures_missing(self) -> bool:
@@ -400,38 +372,17 @@ class Monitor:
         return rows
 
     def flips(self, prev: ProbeResults, now: ProbeResults, step: int) -> list[dict[str, Any]]:
-        """Probes whose correctness changed since the previous evaluation."""
+        """Probes whose correctness changed since the previous evaluation, as rows of flips.jsonl."""
         assert self.base is not None
-        was, is_ = prev.outcome == CORRECT, now.outcome == CORRECT
-        rows = []
-        for i in np.flatnonzero(was != is_):
-            p = self.probes[int(i)]
-            rows.append({
-                "step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
-                "base_prediction": self.base.prediction[i], "prediction": now.prediction[i],
-                "direction": "0→1" if is_[i] else "1→0",
-                "vs_base": _vs_base(int(self.base.outcome[i] == CORRECT), int(is_[i])),
-            })
-        return rows
+        return [{"step": step, **row} for row in flip_rows(self.probes, self.base, prev, now)]
 
     def fragile_flips(self, prev: VariantOutcomes, now: VariantOutcomes, results: ProbeResults, step: int
                       ) -> list[dict[str, Any]]:
-        """Probes still right in their original form whose robustness changed since the previous evaluation: a flip
-        of its own kind ("robust→fragile": no longer right in every variant; "fragile→robust"), as rows of flips.jsonl.
-        `vs_base` says whether the probe was robust at base."""
-        assert self.base_robust is not None and self._robust_index is not None
-        if prev.ids != now.ids or prev.right.shape != now.right.shape:
-            return []
-        rows = []
-        for r, kind in fragile_changes(prev, now):
-            i = int(self._robust_index[r])
-            p = self.probes[i]
-            rows.append({
-                "step": step, "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
-                "base_prediction": self.base.prediction[i], "prediction": results.prediction[i], "direction": kind,
-                "vs_base": "robust at base" if self.base_robust.right[r].all() else "not robust at base",
-            })
-        return rows
+        """Probes still right in their original form whose robustness changed since the previous evaluation, as rows
+        of flips.jsonl (`fragile_flip_rows`)."""
+        assert self.base is not None and self.base_robust is not None
+        return [{"step": step, **row}
+                for row in fragile_flip_rows(self.probes, self.base, self.base_robust, prev, now, results)]
 
 
 def figure_rows(probes: ProbeSet, base: ProbeResults, results: ProbeResults, risk_rule: RiskRule | None = None
@@ -441,6 +392,88 @@ def figure_rows(probes: ProbeSet, base: ProbeResults, results: ProbeResults, ris
     monitor = Monitor(probes, risk_rule=risk_rule)
     monitor.base = base
     return monitor.figures(results)
+
+
+def flip_rows(probes: ProbeSet, base: ProbeResults, prev: ProbeResults, now: ProbeResults) -> list[dict[str, Any]]:
+    """The probes whose correctness changed from `prev` to `now` (`prev` is `base` for the flips since base), one row
+    each: its id, category, question, gold answer, the base's and the current prediction, the direction ("1→0" or
+    "0→1") and `vs_base` (retained, forgotten, learned or never known since base).
+
+    Example:
+        >>> flip_rows(probes, base, base, results)[0]["direction"]  # doctest: +SKIP
+        '1→0'
+    """
+    was, is_ = prev.outcome == CORRECT, now.outcome == CORRECT
+    rows = []
+    for i in np.flatnonzero(was != is_):
+        p = probes[int(i)]
+        rows.append({
+            "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+            "base_prediction": base.prediction[i], "prediction": now.prediction[i],
+            "direction": "0→1" if is_[i] else "1→0",
+            "vs_base": _vs_base(int(base.outcome[i] == CORRECT), int(is_[i])),
+        })
+    return rows
+
+
+def fragile_flip_rows(probes: ProbeSet, base: ProbeResults, base_robust: VariantOutcomes, prev: VariantOutcomes,
+                      now: VariantOutcomes, results: ProbeResults) -> list[dict[str, Any]]:
+    """Probes still right in their original form whose robustness changed from `prev` to `now` (the variants'
+    outcomes; `prev` is `base_robust` for the changes since base): a flip of its own kind ("robust→fragile": no longer
+    right in every variant; "fragile→robust"), in the rows of `flip_rows`. `results` are the probes now, and `vs_base`
+    says whether the probe was robust at base. Variants of other probes than `prev`'s: none."""
+    if prev.ids != now.ids or prev.right.shape != now.right.shape:
+        return []
+    rows = []
+    for r, kind in fragile_changes(prev, now):
+        i = probes.index_of(now.ids[r])
+        p = probes[i]
+        rows.append({
+            "id": p.id, "category": p.category, "question": p.question, "gold": p.gold_text,
+            "base_prediction": base.prediction[i], "prediction": results.prediction[i], "direction": kind,
+            "vs_base": "robust at base" if base_robust.right[r].all() else "not robust at base",
+        })
+    return rows
+
+
+def add_robust_figures(rows: dict[str, dict[str, Any]], probes: ProbeSet, base: VariantOutcomes, now: VariantOutcomes,
+                       lettered: bool, what: str = "have a variant scored NaN or inf") -> int:
+    """Add each group's robust figures (`robust_rows`) to its row in `rows`, in place; `rows` names the groups:
+    "overall", categories, kind groups (`ProbeSet.kind_groups`); a group without robust probes gets none. A variant
+    scored NaN / inf, at base or now, blanks its groups' robust figures only (the probes as asked have their answers),
+    saying why in `robust_missing` ("N of M probes <what> ..."). Returns the number of such probes.
+
+    Example:
+        >>> rows = {"overall": {}}
+        >>> add_robust_figures(rows, probes, plan.outcomes(base, base_variants), plan.outcomes(now, variants),
+        ...                    plan.lettered)  # doctest: +SKIP
+        0
+    """
+    index = np.array([probes.index_of(pid) for pid in base.ids], np.int64)
+    members = _members_of(probes)
+    robust = robust_rows(base, now, {name: members(name)[index] for name in rows}, lettered)
+    for name, row in robust.items():
+        rows[name].update(row)
+    bad = np.zeros(len(probes), bool)
+    bad[index] = base.nonfinite.any(1) | now.nonfinite.any(1)
+    if bad.any():
+        mark_missing(rows, bad, members, [probes[int(i)].id for i in np.flatnonzero(bad)], keys=set().union(*robust.values()),
+                     field="robust_missing", what=what, count="nonfinite_variant_probes")
+    return int(bad.sum())
+
+
+def _members_of(probes: ProbeSet) -> Callable[[str], np.ndarray]:
+    """A figure's group by name -> the mask of the probes it holds: all of them, a kind group's, or a category's."""
+    groups, categories = probes.kind_groups(), np.array([p.category for p in probes], dtype=str)
+
+    def members(name: str) -> np.ndarray:
+        if name == "overall":
+            return np.ones(len(categories), bool)
+        if name in groups:
+            return np.asarray(groups[name], bool)
+        return categories == name
+
+    return members
 
 
 def scalars_of(report, drift, rows) -> dict[str, float]:

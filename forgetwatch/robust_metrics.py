@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import row_scalars, wilson_interval
+from .metrics import format_figure, row_scalars, wilson_interval
 
 __all__ = ["robust_figures", "position_bias", "fragile_probes", "robust_rows", "robust_scalars", "fragile_changes",
-           "SCALARS"]
+           "format_robust", "SCALARS"]
 
 # the curves logged per group: scalar name -> its metrics.jsonl field
 SCALARS = {"robust_accuracy": "robust_accuracy_post", "robust_forgetting": "robust_forgetting",
@@ -161,3 +161,33 @@ def fragile_changes(prev: Any, now: Any) -> list[tuple[int, str]]:
     out = [(int(i), "robust→fragile") for i in np.flatnonzero(ok & both_right & was_all & ~is_all)]
     out += [(int(i), "fragile→robust") for i in np.flatnonzero(ok & both_right & ~was_all & is_all)]
     return sorted(out)
+
+
+def format_robust(rows: dict[str, dict[str, Any]]) -> str:
+    """`compare`'s robustness table: one row per group that has robust probes, overall last."""
+    num = format_figure
+    w = max([22] + [len(k) + 2 for k in rows])
+    lettered = any("position_bias_pre" in r for r in rows.values())
+    head = (f"{'group':<{w}}{'n':>6}{'robust base':>13}{'robust now':>12}{'robust F':>10}{'consist. base':>15}"
+            f"{'now':>7}{'change':>8}{'fragile':>9}" + (f"{'pos. bias base':>16}{'now':>7}" if lettered else ""))
+    lines = [head, "-" * len(head)]
+    for name in [k for k in rows if k != "overall"] + ["overall"]:
+        r = rows[name]
+        if name == "overall":
+            lines.append("-" * len(head))
+        change = r["consistency_change"]
+        line = (f"{name:<{w}}{r['robust_n']:>6}{num(r['robust_accuracy_pre']):>13}{num(r['robust_accuracy_post']):>12}"
+                f"{num(r['robust_forgetting']):>10}{num(r['consistency_pre']):>15}{num(r['consistency_post']):>7}"
+                f"{'n/a' if change != change else f'{change:+.3f}':>8}{_count(r['fragile']):>9}")
+        if lettered:
+            line += f"{num(r.get('position_bias_pre')):>16}{num(r.get('position_bias_post')):>7}"
+        lines.append(line)
+    lines += [f"{name}: robust figures missing: {r['robust_missing']}" for name, r in rows.items() if r.get("robust_missing")]
+    lines.append("robust: right in every variant; robust F: of those robust at base, the share no longer robust; consist.: "
+                 "share of variants right; fragile: robust at base, right as asked, wrong in some variant now"
+                 + ("; pos. bias: distance of the chosen letters from the gold letters' distribution (0: none)" if lettered else ""))
+    return "\n".join(lines)
+
+
+def _count(v: Any) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and v != v) else str(int(v))

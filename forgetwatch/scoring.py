@@ -35,7 +35,7 @@ from .results import ProbeResults
 if TYPE_CHECKING:
     from .engines import Engine
 
-__all__ = ["ScoringConfig", "score_probes", "describe_precision"]
+__all__ = ["ScoringConfig", "score_probes", "score_with_key", "describe_precision"]
 
 # The order in which modes are scored: fixed, so that every rank takes them in the same order. Short answers that are
 # generated are a mode of their own: their prompt (and chat template) is not the multiple-choice one.
@@ -163,6 +163,23 @@ def score_probes(
             _scatter(results, idx, part)
     bar.close()
     return results
+
+
+def score_with_key(model: torch.nn.Module, tokenizer: Any, probes: Sequence[Probe], config: ScoringConfig,
+                   autocast: str | None = None, desc: str = "scoring probes") -> tuple[ProbeResults, dict[str, Any]]:
+    """`score_probes` with a progress bar, under `torch.autocast` in `autocast` ("bfloat16", "float16"; None: none),
+    and the scoring part of the cache key (`ScoringConfig.key`) of what was scored: how a process outside a trainer
+    (the command line, an interpolation sweep) scores a model for a base cache or against one.
+
+    Example:
+        >>> results, key = score_with_key(model, tokenizer, probes, ScoringConfig(), autocast="bfloat16")  # doctest: +SKIP
+        >>> key["precision"]  # doctest: +SKIP
+        'float32+autocast-bfloat16'
+    """
+    precision = describe_precision(model, autocast=autocast)
+    with precision_context(model, precision):
+        results = score_probes(model, tokenizer, probes, config, progress=True, desc=desc)
+    return results, config.key(tokenizer, describe_precision(model, autocast=autocast))
 
 
 def scoring_mode(probe: Probe, config: ScoringConfig) -> str:

@@ -214,6 +214,8 @@ def check_against_caches(report: dict, base_path, post_path, probes: ProbeSet) -
     assert [f["id"] for f in report["flips"]] == changed
     assert sum(f["direction"] == "1→0" for f in report["flips"]) == report["metrics"]["overall"]["forgotten"]
     assert sum(f["direction"] == "0→1" for f in report["flips"]) == report["metrics"]["overall"]["learned"]
+    # the rows a run's flips.jsonl has (`forgetwatch.monitor.flip_rows`), less the step
+    assert all(f["vs_base"] == {"1→0": "forgotten", "0→1": "learned"}[f["direction"]] for f in report["flips"])
 
 
 def test_cache_then_compare_roundtrip(capsys, tmp_path, tiny_dirs):

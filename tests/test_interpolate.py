@@ -100,13 +100,12 @@ def test_the_scoring_model_is_let_go_before_save_at_writes(tuned, capsys, tmp_pa
     import gc
     import weakref
 
-    import forgetwatch.cli as cli_module
     import forgetwatch.interpolate as interp
+    import forgetwatch.sweep as sweep
 
     loaded, alive_at_save = [], []
-    load = cli_module._interpolated_model
-    monkeypatch.setattr(cli_module, "_interpolated_model",
-                        lambda *a, **k: (out := load(*a, **k), loaded.append(weakref.ref(out[0])))[0])
+    load = sweep._load
+    monkeypatch.setattr(sweep, "_load", lambda *a, **k: (out := load(*a, **k), loaded.append(weakref.ref(out[0])))[0])
     def spying(save):
         def spy(*a, **k):
             gc.collect()
@@ -211,6 +210,37 @@ def test_weights_that_are_not_floats_are_refused_before_scoring(tuned, capsys, m
     assert cli(run({**tuned, "ft": quantised}, "--alphas", "0.5")) == 2
     err = capsys.readouterr().err
     assert f"tensor {name!r} is F8_E4M3" in err and "dequantise" in err
+
+
+def test_the_sweep_runs_without_the_command_line(tuned, capsys, tmp_path):
+    """The library's sweep is what `interpolate` prints: the front at a grid of α, the α chosen within a budget and the
+    model saved there, with no parser (issue 42: a later `rewind` calls it)."""
+    from forgetwatch.budgets import Budget, parse_budget
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.probes import ProbeSet
+    from forgetwatch.scoring import ScoringConfig
+    from forgetwatch.sweep import InterpolationSweep, choose_alpha, interpolation_front, resolve_base_model
+
+    printed = interpolate(capsys, tuned, "--alphas", "0,1", "--task-data", str(tuned["task"]), "--task-max-length", "48")
+    probes = ProbeSet.from_jsonl(tuned["probes"])
+    cache = BaseCache.load(tuned["cache"]).for_probes(probes.ids, tuned["cache"])
+    config = ScoringConfig(max_new_tokens=4)  # as the cache was made; anything else is refused before scoring
+    name, base_dir = resolve_base_model(None, cache)
+    assert base_dir.resolve() == tuned["base"].resolve()
+    steps = interpolation_front(tuned["ft"], base_dir, probes, cache, [0, 1], config, task_data=tuned["task"],
+                                task_max_length=48, base_name=name)
+    for step, shown in zip(steps, printed["alphas"], strict=True):
+        assert step["alpha"] == shown["alpha"] and step["task"] == pytest.approx(shown["task"], rel=1e-6)
+        for group, row in shown["metrics"].items():
+            assert {k: step["metrics"][group][k] for k in ("forgotten", "learned", "accuracy_post")} == \
+                {k: row[k] for k in ("forgotten", "learned", "accuracy_post")}, group
+    sweep = InterpolationSweep(tuned["ft"], base_dir, probes, cache, config,
+                               budget=Budget(parse_budget("forgetting=1"), "alert", "point", probes.groups))
+    steps = sweep.run([0, 0.5])
+    assert [s["within_budget"] for s in steps] == [True, True] and sweep.task_kind is None
+    assert choose_alpha(steps, sweep.task_kind, budgeted=True) == 0.5  # no task measure: the largest α within
+    sweep.save(0.5, tmp_path / "rewound")
+    assert sweep.model is None and (tmp_path / "rewound" / "model.safetensors").is_file()
 
 
 def test_alpha_grids():

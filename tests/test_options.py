@@ -129,3 +129,30 @@ def test_choices_are_checked_with_the_option_named():
         options_from_kwargs(on_budget="page")
     with pytest.raises(KeyError, match="did you mean 'batch_size'"):
         describe("batchsize")
+
+
+def test_forgetwatch_options_command(capsys):
+    from forgetwatch.cli import main
+
+    assert main(["options"]) == 0
+    out = capsys.readouterr().out
+    assert out == format_options() and all(f"{g}:" in out for g in GROUPS)
+    assert main(["options", "--markdown"]) == 0
+    assert capsys.readouterr().out == options_markdown()
+    assert main(["options", "--group", "remedies"]) == 0
+    out = capsys.readouterr().out
+    assert "forgetwatch_anchor_beta" in out and "forgetwatch_mcq_mode" not in out
+
+
+def test_cli_flags_that_share_a_name_are_the_options():
+    """`--mcq-mode`, `--batch-size`, ... take their choices, defaults and meanings from the declaration."""
+    from forgetwatch.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["cache", "--model", "m", "--probes", "p.jsonl", "-o", "c.parquet"])
+    for name in ("mcq_mode", "short_match", "batch_size", "engine", "cot"):
+        assert getattr(args, name) == describe(name).default, name
+    sub = next(a for a in parser._subparsers._group_actions[0].choices["cache"]._actions if a.dest == "mcq_mode")
+    assert tuple(sub.choices) == describe("mcq_mode").choices and sub.help.startswith(describe("mcq_mode").help)
+    compare = parser.parse_args(["compare", "--model", "m", "--probes", "p.jsonl", "--base", "b.parquet"])
+    assert compare.mcq_mode is None and compare.short_match is None  # absent: as in the base cache

@@ -358,7 +358,7 @@ def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path, cap
     (event,) = record.read_events()
     assert event["event"] == "budget_cannot_judge" and event["keys"] == ["compare/consistency_drop"]
     assert "have a variant scored NaN or inf" in event["reason"]
-    from forgetwatch.cli import format_robust
+    from forgetwatch.robust_metrics import format_robust
 
     table = format_robust({k: v for k, v in rows.items() if "robust_n" in v})
     assert "compare: robust figures missing: 1 of 8 probes have a variant scored NaN or inf" in table

@@ -1,0 +1,70 @@
+"""`forgetwatch watch` (a training run's checkpoints scored beside it) and `forgetwatch report` (plots and a page from a
+run's record)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..options import add_flag
+
+
+def add_report(sub) -> None:
+    """`report`."""
+    r = sub.add_parser("report", help="plots and an HTML page from a training run's local record (no W&B needed)")
+    r.add_argument("output_dir", help="the trainer's output_dir (or its forgetwatch/ folder)")
+    r.add_argument("-o", "--output", default=None, help="directory to write to (default: <output_dir>/forgetwatch/report/)")
+    r.set_defaults(func=cmd_report)
+
+
+def add_watch(sub) -> None:
+    """`watch`."""
+    w = sub.add_parser("watch", help="score a training run's checkpoints beside it (the callback with scoring='sidecar')")
+    w.add_argument("output_dir", help="the trainer's output_dir")
+    w.add_argument("--once", action="store_true", help="score the checkpoints already there, then exit")
+    w.add_argument("--device", default=None, help="where to score: cuda:1, cpu, ... (default: cuda when available)")
+    w.add_argument("--poll", type=float, default=10.0, help="seconds between looks for new checkpoints (default 10)")
+    w.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (default: when training ends)")
+    w.add_argument("--report-to", default=None,
+                   help="comma-separated: wandb, tensorboard, trackio, none (default: the trainer's report_to)")
+    w.add_argument("--into-trainer-run", action="store_true",
+                   help="after training has ended, log into the trainer's own W&B run instead of a run beside it")
+    add_flag(w, "batch_size", default=None, note=" (default: the run's)")
+    add_flag(w, "engine", default=None, note=" (default: the run's)")
+    add_flag(w, "robustness", default=None, metavar="K",
+             note=" (default: the run's); the record's base cache must hold the same variants")
+    add_flag(w, "robust_per_suite", default=None, metavar="N", note=" (default: the run's)")
+    w.set_defaults(func=cmd_watch)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..report import make_report
+
+    print(make_report(args.output_dir, args.output))
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import time
+
+    from ..watch import SidecarError, Watcher
+
+    report_to = [b.strip() for b in args.report_to.split(",") if b.strip()] if args.report_to is not None else None
+    t0, said = time.monotonic(), False
+    while True:
+        try:
+            watcher = Watcher(args.output_dir, device=args.device, report_to=report_to,
+                              into_trainer_run=args.into_trainer_run, batch_size=args.batch_size, engine=args.engine,
+                              robustness=args.robustness, robust_per_suite=args.robust_per_suite)
+            break
+        except SidecarError as e:
+            # started beside a training run that has not written its manifest yet: wait for it (not with --once)
+            if args.once or (args.timeout is not None and time.monotonic() - t0 > args.timeout):
+                raise
+            if not said:
+                print(f"forgetwatch watch: waiting for training to start ({e})", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(args.poll)
+    n = watcher.run(once=args.once, poll_seconds=args.poll, timeout=args.timeout)
+    print(f"forgetwatch watch: scored {n} checkpoint(s); record: {watcher.monitor.record.root}")
+    return 0
