@@ -17,6 +17,9 @@ from ..robustness import make_plan
 from ..suites import load_probes
 
 _CHAT = {"auto": None, "on": True, "off": False}
+# scoring options that are part of the cache key (a command takes them from the base cache unless given)
+_IN_KEY = ("mcq_mode", "chat_template", "cot", "short_mode", "short_match", "max_new_tokens", "behavior_max_new_tokens")
+_NONE_MEANS_AUTO = ("chat_template", "short_mode", "max_new_tokens")  # None is a value of theirs, not "unset"
 
 
 def model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -61,27 +64,22 @@ def scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = N
     """(ScoringConfig, dtype, autocast) from the scoring options; with `base_key`, what is not given as in the cache."""
     from ..scoring import ScoringConfig
 
-    fields = {"mcq_mode": args.mcq_mode, "cot": args.cot, "short_mode": args.short_mode, "short_match": args.short_match,
-              "max_new_tokens": args.max_new_tokens, "behavior_max_new_tokens": args.behavior_max_new_tokens}
+    # the options that change results (the cache key's); None: not given (then as in the base cache, else the default)
+    fields = {name: getattr(args, name) for name in _IN_KEY}
     fields["chat_template"] = _CHAT[args.chat_template] if args.chat_template is not None else None
     dtype, autocast = args.dtype, args.autocast
     if base_key is not None:
         scoring = base_key.get("scoring", {})
-        for name in ("mcq_mode", "cot", "short_mode", "short_match", "max_new_tokens", "behavior_max_new_tokens"):
-            if fields[name] is None:
-                fields[name] = scoring.get(name)
-        if args.chat_template is None:
-            fields["chat_template"] = scoring.get("chat_template")
+        given = {name for name in _IN_KEY if getattr(args, name) is not None}
+        fields = {name: value if name in given else scoring.get(name) for name, value in fields.items()}
         precision = str(scoring.get("precision", "float32"))
         if dtype is None:
             dtype = precision.split("+")[0]
         if autocast is None:
             autocast = precision.split("+autocast-")[1] if "+autocast-" in precision else "none"
     fields["cot"] = bool(fields["cot"])
-    # what is still unset (None) takes ScoringConfig's default, which is the option's
     config = ScoringConfig(batch_size=args.batch_size, engine=args.engine,
-                           **{k: v for k, v in fields.items() if v is not None or k in ("chat_template", "short_mode",
-                                                                                          "max_new_tokens")})
+                           **{k: v for k, v in fields.items() if v is not None or k in _NONE_MEANS_AUTO})
     return config, dtype or "float32", None if autocast in (None, "none") else autocast
 
 
