@@ -116,6 +116,7 @@ def check_remedies(fw_args: Any, stage: str, *, front_end: str | None = None) ->
     if not fw_args.forgetwatch_probes:
         raise ValueError(f"{terms[0]} needs forgetwatch_probes: its pool is held out from the monitored probes, and the "
                          "loop follows what they measure")
+    replay_pool(fw_args)  # a probe file has no rest of its suites to draw from: forgetwatch_replay_pool is needed
     if fw_args.forgetwatch_scoring == "sidecar" and fw_args.forgetwatch_replay_strategy == "closed_loop":
         raise ValueError(f"{terms[0]} with forgetwatch_replay_strategy closed_loop: the loop steers by the scores inside "
                          "the training process, and forgetwatch_scoring sidecar scores in `forgetwatch watch`: set "
