@@ -200,8 +200,8 @@ def arm_args(arm: str, st: Setting, beta: float | None = None) -> list[str]:
 def prepare(st: Setting, threads: int = 2) -> None:
     import torch
 
-    from forgetwatch.distill import load_or_make
     from forgetwatch.models import load_model
+    from forgetwatch.remedies import load_or_make
 
     torch.set_num_threads(threads)
     out = _out(st)
@@ -282,7 +282,7 @@ def _check_s12(out: Path) -> None:
 
 def _prepared(st: Setting) -> dict:
     from forgetwatch.cache import BaseCache
-    from forgetwatch.distill import BaseOutputs
+    from forgetwatch.remedies import BaseOutputs
 
     out = _out(st)
     got = {f: _sha(out / f) for f in ("monitored.jsonl", "held_out.jsonl", "held_out_s12.jsonl", "pool.jsonl", "task.jsonl")}

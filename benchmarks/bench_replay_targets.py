@@ -99,9 +99,9 @@ def _env() -> dict:
 def prepare() -> None:
     import torch
 
-    from forgetwatch.distill import load_or_make
     from forgetwatch.models import load_model
     from forgetwatch.probes import ProbeSet
+    from forgetwatch.remedies import load_or_make
     from forgetwatch.scoring import ScoringConfig, score_probes
     from forgetwatch.suites import load_probes, load_suite
 
@@ -140,7 +140,7 @@ def _prepared() -> dict:
     """What the runs depend on: the probe files' and base outputs' hashes, and the base's held-out results."""
     import hashlib
 
-    from forgetwatch.distill import BaseOutputs
+    from forgetwatch.remedies import BaseOutputs
 
     files = ("monitored.jsonl", "held_out.jsonl", "held_out_behavior.jsonl", "pool.jsonl")
     out = {f: hashlib.sha256((OUT / f).read_bytes()).hexdigest()[:16] for f in files}

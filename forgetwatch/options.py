@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -220,29 +219,6 @@ class ForgetWatchArguments:
         """The callback's keyword arguments: every option but the remedies' (`forgetwatch.remedies` reads those)."""
         return {o.short: getattr(self, o.name) for o in options() if o.group != REMEDIES}
 
-    def needs_base_outputs(self) -> bool:
-        """Self-distilled replay or the KL anchor: both read the base's answers to the pool."""
-        return bool(self.forgetwatch_anchor_beta) or (bool(self.forgetwatch_replay_mix)
-                                                      and self.forgetwatch_replay_targets == "base")
-
-    def replay_kwargs(self) -> dict[str, Any] | None:
-        """`mix_replay`'s pool, ratio and strategy, or None when replay mixing is off."""
-        if not self.forgetwatch_replay_mix:
-            return None
-        return {"pool": self.pool(), "ratio": self.forgetwatch_replay_mix, "strategy": self.forgetwatch_replay_strategy}
-
-    def pool(self) -> str:
-        """The replay / anchor / penalty pool: as given, or the rest of the monitored suites."""
-        pool = self.forgetwatch_replay_pool
-        if pool is None:
-            probes = str(self.forgetwatch_probes or "")
-            # a file, not suite names (`suites.is_probe_file`'s rule; suites is not imported here: options is a leaf)
-            if probes.endswith(".jsonl") or os.path.sep in probes or os.path.isfile(probes):
-                raise ValueError(f"forgetwatch_replay_pool is needed: forgetwatch_probes is a file ({probes}), so there are "
-                                 "no suites to hold examples out of; give suite names or a file of held-out examples")
-            pool = probes  # the rest of the monitored suites (mix_replay holds the monitored probes out by id)
-        return pool
-
 
 def _check_values(args: ForgetWatchArguments) -> None:
     """The checks that need no model and no probes: choices, ranges, options that exclude each other."""
@@ -255,7 +231,10 @@ def _check_values(args: ForgetWatchArguments) -> None:
         if o.choices is not None and value not in o.choices and not (value is None and o.default is None):
             raise ValueError(f"{o.name} must be one of {', '.join(o.choices)}, got {value!r}")
     for name in ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"):
-        setattr(args, name, _beta(name, getattr(args, name)))
+        try:
+            setattr(args, name, check_beta(getattr(args, name), "the term"))
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
     for name, what, low, high in (("forgetwatch_anchor_ratio", "pool conversations per training example", 0, 8),
                                   ("forgetwatch_penalty_ratio", "pool items per training example", 0, 8),
                                   ("forgetwatch_penalty_floor", "nats", 0, math.inf)):
@@ -271,10 +250,10 @@ def _check_values(args: ForgetWatchArguments) -> None:
             "share (e.g. 0.1)")
 
 
-def _beta(name: str, beta: Any) -> float:
-    """A loss weight: a finite number ≥ 0 (0 turns the term off)."""
+def check_beta(beta: Any, what: str = "the KL anchor") -> float:
+    """A loss term's weight (the anchor's, the penalty's): a finite number ≥ 0 (0 is off)."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"{name}: the term's `beta` must be a number >= 0 (0 turns it off; e.g. 1.0), got {beta!r}")
+        raise ValueError(f"{what}'s `beta` must be a number >= 0 (0 turns it off; e.g. 1.0), got {beta!r}")
     return float(beta)
 
 

@@ -56,7 +56,7 @@ class ReplaySteering:
                 except Exception as e:  # a warning is not worth a run
                     logger.warning("forgetwatch: could not read replay_mix.json (%s)", e)
             return
-        if args.dataloader_num_workers:
+        if args.dataloader_num_workers and any(getattr(m, "feeds_data_loader", False) for m in self.mixers):
             raise ValueError("mix_replay: the replay stream follows the monitor in the training process; set "
                              "`dataloader_num_workers=0` (workers would read a copy that never hears of an evaluation)")
         if getattr(args, "num_generations", None):  # GRPO: the stream holds prompts, each sampled num_generations times

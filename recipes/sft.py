@@ -21,20 +21,17 @@ def main(script_args, training_args, model_args, fw_args, extra_callbacks=()):
     from common import data_and_callbacks, finish, resolve_model  # recipes/common.py, beside this script
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
-    from forgetwatch.anchor import with_anchor
-
     model = resolve_model(model_args, training_args)
-    dataset, callbacks, anchor = data_and_callbacks(script_args, training_args, fw_args, stage="sft", model_path=model)
-    # the KL anchor (forgetwatch_anchor_beta > 0) adds its term to the trainer's loss
-    trainer = (with_anchor(SFTTrainer) if anchor is not None else SFTTrainer)(
+    dataset, callbacks, remedies = data_and_callbacks(script_args, training_args, fw_args, stage="sft", model_path=model)
+    trainer = SFTTrainer(
         model=model,
         args=training_args,
         train_dataset=dataset,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
         callbacks=callbacks + list(extra_callbacks),
-        **({"anchor": anchor} if anchor is not None else {}),
     )
+    remedies.attach(trainer)  # the KL anchor (forgetwatch_anchor_beta > 0) or the 1→0 penalty joins the trainer's loss
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     finish(trainer, training_args, callbacks)
 

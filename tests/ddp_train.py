@@ -155,7 +155,7 @@ def _replay_stream(rows, tokenizer, callback, ratio: float):
     """The training rows mixed with a replay pool, and a name for every row (its input_ids)."""
     from datasets import Dataset
 
-    from forgetwatch.replay import mix_replay
+    from forgetwatch.remedies import mix_replay
 
     train_rows = [{**r, "input_ids": r["input_ids"][:-1] + [i + 3]} for i, r in enumerate(rows)]  # each row unique
     pool = make_pool(tokenizer)
@@ -251,19 +251,21 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         from trl import SFTTrainer as trainer_class
 
         dataset = Dataset.from_list(dataset)
-    extra, callbacks = {}, [callback]
+    term = None
     if anchor is not None:
-        trainer_class, extra = _anchored(out, trainer_class, model, tokenizer, callback, anchor)
+        term = _anchored(out, model, tokenizer, callback, anchor)
     if penalty is not None:
-        trainer_class, extra = _penalized(out, trainer_class, tokenizer, callback, penalty)
-        callbacks.append(extra["anchor"])
-    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
-                            **extra)
+        term = _penalized(out, tokenizer, callback, penalty)
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback])
+    if term is not None:
+        from forgetwatch.remedies import add_loss_term
+
+        add_loss_term(trainer, term)  # the penalty joins the callbacks too
     trainer.train()
     if replay is not None:
         _trace(out, event="mix", schedule=[list(e) for e in callback.steering.mixers[0].schedule])
     if penalty is not None:
-        _trace(out, event="penalty_base", margin=[None if m != m else float(m) for m in extra["anchor"].base_margin])
+        _trace(out, event="penalty_base", margin=[None if m != m else float(m) for m in term.base_margin])
     backend = dist.get_backend() if dist.is_initialized() else None
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     _trace(out, event="done", backend=backend, world_size=world_size, global_step=trainer.state.global_step,
@@ -280,15 +282,14 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     _leave_distributed_run()
 
 
-def _anchored(out: Path, trainer_class, model, tokenizer, callback, beta: float):
-    """The trainer class with the KL anchor, on the base's answers to pool probes in the monitored categories (made by
-    each rank before training, from the same base), tracing each micro-batch's draws."""
-    from forgetwatch.anchor import KLAnchor, with_anchor
-    from forgetwatch.distill import make_base_outputs
+def _anchored(out: Path, model, tokenizer, callback, beta: float):
+    """The KL anchor on the base's answers to pool probes in the monitored categories (made by each rank before
+    training, from the same base), tracing each micro-batch's draws."""
+    from forgetwatch.remedies import KLAnchor, make_base_outputs
 
     outputs = make_base_outputs(model, tokenizer, _term_pool("anchor"), max_length=64)
     anchor = KLAnchor(outputs, beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer, model=model, max_length=64)
-    return with_anchor(trainer_class), {"anchor": _traced_draws(out, anchor, "anchor")}
+    return _traced_draws(out, anchor, "anchor")
 
 
 def _term_pool(prefix: str) -> list[Probe]:
@@ -310,15 +311,14 @@ def _traced_draws(out: Path, term, event: str):
     return term
 
 
-def _penalized(out: Path, trainer_class, tokenizer, callback, beta: float):
-    """The trainer class with the 1→0 penalty on held-out items of the monitored categories, tracing its draws."""
-    from forgetwatch.anchor import with_anchor
-    from forgetwatch.penalty import MarginPenalty
+def _penalized(out: Path, tokenizer, callback, beta: float):
+    """The 1→0 penalty on held-out items of the monitored categories, tracing its draws."""
     from forgetwatch.probes import ProbeSet
+    from forgetwatch.remedies import MarginPenalty
 
     penalty = MarginPenalty(ProbeSet(_term_pool("penalty")), beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer,
                             max_length=64)
-    return with_anchor(trainer_class), {"anchor": _traced_draws(out, penalty, "penalty")}
+    return _traced_draws(out, penalty, "penalty")
 
 
 def _allow_fsdp_on_cpu() -> None:

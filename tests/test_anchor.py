@@ -14,11 +14,12 @@ from test_callback import make_probes  # tests/ is on sys.path (pytest "prepend"
 from test_replay_mix import make_pool, sft_dataset
 
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback
-from forgetwatch.anchor import KLAnchor, check_beta, topk_kl, with_anchor
-from forgetwatch.distill import BaseOutputs, load_or_make, make_base_outputs
 from forgetwatch.probes import Probe
 from forgetwatch.record import RunRecord
-from forgetwatch.replay import _training_example, mix_replay
+from forgetwatch.remedies import add_loss_term, mix_replay, needs_base_outputs
+from forgetwatch.remedies.anchor import KLAnchor, check_beta, topk_kl
+from forgetwatch.remedies.base_outputs import BaseOutputs, load_or_make, make_base_outputs
+from forgetwatch.replay import training_example
 from forgetwatch.scoring import ScoringConfig, score_probes
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -151,12 +152,12 @@ def test_unlabelled_prompts_are_a_pool(tokenizer, tiny_model, tmp_path, caplog):
 # -- replay forms ----------------------------------------------------------------------------------------------
 def test_gold_replay_is_written_as_the_probes_are_scored():
     mcq = Probe("m", "mcq", "Which is red?", ("sky", "fire"), 1, category="c")
-    ex = _training_example(mcq, "scoring")
+    ex = training_example(mcq, "scoring")
     assert ex["messages"] == [{"role": "user", "content": "Question: Which is red?"}, {"role": "assistant", "content": "fire"}]
     assert ex["text"] == "Question: Which is red?\nAnswer: fire"
-    short = _training_example(Probe("s", "short", "Capital of France?", answers=("Paris", "paris"), category="c"), "scoring")
+    short = training_example(Probe("s", "short", "Capital of France?", answers=("Paris", "paris"), category="c"), "scoring")
     assert short["completion"] == [{"role": "assistant", "content": "Paris"}]
-    assert _training_example(mcq)["completion"][0]["content"] == "B. fire"  # replay.jsonl keeps the lettered form
+    assert training_example(mcq)["completion"][0]["content"] == "B. fire"  # replay.jsonl keeps the lettered form
 
 
 def test_mix_replay_writes_sft_data_in_the_scoring_form_and_grpo_data_lettered():
@@ -205,8 +206,8 @@ def test_options_are_checked_when_parsed(caplog):
     with pytest.raises(ValueError, match=r"forgetwatch_anchor_ratio .* must be in \(0, 8\]"):
         ForgetWatchArguments(forgetwatch_anchor_ratio=0)
     args = ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_anchor_beta=0.5)
-    assert args.needs_base_outputs() and "anchor_beta" not in args.to_kwargs() and "base_outputs" not in args.to_kwargs()
-    assert not ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_replay_targets="base").needs_base_outputs()
+    assert needs_base_outputs(args) and "anchor_beta" not in args.to_kwargs() and "base_outputs" not in args.to_kwargs()
+    assert not needs_base_outputs(ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_replay_targets="base"))
     assert "forgetwatch_replay_targets=base does nothing while forgetwatch_replay_mix is 0" in caplog.text
 
 
@@ -237,25 +238,27 @@ def test_draws_hold_the_ratio_on_every_prefix(tokenizer, outputs):
 
 
 # -- the anchor in real runs -----------------------------------------------------------------------------------
-def _trainer(cls, tokenizer, out, anchor=None, callbacks=(), sft=True, model_seed=0, **overrides):
+def _trainer(cls, tokenizer, out, loss_term=None, callbacks=(), sft=True, model_seed=0, **overrides):
+    """A real trainer on the tiny model, with `loss_term` added by `add_loss_term` (the call users make)."""
     from conftest import build_model
 
     kwargs = {"output_dir": str(out), "use_cpu": True, "bf16": False, "max_steps": 8, "per_device_train_batch_size": 4,
               "learning_rate": 5e-2, "logging_steps": 2, "report_to": "none", "save_strategy": "no", "seed": 0,
               "disable_tqdm": True, **overrides}
     model = build_model(tokenizer, seed=model_seed)
-    extra = {"anchor": anchor} if anchor is not None else {}
     if sft:
         from trl import SFTConfig
 
-        return cls(model=model, args=SFTConfig(max_length=64, **kwargs), train_dataset=sft_dataset(),
-                   processing_class=tokenizer, callbacks=list(callbacks), **extra)
-    from transformers import DataCollatorForLanguageModeling, TrainingArguments
+        trainer = cls(model=model, args=SFTConfig(max_length=64, **kwargs), train_dataset=sft_dataset(),
+                      processing_class=tokenizer, callbacks=list(callbacks))
+    else:
+        from transformers import DataCollatorForLanguageModeling, TrainingArguments
 
-    texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in sft_dataset()]
-    data = Dataset.from_dict(dict(tokenizer(texts)))
-    return cls(model=model, args=TrainingArguments(**kwargs), train_dataset=data, processing_class=tokenizer,
-               data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), callbacks=list(callbacks), **extra)
+        texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in sft_dataset()]
+        data = Dataset.from_dict(dict(tokenizer(texts)))
+        trainer = cls(model=model, args=TrainingArguments(**kwargs), train_dataset=data, processing_class=tokenizer,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), callbacks=list(callbacks))
+    return add_loss_term(trainer, loss_term) if loss_term is not None else trainer
 
 
 def _pool_kl(model, anchor) -> float:
@@ -279,7 +282,7 @@ def test_the_anchor_pulls_the_model_toward_the_base_on_the_pool(tokenizer, outpu
     plain = _trainer(cls, tokenizer, tmp_path / "plain", sft=sft)
     plain.train()
     anchor = KLAnchor(outs, beta=5.0, ratio=1.0, strategy="uniform", tokenizer=tokenizer, model=plain.model)
-    anchored = _trainer(with_anchor(cls), tokenizer, tmp_path / "anchored", anchor=anchor, sft=sft)
+    anchored = _trainer(cls, tokenizer, tmp_path / "anchored", loss_term=anchor, sft=sft)
     anchored.train()
     assert _pool_kl(anchored.model, anchor) < 0.5 * _pool_kl(plain.model, anchor)
     logged = [h for h in anchored.state.log_history if "anchor_kl" in h]
@@ -292,8 +295,8 @@ def test_an_anchor_at_beta_zero_leaves_the_trajectory_unchanged(tokenizer, outpu
     _, outs = outputs
     plain = _trainer(SFTTrainer, tokenizer, tmp_path / "plain")
     plain.train()
-    zero = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "zero",
-                    anchor=KLAnchor(outs, beta=0.0, ratio=1.0, strategy="uniform", tokenizer=tokenizer))
+    zero = _trainer(SFTTrainer, tokenizer, tmp_path / "zero",
+                    loss_term=KLAnchor(outs, beta=0.0, ratio=1.0, strategy="uniform", tokenizer=tokenizer))
     zero.train()
     for a, b in zip(plain.model.parameters(), zero.model.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -309,7 +312,7 @@ def test_gradient_accumulation_keeps_the_anchor_weight(tokenizer, outputs, tmp_p
         anchor = KLAnchor(outs, beta=5.0, ratio=0.5, strategy="uniform", tokenizer=tokenizer)
         # plain SGD: the update is the gradient itself (Adam's first steps are ~lr * sign, blind to a wrong factor)
         # another initialisation than the base's: the anchor's KL and its gradient are large from the first step
-        t = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / name, anchor=anchor, max_steps=2, optim="sgd",
+        t = _trainer(SFTTrainer, tokenizer, tmp_path / name, loss_term=anchor, max_steps=2, optim="sgd",
                      per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation, learning_rate=1.0,
                      model_seed=1)
         t.train()
@@ -326,7 +329,7 @@ def test_a_closed_loop_anchor_follows_the_monitor_and_is_recorded(tokenizer, out
     _, outs = outputs
     watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4)
     anchor = KLAnchor(outs, beta=1.0, ratio=0.5, monitor=watch, tokenizer=tokenizer)
-    _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "run", anchor=anchor, callbacks=[watch]).train()
+    _trainer(SFTTrainer, tokenizer, tmp_path / "run", loss_term=anchor, callbacks=[watch]).train()
     mix = RunRecord(tmp_path / "run" / "forgetwatch").read_mix()["mixers"][0]
     assert mix["kind"] == "kl anchor: beta 1.0"
     assert mix["ratio"] == 0.5 and mix["categories"] == ["add", "compare", "count", "short"]
@@ -372,7 +375,7 @@ def test_resume_continues_the_anchor_draws(tokenizer, outputs, tmp_path):
         anchor = KLAnchor(outs, beta=1.0, ratio=0.5, monitor=watch, tokenizer=tokenizer)
         drawn, draws = [], anchor.draws
         anchor.draws = lambda m, b: drawn.append((m, r := draws(m, b))) or r
-        t = _trainer(with_anchor(SFTTrainer), tokenizer, out, anchor=anchor, callbacks=[watch], save_strategy="steps",
+        t = _trainer(SFTTrainer, tokenizer, out, loss_term=anchor, callbacks=[watch], save_strategy="steps",
                      save_steps=2)
         t.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
         return drawn, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"], t.model

@@ -37,6 +37,8 @@ def _modules():
     """Every module of the package, imported; one that needs an optional package not installed here is left out."""
     found = []
     for info in pkgutil.walk_packages(forgetwatch.__path__, "forgetwatch."):
+        if info.name.endswith(".__main__"):  # `python -m` entry points run the command when imported
+            continue
         try:
             found.append(importlib.import_module(info.name))
         except ModuleNotFoundError as e:

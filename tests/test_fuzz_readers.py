@@ -492,7 +492,7 @@ def test_an_lm_eval_acc_outside_0_and_1_is_refused_not_swapped_for_acc_norm(lm_e
 
 
 def test_prompt_pool_lines_of_every_type(tmp_path):
-    from forgetwatch.distill import pool_probes
+    from forgetwatch.remedies.base_outputs import pool_probes
 
     path = tmp_path / "prompts.jsonl"
     good = {"prompt": "How do I boil an egg?", "category": "cooking"}

@@ -8,6 +8,7 @@ import pytest
 import forgetwatch.integrations.config as config
 from forgetwatch.integrations.config import (
     RECIPE_ONLY,
+    TERM_OPTIONS,
     ConfigKeyError,
     front_end_arguments,
     parse_keys,
@@ -132,12 +133,37 @@ def test_front_ends_need_probes_once_any_key_is_set(config, expect):
 
 
 @pytest.mark.parametrize("key", RECIPE_ONLY)
-def test_front_ends_refuse_every_recipe_only_option(key):
-    value = {"forgetwatch_replay_mix": 0.1, "forgetwatch_anchor_beta": 1.0, "forgetwatch_anchor_ratio": 0.5,
-             "forgetwatch_replay_strategy": "uniform", "forgetwatch_replay_targets": "base"}.get(key, "sciq")
-    with pytest.raises(ConfigKeyError, match=f"c.yaml, line 7: {key} changes the training data or the loss"):
+def test_front_ends_refuse_replay_mixing(key):
+    value = {"forgetwatch_replay_mix": 0.1, "forgetwatch_replay_targets": "base"}[key]
+    with pytest.raises(ConfigKeyError, match=f"c.yaml, line 7: {key} is an option of replay mixing, which changes the "
+                                             "training data .* LLaMA-Factory builds its own data pipeline"):
         front_end_arguments({"forgetwatch_probes": "sciq", key: value}, front_end="LLaMA-Factory", source="c.yaml",
                             lines={key: 7})
+
+
+@pytest.mark.parametrize("key", TERM_OPTIONS)
+def test_front_ends_refuse_a_term_option_without_its_term(key):
+    value = {"forgetwatch_replay_strategy": "uniform", "forgetwatch_replay_pool": "sciq",
+             "forgetwatch_base_outputs": "outs.parquet"}.get(key, 0.5)
+    with pytest.raises(ConfigKeyError, match=f"c.yaml, line 7: {key} is an option of the .* is 0 here, so it would do "
+                                             "nothing"):
+        front_end_arguments({"forgetwatch_probes": "sciq", key: value}, front_end="Axolotl", source="c.yaml",
+                            lines={key: 7})
+
+
+def test_front_ends_take_the_anchor_and_the_penalty_for_sft_only():
+    keys = {"forgetwatch_probes": "sciq", "forgetwatch_per_suite": 2, "forgetwatch_anchor_beta": 5,
+            "forgetwatch_anchor_ratio": 0.5, "forgetwatch_replay_pool": "sciq", "forgetwatch_base_outputs": "outs.parquet"}
+    args, rest = front_end_arguments({**keys, "stage": "sft"}, front_end="LLaMA-Factory", stage="sft")
+    assert (args.forgetwatch_anchor_beta, args.forgetwatch_anchor_ratio, rest) == (5.0, 0.5, {"stage": "sft"})
+    penalty = {"forgetwatch_probes": "sciq", "forgetwatch_per_suite": 2, "forgetwatch_penalty_beta": 1.0,
+               "forgetwatch_penalty_floor": 3.0}
+    assert front_end_arguments(penalty, front_end="Axolotl")[0].forgetwatch_penalty_floor == 3.0
+    for stage in ("dpo", "kto", "rm", "ppo", "pt"):
+        with pytest.raises(ConfigKeyError, match=f"c.yaml, line 4: forgetwatch_anchor_beta is an SFT option and this run "
+                                                 f"trains stage '{stage}'"):
+            front_end_arguments(keys, front_end="LLaMA-Factory", source="c.yaml", lines={"forgetwatch_anchor_beta": 4},
+                                stage=stage)
 
 
 def test_front_end_without_keys_gets_none_and_its_config_back():

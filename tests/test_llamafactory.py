@@ -1,7 +1,8 @@
 """`forgetwatch llamafactory train`: a LLaMA-Factory YAML with forgetwatch_* keys, run by the real llamafactory (0.9.5,
 in a venv of its own: `make check-llamafactory`) on CPU with the tiny model and local data. SFT and DPO leave a record
-holding the evaluation steps; a misspelt key or a wrong type stops before anything is trained, naming the file, the line
-and the key; plain `llamafactory-cli train` refuses a YAML with forgetwatch keys. Skipped where llamafactory is absent
+holding the evaluation steps; SFT with `forgetwatch_anchor_beta` trains with the KL anchor (its term equal to the
+library's on the same draws and weights); a misspelt key, a wrong type or a term for another stage stops before anything
+is trained, naming the file, the line and the key; plain `llamafactory-cli train` refuses a YAML with forgetwatch keys. Skipped where llamafactory is absent
 (the main venv: its pins are below ours)."""
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def probes_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def pool_file(tmp_path_factory) -> Path:
+    """8 held-out multiple-choice items in the probes' `add` category: the KL anchor's pool."""
+    pool = [Probe(f"pool-add{i}", "mcq", f"{i} plus {i + 2} is?", tuple(str(2 * i + 1 + j) for j in range(3)), 1,
+                  category="add") for i in range(8)]
+    path = tmp_path_factory.mktemp("pool") / "pool.jsonl"
+    ProbeSet(pool).to_jsonl(path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory) -> Path:
     """LLaMA-Factory's local data: a dataset_info.json naming an alpaca SFT set and an alpaca preference set."""
     path = tmp_path_factory.mktemp("data")
@@ -61,8 +72,9 @@ def dataset_dir(tmp_path_factory) -> Path:
     return path
 
 
-def write_config(path: Path, model: Path, data: Path, out: Path, stage: str, **extra) -> Path:
-    """A LLaMA-Factory YAML: full fine-tuning of the tiny model for 4 steps, then `extra` (forgetwatch's keys)."""
+def write_config(path: Path, model: Path, data: Path, out: Path, stage: str, lf: dict | None = None, **extra) -> Path:
+    """A LLaMA-Factory YAML: full fine-tuning of the tiny model for 4 steps (LLaMA-Factory keys in `lf` change those),
+    then `extra` (forgetwatch's keys)."""
     config = {
         "model_name_or_path": str(model), "stage": stage, "do_train": True, "finetuning_type": "full",
         "dataset": "fw_sft" if stage == "sft" else "fw_pairs", "dataset_dir": str(data),
@@ -73,6 +85,7 @@ def write_config(path: Path, model: Path, data: Path, out: Path, stage: str, **e
     }
     if stage == "dpo":
         config.update({"pref_beta": 0.1, "pref_loss": "sigmoid"})
+    config.update(lf or {})
     lines = [f"{k}: {json.dumps(v)}" for k, v in config.items()]
     lines += ["", "# forgetwatch"] + [f"{k}: {json.dumps(v)}" for k, v in extra.items()]
     path.write_text("\n".join(lines) + "\n")
@@ -112,6 +125,69 @@ def test_overrides_are_read_as_llamafactory_cli_reads_them(tiny_model_dir, datas
     assert load_record(out).eval_steps() == [0, 1, 2, 3]
 
 
+@requires_llamafactory
+def test_sft_with_the_anchor_adds_the_librarys_term(tiny_model_dir, dataset_dir, probes_file, pool_file, tmp_path):
+    """`forgetwatch_anchor_beta: 5` in an SFT config passes `--check` and trains with the anchor: its KL is in the
+    trainer's logs at every step, and at step 3 it equals what `forgetwatch.remedies.KLAnchor` (the recipes' term)
+    computes for the same micro-batch's draws on the weights that step trained from (checkpoint-2). LLaMA-Factory
+    orders and formats its data its own way, so the term is compared on the same batch, not the task loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forgetwatch.remedies import BaseOutputs, KLAnchor
+
+    out, outputs = tmp_path / "out", tmp_path / "base_outputs.parquet"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft",
+                       lf={"save_strategy": "steps", "save_steps": 2}, forgetwatch_probes=str(probes_file),
+                       forgetwatch_eval_steps=2, forgetwatch_batch_size=8, forgetwatch_anchor_beta=5,
+                       forgetwatch_anchor_ratio=1.0, forgetwatch_replay_strategy="uniform",
+                       forgetwatch_replay_pool=str(pool_file), forgetwatch_base_outputs=str(outputs))
+    check = forgetwatch("llamafactory", "train", "--check", str(cfg))
+    assert check.returncode == 0 and "LLaMA-Factory's arguments parse" in check.stdout, check.stderr[-4000:]
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "forgetwatch: KL anchor: beta 5.0, 1.0 pool conversations per example, uniform" in proc.stdout
+    rows = {r["step"]: r for r in load_record(out).read_trainer_log() if "loss" in r}
+    assert sorted(rows) == [1, 2, 3, 4] and all("anchor_kl" in r for r in rows.values())
+    assert rows[1]["anchor_kl"] < 1e-4  # the first micro-batch: the model is still the base that made the outputs
+    anchor = KLAnchor(BaseOutputs.load(outputs), beta=5.0, ratio=1.0, strategy="uniform", seed=0,
+                      tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), max_length=64)
+    model = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2", dtype="float32")
+    model.train()  # as in the training step (the tiny model has no dropout)
+    with torch.no_grad():
+        anchor.loss(model, 2, 4)  # step 3's micro-batch: global step 2, per_device_train_batch_size 4
+    assert rows[3]["anchor_kl"] == pytest.approx(anchor.pop_mean_kl(), abs=2e-6)
+    assert rows[3]["anchor_kl"] > 1e-5  # the model moved: a term that is not 0
+
+
+@requires_llamafactory
+def test_sft_with_the_penalty(tiny_model_dir, dataset_dir, probes_file, pool_file, tmp_path):
+    """`forgetwatch_penalty_beta`: the penalty reads the base's margins when training begins (its callback was added
+    with its term) and its hinge is in the trainer's logs."""
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", forgetwatch_probes=str(probes_file),
+                       forgetwatch_eval_steps=2, forgetwatch_batch_size=8, forgetwatch_penalty_beta=1.0,
+                       forgetwatch_penalty_ratio=1.0, forgetwatch_replay_pool=str(pool_file))
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    base = json.loads((out / "forgetwatch" / "penalty_base.json").read_text())
+    assert base["ids"] == [f"pool-add{i}" for i in range(8)]
+    known = [m for m in base["margin"] if m is not None]  # the items the random base answers right: the hinge's
+    rows = [r for r in load_record(out).read_trainer_log() if "loss" in r]
+    assert len(rows) == 4 and 0 < len(known) and any("penalty_hinge" in r for r in rows)
+
+
+@requires_llamafactory
+@pytest.mark.parametrize("stage", ["dpo", "pt"])
+def test_a_loss_term_is_refused_for_other_stages(stage, tiny_model_dir, dataset_dir, probes_file, tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / f"{stage}.yaml", tiny_model_dir, dataset_dir, out, stage,
+                       forgetwatch_probes=str(probes_file), forgetwatch_penalty_beta=1.0)
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'forgetwatch_penalty_beta')}: forgetwatch_penalty_beta "
+                                              f"is an SFT option and this run trains stage '{stage}'")
+
+
 def assert_refused_before_training(proc: subprocess.CompletedProcess, out: Path, *fragments: str) -> None:
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr
@@ -132,10 +208,15 @@ PROBES = "<the probes_file fixture>"
     pytest.param({"forgetwatch_probes": PROBES, "forgetwatch_eval_steps": "two"}, "forgetwatch_eval_steps",
                  ("forgetwatch_eval_steps must be an integer, got 'two' (str)",
                   "`forgetwatch_eval_steps: 50` (the default)"), id="wrong-type"),
+    pytest.param({"forgetwatch_probes": PROBES, "forgetwatch_replay_mix": 0.1}, "forgetwatch_replay_mix",
+                 ("forgetwatch_replay_mix is an option of replay mixing", "LLaMA-Factory builds its own data pipeline",
+                  "remove forgetwatch_replay_mix"), id="replay-mix"),
     *[pytest.param({"forgetwatch_probes": PROBES, key: value}, key,
-                   (f"{key} changes the training data or the loss", f"remove {key}"), id=f"recipe-only-{key}")
-      for key, value in [("forgetwatch_replay_mix", 0.1), ("forgetwatch_replay_pool", "sciq"),
-                         ("forgetwatch_anchor_ratio", 0.5)]],
+                   (f"{key} is an option of the", "so it would do nothing", f"or remove {key}"), id=f"without-term-{key}")
+      for key, value in [("forgetwatch_replay_pool", "sciq"), ("forgetwatch_anchor_ratio", 0.5)]],
+    pytest.param({"forgetwatch_probes": PROBES, "forgetwatch_anchor_beta": 5, "forgetwatch_replay_pool": "sciq",
+                  "use_mca": True}, "forgetwatch_anchor_beta",
+                 ("forgetwatch_anchor_beta with use_mca: true: Megatron-Core",), id="anchor-with-mca"),
     pytest.param({"forgetwatch_eval_steps": 2}, "forgetwatch_eval_steps",
                  ("forgetwatch_eval_steps is set but forgetwatch_probes is not",), id="keys-without-probes"),
     pytest.param({"forgetwatch_probes": ""}, "forgetwatch_probes", ("forgetwatch_probes is ''",), id="empty-probes"),

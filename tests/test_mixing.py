@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from forgetwatch.mixing import ReplayMixer, category_weights, check_pool, check_ratio
+from forgetwatch.remedies.mixing import ReplayMixer, category_weights, check_pool, check_ratio
 
 
 def test_closed_loop_weighs_categories_by_forgetting_with_a_floor():

@@ -16,9 +16,8 @@ from test_anchor import _trainer
 from test_callback import make_probes
 
 from forgetwatch import ForgetWatchCallback, Probe, ProbeSet, score_probes
-from forgetwatch.anchor import with_anchor
-from forgetwatch.penalty import BASE_FILE, MarginPenalty
 from forgetwatch.record import RunRecord
+from forgetwatch.remedies.penalty import BASE_FILE, MarginPenalty
 from forgetwatch.scoring import ScoringConfig
 
 pytest.importorskip("trl")
@@ -48,7 +47,8 @@ def test_the_base_margins_are_read_before_the_first_step_and_kept(tokenizer, tmp
     from trl import SFTTrainer
 
     p = penalty(tokenizer)
-    t = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path, anchor=p, callbacks=[p], max_steps=2)
+    t = _trainer(SFTTrainer, tokenizer, tmp_path, loss_term=p, max_steps=2)
+    assert p in t.callback_handler.callbacks  # add_loss_term adds the penalty's callback too
     t.train()
     base = score_probes(build_model(tokenizer), tokenizer, p.items, ScoringConfig(mcq_mode="loglik"))
     right = base.outcome == 1
@@ -65,12 +65,12 @@ def test_the_penalty_pulls_back_and_at_beta_zero_changes_nothing(tokenizer, tmp_
     plain = _trainer(SFTTrainer, tokenizer, tmp_path / "plain")
     plain.train()
     zero = penalty(tokenizer, beta=0.0)
-    z = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "zero", anchor=zero, callbacks=[zero])
+    z = _trainer(SFTTrainer, tokenizer, tmp_path / "zero", loss_term=zero, callbacks=[zero])
     z.train()
     for a, b in zip(plain.model.parameters(), z.model.parameters(), strict=True):
         assert torch.equal(a, b)
     strong = penalty(tokenizer, beta=20.0, floor=5.0)
-    s = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path / "strong", anchor=strong, callbacks=[strong])
+    s = _trainer(SFTTrainer, tokenizer, tmp_path / "strong", loss_term=strong, callbacks=[strong])
     s.train()
     logged = [h for h in s.state.log_history if "penalty_hinge" in h]
     assert len(logged) == 4 and all("loss" in h and 0 <= h["penalty_active"] <= 1 for h in logged)
@@ -91,7 +91,7 @@ def test_resume_reads_the_base_margins_back_and_draws_the_same(tokenizer, tmp_pa
     def run(out, resume_from=None, beta=5.0, base_cache=None):
         watch = ForgetWatchCallback(make_probes(), eval_steps=2, max_new_tokens=4, base_cache=base_cache)
         p = MarginPenalty(pool(), beta=beta, ratio=0.5, monitor=watch, tokenizer=tokenizer)
-        t = _trainer(with_anchor(SFTTrainer), tokenizer, out, anchor=p, callbacks=[watch, p], save_strategy="steps",
+        t = _trainer(SFTTrainer, tokenizer, out, loss_term=p, callbacks=[watch, p], save_strategy="steps",
                      save_steps=2)
         t.train(resume_from_checkpoint=resume_from)
         return t.model, p, RunRecord(out / "forgetwatch").read_mix()
@@ -157,7 +157,7 @@ def test_under_bf16_the_base_itself_is_not_pulled(tokenizer, tmp_path, floor):
     from trl import SFTTrainer
 
     p = penalty(tokenizer, floor=floor)  # every item the base knew defended at its full base margin: the strictest case
-    t = _trainer(with_anchor(SFTTrainer), tokenizer, tmp_path, anchor=p, callbacks=[p], max_steps=4, learning_rate=0.0,
+    t = _trainer(SFTTrainer, tokenizer, tmp_path, loss_term=p, callbacks=[p], max_steps=4, learning_rate=0.0,
                  bf16=True, logging_steps=1)
     t.train()
     hinges = [h["penalty_hinge"] for h in t.state.log_history if "penalty_hinge" in h]
@@ -170,10 +170,10 @@ def test_a_monitor_scoring_another_form_is_told_what_the_penalty_defends(tokeniz
     measures another margin, and the user is told so (a second review of issue 30)."""
     import logging
 
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.penalty"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.remedies.penalty"):
         MarginPenalty(pool(), beta=1.0, monitor=ForgetWatchCallback(make_probes(), eval_steps=2), tokenizer=tokenizer)
     assert "defends the summed log-likelihood" not in caplog.text
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.penalty"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.remedies.penalty"):
         MarginPenalty(pool(), beta=1.0, monitor=ForgetWatchCallback(make_probes(), eval_steps=2, mcq_mode="letter"),
                       tokenizer=tokenizer)
     assert "scores multiple choice by 'letter'" in caplog.text

@@ -302,8 +302,7 @@ def test_a_negative_anchor_beta_is_refused_when_parsed(tmp_path):
 
 
 @requires_olmo_eval
-def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_right_file(tiny_model_dir, tmp_path, capsys,
-                                                                                        monkeypatch):
+def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_right_file(tiny_model_dir, tmp_path, capsys):
     """Under torchrun / accelerate the recipe does not make a missing base-outputs file: it prints the command that
     does. Run as printed, that command makes the file the run then reads (same pool, the monitored probes held out)."""
     import contextlib
@@ -312,10 +311,9 @@ def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_rig
 
     from forgetwatch import ForgetWatchArguments
     from forgetwatch.cli import main
+    from forgetwatch.remedies import base_outputs_for
     from forgetwatch.suites import load_probes
 
-    monkeypatch.setitem(sys.modules, "data", _load("data"))  # common.py imports recipes/data.py as `data`
-    common = _load("common")
     out = tmp_path / "run"
     fw = ForgetWatchArguments(forgetwatch_probes="arc_easy,triviaqa", forgetwatch_per_suite=3, forgetwatch_seed=1,
                               forgetwatch_replay_mix=0.5, forgetwatch_replay_targets="base",
@@ -325,7 +323,7 @@ def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_rig
     def launch(world_size):
         args = SimpleNamespace(output_dir=str(out), world_size=world_size, process_index=0, max_length=256,
                                model_init_kwargs=None, main_process_first=lambda desc: contextlib.nullcontext())
-        return common.base_outputs(fw, args, str(tiny_model_dir), monitored)
+        return base_outputs_for(fw, args, str(tiny_model_dir), monitored)
 
     with pytest.raises(ValueError, match="the base outputs do not exist yet") as e:
         launch(world_size=2)

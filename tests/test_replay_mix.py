@@ -13,10 +13,10 @@ from datasets import Dataset
 from test_callback import make_probes  # tests/ is on sys.path (pytest "prepend" import mode)
 
 from forgetwatch import ForgetWatchCallback
-from forgetwatch.mixing import category_weights
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.record import RunRecord
-from forgetwatch.replay import mix_replay
+from forgetwatch.remedies import mix_replay
+from forgetwatch.remedies.mixing import category_weights
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
@@ -255,12 +255,12 @@ def test_a_probe_file_needs_a_replay_pool():
     """With suite names the pool defaults to the rest of the suites; a probe file has no rest, and would otherwise be
     its own pool (refused as the monitored probes themselves)."""
     from forgetwatch import ForgetWatchArguments
+    from forgetwatch.remedies import replay_pool
 
-    assert ForgetWatchArguments(forgetwatch_probes="arc_easy,sciq").replay_kwargs() is None  # off by default
     args = ForgetWatchArguments(forgetwatch_probes="arc_easy,sciq", forgetwatch_replay_mix=0.1)
-    assert args.replay_kwargs() == {"pool": "arc_easy,sciq", "ratio": 0.1, "strategy": "closed_loop"}
+    assert replay_pool(args) == "arc_easy,sciq"
     with pytest.raises(ValueError, match=r"forgetwatch_replay_pool is needed: forgetwatch_probes is a file \(probes.jsonl\)"):
-        ForgetWatchArguments(forgetwatch_probes="probes.jsonl", forgetwatch_replay_mix=0.1).replay_kwargs()
+        replay_pool(ForgetWatchArguments(forgetwatch_probes="probes.jsonl", forgetwatch_replay_mix=0.1))
     assert "replay_mix" not in str(args.to_kwargs())  # the callback does not take mix_replay's options
 
 

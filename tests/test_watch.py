@@ -197,7 +197,7 @@ def test_sidecar_refuses_what_needs_scores_in_the_training_process():
         ForgetWatchCallback(make_probes(), scoring="async")
     from datasets import Dataset
 
-    from forgetwatch.replay import mix_replay
+    from forgetwatch.remedies import mix_replay
 
     cb = ForgetWatchCallback(make_probes(), scoring="sidecar")
     pool = [{"id": f"p{i}", "category": c, "messages": []} for i, c in enumerate(["add", "compare", "count", "short"])]

@@ -172,8 +172,8 @@ def _excluded(args: argparse.Namespace):
 
 
 def cmd_base_outputs(args: argparse.Namespace) -> int:
-    from ..distill import make_base_outputs
     from ..models import load_model
+    from ..remedies.base_outputs import make_base_outputs
 
     if Path(args.output).exists():
         raise ValueError(f"{args.output} exists: base outputs are never overwritten; remove it or choose another path")

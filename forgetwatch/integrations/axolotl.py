@@ -1,4 +1,5 @@
-"""forgetwatch in Axolotl: a plugin that adds `ForgetWatchCallback` to `axolotl train`, configured by the YAML.
+"""forgetwatch in Axolotl: a plugin that adds `ForgetWatchCallback` (and the KL anchor or the 1→0 penalty) to
+`axolotl train`, configured by the YAML.
 
 Add to an Axolotl config:
 
@@ -13,12 +14,20 @@ recipes); `ForgetWatchArgs`, the pydantic model Axolotl merges into its config s
 is added to the trainer for SFT and for the RL builders (DPO, GRPO), logs to the trainer's `report_to` (which Axolotl
 sets from `wandb_project` / `use_tensorboard` / ...), and writes its record under `<output_dir>/forgetwatch/`.
 
+For SFT configs, `forgetwatch_anchor_beta: 5` adds the KL anchor to the loss (`forgetwatch_penalty_beta`: the 1→0
+penalty), with the same keys and meanings as the TRL recipes (`forgetwatch_anchor_ratio`, `forgetwatch_replay_pool`,
+`forgetwatch_replay_strategy`, `forgetwatch_base_outputs`, `forgetwatch_penalty_ratio`, `forgetwatch_penalty_floor`):
+once Axolotl has built its trainer (`post_trainer_create`), `forgetwatch.remedies.build_remedies` builds the term from
+them (the base's outputs are made by the model Axolotl loaded, before its first step, unless the file is there) and
+`Remedies.attach` adds it to that trainer's loss.
+
 Checked when Axolotl loads the config, before the model or any training step: a misspelt `forgetwatch_*` key, a
-value of the wrong type, an option the callback refuses, keys without `forgetwatch_probes`, and the TRL recipes'
-data options (replay mixing, the KL anchor), which this plugin does not apply. Axolotl 0.19 drops top-level keys it
-does not know without a word, and loads no plugin that `plugins:` does not list, so a config with forgetwatch keys
-but without the plugin trains without forgetwatch: `python -m forgetwatch.integrations.axolotl CONFIG.yaml` checks a
-config for that too (and everything above) without loading a model.
+value of the wrong type, an option the callback refuses, keys without `forgetwatch_probes`, the TRL recipes' replay
+mixing (Axolotl builds its own data), a loss term for an `rl:` config, a reward model or pre-training, and a term with
+context parallelism. Axolotl 0.19 drops top-level keys it does not know without a word, and loads no plugin that
+`plugins:` does not list, so a config with forgetwatch keys but without the plugin trains without forgetwatch:
+`python -m forgetwatch.integrations.axolotl CONFIG.yaml` checks a config for that too (and everything above) without
+loading a model.
 
 This is the only module of forgetwatch that imports axolotl.
 """
@@ -39,7 +48,7 @@ from ..callback import ForgetWatchCallback
 from ..options import ForgetWatchArguments
 from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
-__all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config"]  # noqa: F822 (made on first use)
+__all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config", "stage"]  # noqa: F822 (made on first use)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +72,26 @@ def _allows_none(name: str) -> bool:
     return type(None) in typing.get_args(hint)
 
 
+def stage(cfg: Mapping[str, Any]) -> str:
+    """What an Axolotl config trains, in `forgetwatch.remedies.check_remedies`' words: its `rl:` type (dpo, kto, orpo,
+    grpo, ...), "rm" / "prm" for a (process) reward model, "pt" for pre-training data, else "sft".
+
+    Example:
+        >>> stage({"rl": "dpo"}), stage({"datasets": [{"path": "x"}]})
+        ('dpo', 'sft')
+    """
+    rl = cfg.get("rl")
+    if rl:
+        return str(getattr(rl, "value", rl)).lower()
+    if cfg.get("reward_model"):
+        return "rm"
+    if cfg.get("process_reward_model"):
+        return "prm"
+    if cfg.get("pretraining_dataset"):
+        return "pt"
+    return "sft"
+
+
 def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plugin: bool = True) -> dict[str, Any]:
     """Check an Axolotl config's `forgetwatch_*` keys (a raw YAML mapping); return them. Raises `ConfigKeyError`
     naming the file, the line, the key and the fix.
@@ -74,10 +103,17 @@ def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plug
     path = cfg.get("axolotl_config_path")
     lines = yaml_key_lines(path) if path and Path(str(path)).is_file() else {}
     source = source or (str(path) if path else "the Axolotl config")
-    args, _ = front_end_arguments(cfg, front_end="Axolotl", source=source, lines=lines)
+    args, _ = front_end_arguments(cfg, front_end="Axolotl", source=source, lines=lines, stage=stage(cfg))
     if args is None:
         return {}
     ours = {k: v for k, v in cfg.items() if k in KEYS}
+    term = next((k for k in ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta") if ours.get(k)), None)
+    for key in ("context_parallel_size", "sequence_parallel_degree"):
+        if term and (cfg.get(key) or 1) > 1:
+            raise ConfigKeyError(
+                f"{where_given(source, lines, term)}: {term} with {key}: {cfg[key]}: context parallelism splits every "
+                "sequence across ranks, and the term's own forward runs whole sequences. Train the term with data "
+                f"parallelism, FSDP or DeepSpeed (remove {key}), or without the term")
     plugins = cfg.get("plugins") or []
     if need_plugin and PLUGIN not in ([plugins] if isinstance(plugins, str) else plugins):
         first = next(iter(ours))
@@ -104,17 +140,28 @@ def arguments(cfg: Mapping[str, Any]) -> ForgetWatchArguments:
     return ForgetWatchArguments(**values)
 
 
+def _tokenizer(cfg: Mapping[str, Any]):
+    """The model's own tokenizer (the pool is written in its chat template, as `forgetwatch base-outputs` writes it),
+    not the one Axolotl may have changed for its own prompt format."""
+    from transformers import AutoTokenizer
+
+    name = cfg.get("tokenizer_config") or cfg.get("base_model")
+    return AutoTokenizer.from_pretrained(str(name), trust_remote_code=bool(cfg.get("trust_remote_code")))
+
+
 def _plugin_class():
     from axolotl.integrations.base import BasePlugin
 
     class ForgetWatchPlugin(BasePlugin):
-        """Axolotl plugin: `ForgetWatchCallback` in `axolotl train`, from the config's `forgetwatch_*` keys.
+        """Axolotl plugin: `ForgetWatchCallback` in `axolotl train`, from the config's `forgetwatch_*` keys; for SFT,
+        the KL anchor or the 1→0 penalty in the trainer's loss (`forgetwatch.remedies.build_remedies`).
 
         Example (in the Axolotl YAML):
             plugins:
               - forgetwatch.integrations.axolotl.ForgetWatchPlugin
             forgetwatch_probes: arc_easy,sciq
             forgetwatch_eval_steps: 50
+            forgetwatch_anchor_beta: 5.0
         """
 
         def get_input_args(self) -> str:
@@ -129,12 +176,30 @@ def _plugin_class():
 
         def add_callbacks_post_trainer(self, cfg, trainer) -> list:
             args = arguments(cfg)
+            self._callback = None
             if not args.forgetwatch_probes:
                 return []
-            callback = ForgetWatchCallback.from_args(args)
+            callback = self._callback = ForgetWatchCallback.from_args(args)
             logger.info("forgetwatch: %d probes scored every %d steps (%s), record in %s/forgetwatch",
                         len(callback.probes), callback.eval_steps, callback.scoring, trainer.args.output_dir)
             return [callback]
+
+        def post_trainer_create(self, cfg, trainer) -> None:
+            # Axolotl calls it after the builder added the callbacks above, before any training step: the KL anchor or
+            # the 1→0 penalty joins this trainer's loss, built as the recipes build it
+            args = arguments(cfg)
+            callback = getattr(self, "_callback", None)
+            if callback is None or not (args.forgetwatch_anchor_beta or args.forgetwatch_penalty_beta):
+                return
+            from ..remedies import build_remedies
+
+            tokenizer = _tokenizer(cfg)
+            remedies = build_remedies(args, stage=stage(cfg), callback=callback, training_args=trainer.args,
+                                      model=trainer.model, tokenizer=tokenizer, max_length=cfg.get("sequence_len"),
+                                      front_end="Axolotl")
+            remedies.attach(trainer)
+            for line in remedies.summary:
+                logger.info("forgetwatch: %s", line)
 
     ForgetWatchPlugin.__module__ = _MODULE
     return ForgetWatchPlugin

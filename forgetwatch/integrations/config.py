@@ -33,8 +33,8 @@ from typing import Any
 from ..errors import ConfigKeyError
 from ..options import ForgetWatchArguments
 
-__all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TYPES", "check_keys", "front_end_arguments", "parse_keys",
-           "split_keys", "where_given", "yaml_key_lines"]
+__all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TERM_OPTIONS", "TYPES", "check_keys", "front_end_arguments",
+           "parse_keys", "split_keys", "where_given", "yaml_key_lines"]
 
 PREFIX = "forgetwatch_"
 KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(ForgetWatchArguments)}
@@ -183,21 +183,30 @@ def _refusal(message: str, keys: Mapping[str, Any], source: str, lines: Mapping[
     return f"{where}: {message}"
 
 
-# Options of the TRL recipes that change the training data or the loss (recipes/common.py applies them). A front-end
-# builds its own data and loss and only gets the callback, so a value other than the default is refused, not ignored.
-RECIPE_ONLY = ("forgetwatch_replay_mix", "forgetwatch_replay_pool", "forgetwatch_replay_strategy",
-               "forgetwatch_replay_targets", "forgetwatch_base_outputs", "forgetwatch_anchor_beta",
-               "forgetwatch_anchor_ratio", "forgetwatch_penalty_beta", "forgetwatch_penalty_ratio",
-               "forgetwatch_penalty_floor")
+# Options of the TRL recipes that change the training data (recipes/common.py mixes replay in): a front-end builds its own
+# data pipeline, so a value other than the default is refused, not ignored.
+RECIPE_ONLY = ("forgetwatch_replay_mix", "forgetwatch_replay_targets")
+# Options of the loss terms, and the options that turn their term on: set while no term is on, they would do nothing.
+TERM_OPTIONS = {
+    "forgetwatch_anchor_ratio": ("forgetwatch_anchor_beta",),
+    "forgetwatch_base_outputs": ("forgetwatch_anchor_beta",),
+    "forgetwatch_penalty_ratio": ("forgetwatch_penalty_beta",),
+    "forgetwatch_penalty_floor": ("forgetwatch_penalty_beta",),
+    "forgetwatch_replay_pool": ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"),
+    "forgetwatch_replay_strategy": ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"),
+}
 
 
 def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: str = "config",
-                        lines: Mapping[str, int | str] | None = None) -> tuple[ForgetWatchArguments | None, dict[str, Any]]:
+                        lines: Mapping[str, int | str] | None = None,
+                        stage: str = "sft") -> tuple[ForgetWatchArguments | None, dict[str, Any]]:
     """(`ForgetWatchArguments` or None, the front-end's own keys) from a front-end's whole config, every rule checked.
 
     The rules every front-end shares: no misspelt key, each value of its type, nothing the callback refuses, none of
-    the TRL recipes' data and loss options (`RECIPE_ONLY`), and `forgetwatch_probes` given (not null, not empty)
-    whenever any forgetwatch key is. None when the config sets no forgetwatch key at all.
+    the TRL recipes' data options (`RECIPE_ONLY`: replay mixing), no loss-term option without its term on
+    (`TERM_OPTIONS`), the remedies fit the run (`forgetwatch.remedies.check_remedies`: the KL anchor and the 1→0
+    penalty for `stage` sft only), and `forgetwatch_probes` given (not null, not empty) whenever any forgetwatch key
+    is. None when the config sets no forgetwatch key at all.
 
     Example:
         >>> args, rest = front_end_arguments({"stage": "sft", "forgetwatch_probes": "sciq", "forgetwatch_per_suite": 4},
@@ -215,10 +224,21 @@ def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: st
     for key in RECIPE_ONLY:
         if key in ours and ours[key] != KEYS[key].default:
             raise ConfigKeyError(
-                f"{where_given(source, lines, key)}: {key} changes the training data or the loss in forgetwatch's TRL recipes "
-                f"(recipes/sft.py); {front_end} builds its own, and forgetwatch only adds its callback there: remove "
-                f"{key} (or set it to {_yaml(KEYS[key].default)}), or train with a recipe. `forgetwatch_replay: true` writes "
-                f"the forgotten probes to <output_dir>/forgetwatch/replay.jsonl, for the next run's data")
+                f"{where_given(source, lines, key)}: {key} is an option of replay mixing, which changes the training data in "
+                f"forgetwatch's TRL recipes (recipes/sft.py); {front_end} builds its own data pipeline, and forgetwatch does "
+                f"not mix into it: remove "
+                f"{key} (or set it to {_yaml(KEYS[key].default)}), or train with a recipe. The KL anchor "
+                f"(forgetwatch_anchor_beta) and the 1→0 penalty (forgetwatch_penalty_beta) work here; "
+                f"`forgetwatch_replay: true` writes the forgotten probes to <output_dir>/forgetwatch/replay.jsonl, for the "
+                f"next run's data")
+    for key, needs in TERM_OPTIONS.items():
+        if key in ours and ours[key] != KEYS[key].default and not any(ours.get(n) for n in needs):
+            raise ConfigKeyError(
+                f"{where_given(source, lines, key)}: {key} is an option of "
+                + " and of ".join({"forgetwatch_anchor_beta": "the KL anchor (forgetwatch_anchor_beta)",
+                                   "forgetwatch_penalty_beta": "the 1→0 penalty (forgetwatch_penalty_beta)"}[n] for n in needs)
+                + f", and {' / '.join(needs)} is 0 here, so it would do nothing ({front_end} gets no replay mixing): "
+                f"set {needs[0]} (e.g. 5.0), or remove {key}")
     probes = ours.get("forgetwatch_probes")
     if probes is None or (isinstance(probes, str) and not probes.strip()):
         if "forgetwatch_probes" in ours:
@@ -228,7 +248,14 @@ def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: st
             where, what = where_given(source, lines, first), f"{first} is set but forgetwatch_probes is not"
         raise ConfigKeyError(f"{where}: {what}, so nothing would be scored: set `forgetwatch_probes:` (built-in suite "
                              f"names such as arc_easy,sciq, or a probe JSONL file), or remove the forgetwatch_* keys")
-    return parse_keys(ours, source=source, lines=lines), rest
+    args = parse_keys(ours, source=source, lines=lines)
+    from ..remedies import check_remedies
+
+    try:
+        check_remedies(args, stage, front_end=front_end)
+    except ValueError as e:
+        raise ConfigKeyError(_refusal(str(e), ours, source, lines)) from e
+    return args, rest
 
 
 def yaml_key_lines(path: str | Path) -> dict[str, int]:

@@ -7,6 +7,13 @@ with its file and line before anything is trained), then calls LLaMA-Factory's o
 `llamafactory.train.tuner.run_exp(args=rest, callbacks=[ForgetWatchCallback])`, which hands the callback to every
 stage's trainer. Tested with llamafactory 0.9.5, stages sft and dpo (docs/llamafactory.md).
 
+For `stage: sft`, `forgetwatch_anchor_beta: 5` adds the KL anchor to the loss (`forgetwatch_penalty_beta`: the 1→0
+penalty), with the same keys and meanings as the TRL recipes. `run_exp` builds its trainer itself, so for that call
+LLaMA-Factory's SFT trainer class (`llamafactory.train.sft.workflow.CustomSeq2SeqTrainer`) is a subclass whose
+`__init__` ends with `forgetwatch.remedies.build_remedies(...).attach(self)`: the term is built from the keys, the base's
+outputs made by the model LLaMA-Factory loaded (before its first step) unless the file is there, and the term added to
+that trainer's loss. Other stages, Ray, and Megatron (`use_mca`) or HyperParallel runs are refused with the term.
+
 Several GPUs: like `llamafactory-cli train`, the command re-runs itself under torchrun (one process per visible device,
 or `NPROC_PER_NODE`; `FORCE_TORCHRUN=1` forces it), as this module::
 
@@ -18,16 +25,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from .config import front_end_arguments, yaml_key_lines
+from .config import ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
 __all__ = ["TESTED_VERSION", "check", "launch", "main", "prepare", "read_config", "run", "split_config", "train"]
 
@@ -86,23 +95,76 @@ def read_config(path: str | os.PathLike,
     return merged, where
 
 
+# LLaMA-Factory options that run SFT outside `run_sft`'s trainer (Megatron, HyperParallel): a loss term cannot join there.
+_OTHER_RUNNERS = {"use_mca": "Megatron-Core (mcore_adapter)", "use_hyper_parallel": "HyperParallel"}
+
+
 def split_config(config: dict[str, Any], *, source: str, lines: dict[str, int | str] | None = None):
     """(`ForgetWatchArguments` or None, LLaMA-Factory's own keys): forgetwatch's keys checked, before any training.
 
     None when the config sets no forgetwatch key (LLaMA-Factory then runs without the callback, said in a warning);
-    keys without `forgetwatch_probes` are refused, like the TRL recipes' data and loss options.
+    keys without `forgetwatch_probes` are refused, like replay mixing, and a loss term (the KL anchor, the 1→0
+    penalty) for a stage other than sft or with an SFT runner it cannot join.
     Raises `ConfigKeyError` naming the file, the line, the key and the fix.
     """
-    args, rest = front_end_arguments(config, front_end="LLaMA-Factory", source=source, lines=lines)
+    stage = config.get("stage", "sft")
+    args, rest = front_end_arguments(config, front_end="LLaMA-Factory", source=source, lines=lines, stage=stage)
     if args is None:
         logger.warning("forgetwatch: %s sets no forgetwatch_* key: LLaMA-Factory runs without forgetwatch (add "
                        "forgetwatch_probes, e.g. arc_easy,sciq, to score probes)", source)
         return None, rest
-    stage = rest.get("stage", "sft")
+    term = _term(args)
+    for key, runner in _OTHER_RUNNERS.items():
+        if term and rest.get(key):
+            raise ConfigKeyError(f"{where_given(source, lines, term)}: {term} with {key}: true: {runner} trains SFT with its "
+                                 f"own trainer, which the term cannot join. Remove {key}, or the term")
     if stage not in TESTED_STAGES:
         logger.warning("forgetwatch: stage %r: the callback is handed to it, but only %s are tested with LLaMA-Factory",
                        stage, " and ".join(TESTED_STAGES))
     return args, rest
+
+
+def _term(fw_args) -> str | None:
+    """The option of the loss term this config turns on (the KL anchor, the 1→0 penalty), or None."""
+    return next((k for k in ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta") if getattr(fw_args, k)), None)
+
+
+@contextlib.contextmanager
+def _remedies_in_sft_trainer(fw_args, rest: dict[str, Any], callback) -> Iterator[None]:
+    """While `run_exp` runs: LLaMA-Factory's SFT trainer class, made to end its `__init__` with the remedies the keys
+    ask for (`build_remedies(...).attach(trainer)`), as the Axolotl plugin's `post_trainer_create` does."""
+    if fw_args is None or callback is None or not _term(fw_args):
+        yield
+        return
+    from llamafactory.train.sft import workflow
+
+    from ..remedies import build_remedies
+
+    original = workflow.CustomSeq2SeqTrainer
+
+    class ForgetWatchSeq2SeqTrainer(original):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            if not self.args.do_train:
+                return
+            from transformers import AutoTokenizer
+
+            # the model's own tokenizer: the pool is written in its chat template, as `forgetwatch base-outputs` writes it
+            tokenizer = AutoTokenizer.from_pretrained(rest["model_name_or_path"],
+                                                      trust_remote_code=bool(rest.get("trust_remote_code")))
+            remedies = build_remedies(fw_args, stage="sft", callback=callback, training_args=self.args, model=self.model,
+                                      tokenizer=tokenizer, max_length=rest.get("cutoff_len", 2048),
+                                      front_end="LLaMA-Factory")
+            remedies.attach(self)
+            if self.is_world_process_zero():
+                for line in remedies.summary:
+                    print(f"forgetwatch: {line}")
+
+    workflow.CustomSeq2SeqTrainer = ForgetWatchSeq2SeqTrainer
+    try:
+        yield
+    finally:
+        workflow.CustomSeq2SeqTrainer = original
 
 
 def _resolve_model(rest: dict[str, Any]) -> None:
@@ -146,6 +208,13 @@ def prepare(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
     source = str(path)
     config, lines = read_config(path, list(overrides))
     fw_args, rest = split_config(config, source=source, lines=lines)
+    if fw_args is not None and _term(fw_args):
+        from llamafactory.extras.misc import use_ray
+
+        if use_ray():
+            raise ConfigKeyError(f"{where_given(source, lines, _term(fw_args))}: {_term(fw_args)} with USE_RAY=1: Ray trains in "
+                                 "worker processes, where the term is not added to the trainer. Unset USE_RAY, or remove "
+                                 "the term")
     _resolve_model(rest)
     return fw_args, rest
 
@@ -167,7 +236,8 @@ def run(fw_args, rest: dict[str, Any]) -> None:
     from ..callback import ForgetWatchCallback
 
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args else []
-    run_exp(args=rest, callbacks=callbacks)
+    with _remedies_in_sft_trainer(fw_args, rest, callbacks[0] if callbacks else None):
+        run_exp(args=rest, callbacks=callbacks)
     if fw_args and int(os.environ.get("RANK", "0")) == 0:
         out = rest.get("output_dir", ".")
         print(f"forgetwatch: record in {Path(out) / 'forgetwatch'}; `forgetwatch report {out}` for plots and a page")

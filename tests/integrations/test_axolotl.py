@@ -1,7 +1,8 @@
 """The Axolotl plugin against the real axolotl (0.19.0, in its own venv: `make check-axolotl`), on CPU.
 
 Real `axolotl train` runs (the CLI, its accelerate launcher, a subprocess with its own timeout) of a tiny Llama saved
-to a directory, on local JSONL data: SFT inline with W&B offline, SFT in sidecar mode then `forgetwatch watch`, DPO.
+to a directory, on local JSONL data: SFT inline with W&B offline, SFT in sidecar mode then `forgetwatch watch`, DPO,
+SFT with the KL anchor (its term in the trainer's logs equal to the library's on the same draws and weights).
 Bad input goes through Axolotl's own config loading (`axolotl.cli.config.load_cfg`). Skipped where axolotl is not
 installed (the main venv: `make test` needs no axolotl).
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")  # Axolotl's telemetry is on unless this is set
 pytest.importorskip("axolotl", reason="needs axolotl: `make check-axolotl` builds .venv-axolotl and runs this file")
@@ -35,7 +37,8 @@ TRAIN_TIMEOUT = 300  # seconds for one `axolotl train` of 4 steps (~40 s on 2 bu
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A tiny Llama and its tokenizer saved to a directory, 32 alpaca rows, 32 preference pairs, 8 MCQ probes."""
+    """A tiny Llama and its tokenizer saved to a directory, 32 alpaca rows, 32 preference pairs, 8 MCQ probes, and a
+    pool of 8 held-out MCQ items in the probes' category (for the KL anchor)."""
     root = tmp_path_factory.mktemp("axolotl")
     tok = build_tokenizer()
     build_model(tok).save_pretrained(root / "model")
@@ -50,18 +53,25 @@ def files(tmp_path_factory):
         for i in range(8):
             f.write(json.dumps({"id": f"add{i}", "kind": "mcq", "question": f"{i} + {i} = ?",
                                 "choices": [str(2 * i + j) for j in range(4)], "gold": i % 4, "category": "add"}) + "\n")
+    with open(root / "pool.jsonl", "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"id": f"pool-add{i}", "kind": "mcq", "question": f"{i} plus {i + 1} is?",
+                                "choices": [str(2 * i + 1 + j) for j in range(3)], "gold": i % 3, "category": "add"}) + "\n")
     return root
 
 
-def config_text(files: Path, out: Path, *, rl: bool = False, plugin: bool = True, **forgetwatch) -> str:
-    """An Axolotl YAML: 4 steps of SFT (alpaca) or DPO (prompt pairs) on CPU in fp32, then the plugin and its keys."""
+def config_text(files: Path, out: Path, *, rl: bool = False, plugin: bool = True, save_steps: int | None = None,
+                extra: str = "", **forgetwatch) -> str:
+    """An Axolotl YAML: 4 steps of SFT (alpaca) or DPO (prompt pairs) on CPU in fp32 (a checkpoint every `save_steps`,
+    or none), Axolotl keys in `extra`, then the plugin and its keys."""
     data = (f"rl: dpo\ndatasets:\n  - path: {files / 'pref.jsonl'}\n    ds_type: json\n    split: train\n"
             f"    type: chatml.prompt_pairs\n" if rl else
             f"datasets:\n  - path: {files / 'sft.jsonl'}\n    ds_type: json\n    type: alpaca\n")
     text = (f"base_model: {files / 'model'}\n{data}dataset_prepared_path: {out}-prepared\noutput_dir: {out}\n"
             "sequence_len: 256\nmicro_batch_size: 2\ngradient_accumulation_steps: 1\nmax_steps: 4\nlearning_rate: 1.0e-3\n"
-            "optimizer: adamw_torch\nlr_scheduler: constant\nlogging_steps: 1\nsave_strategy: \"no\"\nval_set_size: 0\n"
-            "bf16: false\nfp16: false\ntf32: false\nseed: 0\n")
+            "optimizer: adamw_torch\nlr_scheduler: constant\nlogging_steps: 1\nval_set_size: 0\n"
+            "bf16: false\nfp16: false\ntf32: false\nseed: 0\n"
+            + (f"save_strategy: steps\nsave_steps: {save_steps}\n" if save_steps else "save_strategy: \"no\"\n") + extra)
     if plugin:
         text += f"plugins:\n  - {PLUGIN}\n"
     keys = {"forgetwatch_probes": str(files / "probes.jsonl"), "forgetwatch_eval_steps": 2, **forgetwatch}
@@ -136,6 +146,59 @@ def test_dpo_train_scores_the_policy(tmp_path, files):
     assert [r["step"] for r in losses] == [1, 2, 3, 4]  # the DPO trainer's own rows, kept by the callback
 
 
+# -- the KL anchor --------------------------------------------------------------------------------------------------------
+ANCHOR = {"forgetwatch_anchor_beta": 5, "forgetwatch_anchor_ratio": 1.0, "forgetwatch_replay_strategy": "uniform"}
+
+
+def test_sft_with_the_anchor_adds_the_librarys_term(tmp_path, files):
+    """`forgetwatch_anchor_beta: 5` in an SFT config passes the check command and trains with the anchor: the base's
+    outputs are made before the first step, the term's KL is in the trainer's logs at every step, and at step 3 it
+    equals what `forgetwatch.remedies.KLAnchor` (the recipes' term) computes for the same micro-batch's draws on the
+    weights that step trained from (checkpoint-2): Axolotl orders and formats its data its own way, so the term is
+    compared on the same batch, not the task loss."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forgetwatch.integrations.axolotl import main
+    from forgetwatch.remedies import BaseOutputs, KLAnchor
+
+    outputs = tmp_path / "base_outputs.parquet"
+    keys = {**ANCHOR, "forgetwatch_replay_pool": str(files / "pool.jsonl"), "forgetwatch_base_outputs": str(outputs)}
+    cfg = tmp_path / "anchor.yaml"
+    out = tmp_path / "anchor"
+    cfg.write_text(config_text(files, out, save_steps=2, **keys))
+    assert main([str(cfg)]) == 0  # python -m forgetwatch.integrations.axolotl CONFIG.yaml
+    axolotl(tmp_path, "train", str(cfg))
+    rows = {r["step"]: r for r in load_record(out).read_trainer_log() if "loss" in r}
+    assert sorted(rows) == [1, 2, 3, 4] and all("anchor_kl" in r for r in rows.values())
+    assert rows[1]["anchor_kl"] < 1e-4  # the first micro-batch: the model is still the base that made the outputs
+    mix = json.loads((out / "forgetwatch" / "replay_mix.json").read_text())["mixers"]
+    assert [m["kind"] for m in mix] == ["kl anchor: beta 5.0"]  # the draws recorded by the monitor
+    anchor = KLAnchor(BaseOutputs.load(outputs), beta=5.0, ratio=1.0, strategy="uniform", seed=0,
+                      tokenizer=AutoTokenizer.from_pretrained(files / "model"), max_length=256)
+    model = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2", dtype="float32")
+    model.train()  # as in the training step (the tiny model has no dropout)
+    with torch.no_grad():
+        anchor.loss(model, 2, 2)  # step 3's micro-batch: global step 2, micro_batch_size 2
+    assert rows[3]["anchor_kl"] == pytest.approx(anchor.pop_mean_kl(), abs=2e-6)
+    assert rows[3]["anchor_kl"] > 1e-5  # the model moved: a term that is not 0
+
+
+def test_a_loss_term_is_refused_where_it_cannot_work(tmp_path, files):
+    """The anchor and the penalty are SFT terms: an `rl:` config, and context parallelism, are refused when Axolotl
+    loads the config, with the line of the key; so is a term option without its term."""
+    keys = {**ANCHOR, "forgetwatch_replay_pool": str(files / "pool.jsonl")}
+    text = config_text(files, tmp_path / "out", rl=True, **keys)
+    with pytest.raises(ConfigKeyError) as e:
+        load(tmp_path, text)
+    assert (f"config.yaml, line {line_of(tmp_path, 'forgetwatch_anchor_beta:')}: forgetwatch_anchor_beta is an SFT option "
+            "and this run trains stage 'dpo'") in str(e.value)
+    text = config_text(files, tmp_path / "out", extra="context_parallel_size: 2\n", **keys)
+    with pytest.raises(ConfigKeyError, match="forgetwatch_anchor_beta with context_parallel_size: 2: context parallelism"):
+        load(tmp_path, text)
+    with pytest.raises(ConfigKeyError, match="forgetwatch_penalty_floor is an option of the 1→0 penalty"):
+        load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_penalty_floor=1.0))
+
+
 # -- bad input, through Axolotl's own config loading ----------------------------------------------------------------------
 def load(tmp_path: Path, text: str):
     from axolotl.cli.config import load_cfg
@@ -173,8 +236,9 @@ def test_a_value_of_the_wrong_type_is_named_with_the_type_wanted(tmp_path, files
 def test_options_the_callback_or_the_plugin_refuses_fail_at_config_loading(tmp_path, files):
     with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_scoring must be one of inline, sidecar, got 'async'"):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_scoring="async"))
-    with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_replay_mix changes the training data or the "
-                                             "loss in forgetwatch's TRL recipes \\(recipes/sft.py\\); Axolotl builds its own"):
+    with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_replay_mix is an option of replay mixing, "
+                                             "which changes the training data in forgetwatch's TRL recipes "
+                                             "\\(recipes/sft.py\\); Axolotl builds its own data pipeline"):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_replay_mix=0.1))
     with pytest.raises(ConfigKeyError, match="forgetwatch_eval_steps is set but forgetwatch_probes is not"):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_probes=None))

@@ -2,7 +2,7 @@
 
 Plain SFT minimises a forward KL on the new data only, which lets the mass the base put elsewhere drain away. The
 anchor adds, at every training step, `beta · KL(base ‖ model)` over the answer tokens of pool conversations the base
-answered itself (`forgetwatch.distill.BaseOutputs`), read from the base's cached top-k log-probabilities: no second
+answered itself (`forgetwatch.remedies.BaseOutputs`), read from the base's cached top-k log-probabilities: no second
 model in memory. Per answer token the two distributions are compared on the base's top k tokens plus one bucket for
 the rest of the vocabulary (a lower bound of the full KL, exact when the base's mass is in its top k).
 
@@ -13,37 +13,32 @@ example of the micro-batch: the term added is `beta · Σ_drawn mean_token_KL / 
 has the weight replay at the same ratio would have.
 
 Works with `Trainer` and TRL's `SFTTrainer` (any collator, packing, padding-free), under DDP, FSDP and ZeRO (every rank
-runs the same number of anchor forwards, on its own draws):
+runs the same number of anchor forwards, on its own draws); `forgetwatch.remedies.add_loss_term` puts it into a trainer
+(`build_remedies` builds it from the options):
 
 Example:
     >>> from trl import SFTTrainer
     >>> watch = ForgetWatchCallback(probes="arc_easy,sciq", per_suite=50, eval_steps=20)  # doctest: +SKIP
     >>> outs = load_or_make("base_outputs.parquet", model, tokenizer, "arc_easy,sciq", exclude=watch.probes)  # doctest: +SKIP
     >>> anchor = KLAnchor(outs, beta=1.0, ratio=0.1, monitor=watch, tokenizer=tokenizer)  # doctest: +SKIP
-    >>> trainer = with_anchor(SFTTrainer)(model=model, args=args, train_dataset=train, callbacks=[watch],
-    ...                                   anchor=anchor)  # doctest: +SKIP
+    >>> trainer = SFTTrainer(model=model, args=args, train_dataset=train, callbacks=[watch])  # doctest: +SKIP
+    >>> add_loss_term(trainer, anchor)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
-from .distill import BaseOutputs
-from .mixing import STRATEGIES, ReplayMixer
+from ..options import check_beta
+from .base_outputs import BaseOutputs
+from .mixing import STRATEGIES, ReplayMixer, check_pool
+from .protocols import MonitorView
 
-__all__ = ["AnchorMixin", "KLAnchor", "check_beta", "topk_kl", "with_anchor"]
-
-
-def check_beta(beta: Any, what: str = "the KL anchor") -> float:
-    """A loss term's weight (the anchor's, the penalty's): a finite number ≥ 0 (0 is off)."""
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"{what}'s `beta` must be a number >= 0 (0 turns it off; e.g. 1.0), got {beta!r}")
-    return float(beta)
+__all__ = ["KLAnchor", "check_beta", "topk_kl"]
 
 
 def topk_kl(logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor) -> torch.Tensor:
@@ -79,7 +74,7 @@ class KLAnchor:
     """The anchor's pool, draws and loss term (see the module doc).
 
     Args:
-        outputs: the base's answers to the pool (`forgetwatch.distill.BaseOutputs`, or a path to them).
+        outputs: the base's answers to the pool (`forgetwatch.remedies.BaseOutputs`, or a path to them).
         beta: the weight of the KL term (≥ 0; 0 makes the anchor do nothing).
         ratio: pool conversations drawn per training example (> 0; e.g. 0.1).
         strategy: "closed_loop" (toward the categories the monitor sees forgetting) or "uniform".
@@ -92,10 +87,8 @@ class KLAnchor:
     """
 
     def __init__(self, outputs: BaseOutputs | str, beta: float, ratio: float = 0.1, strategy: str = "closed_loop",
-                 monitor: Any = None, floor: float = 0.1, seed: int = 0, tokenizer: Any = None, model: Any = None,
-                 max_length: int | None = None):
-        from .mixing import check_pool
-
+                 monitor: MonitorView | None = None, floor: float = 0.1, seed: int = 0, tokenizer: Any = None,
+                 model: Any = None, max_length: int | None = None):
         self.beta = check_beta(beta)
         check_draws("the KL anchor", "anchor", "pool conversations", ratio, strategy, monitor)
         if not isinstance(outputs, BaseOutputs):
@@ -183,7 +176,7 @@ class KLAnchor:
         return {} if kl is None else {"anchor_kl": round(kl, 6)}
 
 
-def check_draws(what: str, noun: str, items: str, ratio: Any, strategy: str, monitor: Any) -> None:
+def check_draws(what: str, noun: str, items: str, ratio: Any, strategy: str, monitor: MonitorView | None) -> None:
     """Refuse a loss term's draw settings (the KL anchor's, the 1→0 penalty's), saying what to change."""
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 8:
         raise ValueError(f"{what}'s `ratio` ({items} per training example) must be in (0, 8], got {ratio!r}")
@@ -213,7 +206,7 @@ def draw_rows(sampler: ReplayMixer, ratio: float, micro_batch: int, batch_size: 
 def _identity(model: Any) -> dict[str, Any]:
     import os
 
-    from .models import architecture_id, model_identity
+    from ..models import architecture_id, model_identity
 
     if isinstance(model, (str, os.PathLike)):
         from transformers import AutoConfig
@@ -226,76 +219,3 @@ def _rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
-
-
-class AnchorMixin:
-    """Adds a `KLAnchor`'s term to the trainer's loss at every training micro-batch (see the module doc), or any term
-    with the same `loss(model, micro_batch, batch_size)` and `pop_logs()` (`forgetwatch.penalty.MarginPenalty`).
-
-    Put it before the trainer class (`class MyTrainer(AnchorMixin, SFTTrainer)`, or `with_anchor(SFTTrainer)`) and
-    pass `anchor=`; evaluation losses are left as they are. The trainer's logs get the term's figures since the last
-    log (`anchor_kl`, the mean per-token KL to the base on the anchored conversations; the penalty's `penalty_hinge`).
-    """
-
-    def __init__(self, *args: Any, anchor: KLAnchor | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.anchor = anchor
-        self._anchor_step, self._anchor_micro = -1, 0
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        if self.anchor is None or not model.training:
-            return out
-        step = self.state.global_step
-        if step != self._anchor_step:
-            self._anchor_step, self._anchor_micro = step, 0
-        else:
-            self._anchor_micro += 1
-        accumulation = getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
-        micro_batch = step * self.args.gradient_accumulation_steps + self._anchor_micro
-        extra = self.anchor.loss(model, micro_batch, self.args.per_device_train_batch_size)
-        if extra is None:
-            return out
-        if self._loss_scaled_for_accumulation(num_items_in_batch):
-            extra = extra / accumulation  # the trainer divides the loss by the accumulation steps only when it is not
-        loss, outputs = out if return_outputs else (out, None)
-        loss = loss + extra.to(loss.dtype)
-        return (loss, outputs) if return_outputs else loss
-
-    def _loss_scaled_for_accumulation(self, num_items_in_batch) -> bool:
-        # as Trainer.training_step decides whether to divide the loss by the gradient accumulation steps
-        flag = getattr(self, "loss_is_scaled_for_ga", None)
-        if flag is not None:
-            return bool(flag)
-        return bool((getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None)
-                    or getattr(self, "compute_loss_func", None) is not None)
-
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        # The term may keep state in each checkpoint (the penalty's base margins): tell it which one a resume reads, as
-        # the Trainer resolves it (its callbacks are not told).
-        if self.anchor is not None and hasattr(self.anchor, "resuming_from"):
-            path = resume_from_checkpoint
-            if path is True:
-                from transformers.trainer_utils import get_last_checkpoint
-
-                path = get_last_checkpoint(self.args.output_dir)
-            self.anchor.resuming_from(path if isinstance(path, str | os.PathLike) else None)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call=_internal_call)
-        # a checkpoint (`_internal_call`), wherever the Trainer puts it (hyperparameter search runs too), before it is
-        # pushed to the Hub; by each process that writes checkpoints
-        if (_internal_call and output_dir and self.args.should_save and self.anchor is not None
-                and hasattr(self.anchor, "save_to_checkpoint")):
-            self.anchor.save_to_checkpoint(output_dir)
-
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        if self.anchor is not None and "loss" in logs:
-            logs = {**logs, **self.anchor.pop_logs()}
-        super().log(logs, *args, **kwargs)
-
-
-def with_anchor(trainer_cls: type) -> type:
-    """`trainer_cls` with `AnchorMixin` in front: `with_anchor(SFTTrainer)(..., anchor=anchor)`."""
-    return type(f"Anchored{trainer_cls.__name__}", (AnchorMixin, trainer_cls), {})

@@ -19,13 +19,14 @@ own precision (under bf16 mixed precision the scoring form's packed forward roun
 pull at the base itself). On every rank; kept in `<output_dir>/forgetwatch/penalty_base.json` and in every checkpoint,
 for a resumed run.
 
-Use it as the KL anchor is used: `with_anchor(SFTTrainer)(..., anchor=penalty, callbacks=[watch, penalty])`.
+Use it as the KL anchor is used: `add_loss_term(trainer, penalty)` (which also adds it to the trainer's callbacks:
+it reads the base's margins when training begins); `build_remedies` builds it from the options.
 
 Example:
     >>> watch = ForgetWatchCallback(probes="arc_easy,sciq", per_suite=50, eval_steps=20)  # doctest: +SKIP
     >>> penalty = MarginPenalty("arc_easy,sciq", beta=1.0, monitor=watch, tokenizer=tokenizer)  # doctest: +SKIP
-    >>> trainer = with_anchor(SFTTrainer)(model=model, args=args, train_dataset=train, callbacks=[watch, penalty],
-    ...                                   anchor=penalty)  # doctest: +SKIP
+    >>> trainer = SFTTrainer(model=model, args=args, train_dataset=train, callbacks=[watch, penalty])  # doctest: +SKIP
+    >>> add_loss_term(trainer, penalty)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ._io import atomic_write, read_json_or_none
+from .._io import atomic_write, read_json_or_none
+from ..modes import ScoringConfig
+from ..prompts import loglik_request
+from ..requests import encode
 from .anchor import check_beta, check_draws, draw_rows
 from .mixing import ReplayMixer
-from .modes import ScoringConfig
-from .prompts import loglik_request
-from .requests import encode
+from .protocols import MonitorView
 
 __all__ = ["MarginPenalty", "BASE_FILE"]
 
@@ -79,9 +81,9 @@ class MarginPenalty(TrainerCallback):
     """
 
     def __init__(self, pool: Any, beta: float, ratio: float = 0.1, floor: float = 2.0, strategy: str = "closed_loop",
-                 monitor: Any = None, tokenizer: Any = None, seed: int = 0, max_length: int | None = None,
+                 monitor: MonitorView | None = None, tokenizer: Any = None, seed: int = 0, max_length: int | None = None,
                  per_category: int | None = 100):
-        from .distill import pool_probes
+        from .base_outputs import pool_probes
 
         self.beta = check_beta(beta, "the 1→0 penalty")
         check_draws("the 1→0 penalty", "penalty", "pool items", ratio, strategy, monitor)
@@ -145,7 +147,7 @@ class MarginPenalty(TrainerCallback):
         self.base_margin: np.ndarray | None = None  # per item; NaN where the base was wrong (no penalty there)
         self._base_at: tuple[Path, bool] | None = None  # (where to keep them, main process?) until they are read
         self._saved: dict[str, Any] | None = None  # what penalty_base.json holds, once the margins are known
-        self._resume_dir: str | os.PathLike | None = None  # the checkpoint a resume reads (AnchorMixin.train says)
+        self._resume_dir: str | os.PathLike | None = None  # the checkpoint a resume reads (add_loss_term says)
         self._sum, self._n, self._active = 0.0, 0, 0
 
     # -- the base's margins -------------------------------------------------------------------------------------
@@ -177,12 +179,12 @@ class MarginPenalty(TrainerCallback):
         self._base_at = (path, state.is_world_process_zero)  # read at the first micro-batch (see the module doc)
 
     def resuming_from(self, checkpoint: str | os.PathLike | None) -> None:
-        """The checkpoint `trainer.train(resume_from_checkpoint=...)` reads (`AnchorMixin.train` tells it): a resume
+        """The checkpoint `trainer.train(resume_from_checkpoint=...)` reads (`add_loss_term` tells it): a resume
         takes the base's margins from it first."""
         self._resume_dir = checkpoint
 
     def save_to_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Keep the base's margins in a checkpoint (`AnchorMixin.save_model` calls it), so that it resumes wherever it
+        """Keep the base's margins in a checkpoint (`add_loss_term` calls it), so that it resumes wherever it
         is copied."""
         if self._saved is None:
             return
@@ -261,7 +263,8 @@ class MarginPenalty(TrainerCallback):
             return None
         if self.base_margin is None:
             if self._base_at is None:
-                raise RuntimeError("MarginPenalty: on_train_begin did not run; pass the penalty in `callbacks=` too")
+                raise RuntimeError("MarginPenalty: on_train_begin did not run; add it with `add_loss_term(trainer, penalty)` "
+                                   "(which adds it to the trainer's callbacks too)")
             self._read_base(model)
         rows = self.draws(micro_batch, batch_size)
         if not rows:

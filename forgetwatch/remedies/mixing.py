@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from ..options import REPLAY_STRATEGIES
+
 __all__ = ["STRATEGIES", "ReplayMixer", "category_weights", "check_ratio", "check_pool"]
 
-STRATEGIES = ("closed_loop", "uniform")
+STRATEGIES = REPLAY_STRATEGIES  # declared with forgetwatch_replay_strategy (forgetwatch.options)
 
 
 def category_weights(forgetting: Mapping[str, float], floor: float = 0.1, strategy: str = "closed_loop") -> dict[str, float]:
