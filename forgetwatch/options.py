@@ -230,9 +230,9 @@ def _check_values(args: ForgetWatchArguments) -> None:
         value = getattr(args, o.name)
         if o.choices is not None and value not in o.choices and not (value is None and o.default is None):
             raise ValueError(f"{o.name} must be one of {', '.join(o.choices)}, got {value!r}")
-    for name in ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"):
+    for name, what in (("forgetwatch_anchor_beta", "the KL anchor"), ("forgetwatch_penalty_beta", "the 1→0 penalty")):
         try:
-            setattr(args, name, check_beta(getattr(args, name), "the term"))
+            setattr(args, name, check_beta(getattr(args, name), what))
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
     for name, what, low, high in (("forgetwatch_anchor_ratio", "pool conversations per training example", 0, 8),
@@ -265,7 +265,9 @@ def options() -> list[Option]:
         ['budget', 'on_budget', 'budget_bound']
     """
     extra = ForgetWatchArguments.__forgetwatch_options__
-    return [Option(f.name, _type_name(f.type), f.default, f.metadata["help"], *extra[f.name])
+    # the annotations as written: HfArgumentParser rewrites a field's `type` in place (Optional[X] -> X) when it parses
+    types = ForgetWatchArguments.__annotations__
+    return [Option(f.name, _type_name(types[f.name]), f.default, f.metadata["help"], *extra[f.name])
             for f in dataclasses.fields(ForgetWatchArguments)]
 
 

@@ -55,6 +55,8 @@ def test_all_pinned():
         "mcnemar_exact",
         "forgetting_events",
         "first_forgotten_index",
+        "format_report",
+        "format_figure",
     ]
     assert (metrics.OUTCOME_CORRECT, metrics.OUTCOME_WRONG, metrics.OUTCOME_INVALID) == (1, 0, -1)
 

@@ -156,3 +156,14 @@ def test_cli_flags_that_share_a_name_are_the_options():
     assert tuple(sub.choices) == describe("mcq_mode").choices and sub.help.startswith(describe("mcq_mode").help)
     compare = parser.parse_args(["compare", "--model", "m", "--probes", "p.jsonl", "--base", "b.parquet"])
     assert compare.mcq_mode is None and compare.short_match is None  # absent: as in the base cache
+
+
+def test_options_are_the_same_after_trl_parsed_them():
+    """HfArgumentParser rewrites a dataclass field's `type` in place (Optional[X] -> X): the declaration read later (the
+    page, `forgetwatch options`, the Axolotl model) must not change with it."""
+    from trl import TrlParser
+
+    before = options()
+    TrlParser((ForgetWatchArguments,)).parse_args_into_dataclasses(["--forgetwatch_probes", "x.jsonl"])
+    assert options() == before and describe("probes").type == "str | None"
+    assert (ROOT / "docs" / "options.md").read_text() == options_markdown()
