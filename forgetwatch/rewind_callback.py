@@ -153,7 +153,7 @@ class RewindCallback(TrainerCallback):
                                  config=self.config, risk_rule=self.risk_rule, device=str(_device(model)), force=self.force,
                                  loggers=loggers, step=state.global_step)
             shutil.rmtree(scratch)
-            logger.warning("forgetwatch %s", self.result.line())
+            logger.info("forgetwatch %s", self.result.line())  # the recipes print it; rewind.json keeps it
         except Exception:
             kept = f"the final model is kept at {checkpoint}; " if checkpoint.is_dir() else ""
             logger.exception("forgetwatch: the rewind failed; training is done and its model is as trained (%srewind it "
