@@ -121,6 +121,7 @@ class RewindCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         from .callback import _tokenizer
+        from .forward import model_device
         from .loggers import make_loggers
         from .record import RunRecord
 
@@ -150,7 +151,7 @@ class RewindCallback(TrainerCallback):
                                  alphas=self.alphas, task_data=self.data, task_max_examples=None, task_loss=task_loss,
                                  task_source=EVAL_SET if task_loss is not None else None, heldout=self.heldout,
                                  budget=self.budget, budget_bound=self.budget_bound if self.budget else None,
-                                 config=self.config, risk_rule=self.risk_rule, device=str(_device(model)), force=self.force,
+                                 config=self.config, risk_rule=self.risk_rule, device=str(model_device(model)), force=self.force,
                                  loggers=loggers, step=state.global_step)
             shutil.rmtree(scratch)
             logger.info("forgetwatch %s", self.result.line())  # the recipes print it; rewind.json keeps it
@@ -211,8 +212,10 @@ def eval_set_loss(dataloader: Any) -> Callable[[Any], float]:
     def loss(model: Any) -> float:
         import torch
 
+        from .forward import model_device
+
         names = _forward_names(model)
-        device = _device(model)
+        device = model_device(model)
         total, count = 0.0, 0
         was_training = model.training
         model.eval()
@@ -241,10 +244,6 @@ def _forward_names(model: Any) -> set[str]:
     names = set(inspect.signature(inner.forward).parameters) - {"kwargs", "args"}
     # padding-free batches (TRL) carry these through the forward's **kwargs
     return names | {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"}
-
-
-def _device(model: Any) -> Any:
-    return next(model.parameters()).device
 
 
 def _base_cache(record: Path, given: str | None) -> str | None:

@@ -240,6 +240,21 @@ def test_forgetwatch_rewind_on_the_finished_record(run, tmp_path, capsys):
     assert "rule: With a task loss" in out and out.strip().splitlines()[-2].startswith("rewind: α ")
 
 
+def test_forgetwatch_rewind_on_a_sidecar_watched_run(tmp_path, capsys):
+    """Scored by `forgetwatch watch` from its checkpoints: the latest checkpoint-N is rewound, α = 1 checked against the
+    watcher's evaluation of step N, the scoring settings read from the run's manifest."""
+    base, tok = base_model(tmp_path)
+    args = fw_args(tmp_path, forgetwatch_scoring="sidecar")
+    sft_trainer(base, tok, tmp_path / "out", [ForgetWatchCallback.from_args(args)], eval_set=False).train()
+    assert cli(["watch", str(tmp_path / "out"), "--once", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert cli(["rewind", str(tmp_path / "out"), "--data", str(task_file(tmp_path)), "--alphas", "0.5,1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["checkpoint"] == str(tmp_path / "out" / "checkpoint-6") and data["checkpoint_step"] == 6
+    assert data["check_alpha_1"]["equal"] is True and data["check_alpha_1"]["step"] == 6
+    assert (tmp_path / "out" / "rewound" / "model.safetensors").is_file()
+
+
 # -- other trainers and adapters --------------------------------------------------------------------------------
 
 
