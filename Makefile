@@ -149,13 +149,16 @@ clean:
 	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel $(AXOLOTL_VENV) .venv-llamafactory .pytest_cache build dist *.egg-info
 
 # The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
-# W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`.
+# W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`; the
+# report command prints the page's path and the rewind line last (the previous demo's rewound/ is removed first: the
+# rewind never replaces one unless told).
 DEMO_OUT := outputs/SmolLM2-135M-Instruct-sft-demo
 demo: setup
+	rm -rf $(DEMO_OUT)/rewound
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python recipes/sft.py --config recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml
-	$(BIN)/forgetwatch report $(DEMO_OUT)
-	@echo "local record: $(DEMO_OUT)/forgetwatch/  (metrics.jsonl, evals/, flips.jsonl, replay.jsonl)"
+	@echo "local record: $(DEMO_OUT)/forgetwatch/  (metrics.jsonl, evals/, flips.jsonl, replay.jsonl, rewind.json)"
 	@echo "report:       $(DEMO_OUT)/forgetwatch/report/report.html"
+	$(BIN)/forgetwatch report $(DEMO_OUT)
 
 # Benchmarks (not part of `make test`; ~2.5 h on 2 shared CPU cores): one thread each, figures in
 # benchmarks/results/*.json, summarised in benchmarks/RESULTS.md. Quick look: BENCH_MCQ_ARGS="--n 48 --naive-n 6 --chunks 3".

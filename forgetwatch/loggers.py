@@ -25,7 +25,7 @@ STEP_KEY = "train/global_step"  # the step axis WandbCallback defines for every 
 
 
 class MetricLogger:
-    """One backend. Subclasses implement `_log`, and optionally `_log_table`, `_summary`, `_close`."""
+    """One backend. Subclasses implement `_log`, and optionally `_log_table`, `_log_image`, `_summary`, `_alert`, `_close`."""
 
     name = "base"
 
@@ -51,6 +51,10 @@ class MetricLogger:
     def summary(self, metrics: dict[str, float]) -> None:
         self._guard("summary", self._summary, metrics)
 
+    def log_image(self, key: str, path: str | os.PathLike, step: int) -> None:
+        """A PNG where the backend shows images (W&B); the others skip it (the file stays in the record)."""
+        self._guard("image", self._log_image, key, path, step)
+
     def alert(self, title: str, text: str) -> None:
         """A notification where the backend has them (W&B, trackio); others have the logged warning only."""
         self._guard("alert", self._alert, title, text)
@@ -59,6 +63,9 @@ class MetricLogger:
         self._guard("close", self._close)
 
     def _alert(self, title: str, text: str) -> None:
+        pass
+
+    def _log_image(self, key: str, path: str | os.PathLike, step: int) -> None:
         pass
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
@@ -98,6 +105,9 @@ class WandbLogger(MetricLogger):
 
     def _summary(self, metrics: dict[str, float]) -> None:
         self.run.summary.update(metrics)
+
+    def _log_image(self, key: str, path: str | os.PathLike, step: int) -> None:
+        self.run.log({key: self.wandb.Image(str(path)), STEP_KEY: step})
 
     def _alert(self, title: str, text: str) -> None:
         # wait_duration=0: every trip is sent (W&B would drop a second alert of the same title within 10 minutes)

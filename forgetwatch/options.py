@@ -207,6 +207,24 @@ class ForgetWatchArguments:
     forgetwatch_penalty_floor: float = _opt(
         2.0, "1→0 penalty: the margin (nats) worth defending: an item is pulled back when its margin falls below its "
         "base margin or this, whichever is smaller.", REMEDIES)
+    forgetwatch_rewind: bool = _opt(
+        False, "Rewind: at the end of training, score the model moved back toward the base, θ(α) = base + α (final − "
+        "base), at each α of forgetwatch_rewind_alphas on the monitored probes and the task loss (the trainer's eval "
+        "set, or forgetwatch_rewind_data), pick α by the rule of docs/rewind.md and save that model to "
+        "<output_dir>/rewound/ (the front and the pick: <output_dir>/forgetwatch/rewind.json). Needs a task measure or "
+        "forgetwatch_budget. Single-process, inline scoring only (else: `forgetwatch rewind OUTPUT_DIR` after training).",
+        REMEDIES)
+    forgetwatch_rewind_data: str | None = _opt(
+        None, "Rewind: the task loss on this JSONL of held-out examples (text, messages, or prompt + completion; as "
+        "`forgetwatch interpolate --task-data` reads) instead of the trainer's eval set (which DPO and GRPO batches "
+        "cannot give: they carry no language-model labels).", REMEDIES)
+    forgetwatch_rewind_alphas: str = _opt(
+        "0.5:1:0.1", "Rewind: the α grid (start:stop:step, or a list such as 0.6,0.8,1; 1 is always scored: it must "
+        "reproduce the final evaluation). The default spans where stepping back paid in benchmarks/RESULTS.md (α 0.6–0.8) "
+        "for 6 scorings of the probes and the task loss.", REMEDIES)
+    forgetwatch_rewind_heldout: str | None = _opt(
+        None, "Rewind: held-out probes (suite names or a probe JSONL), scored at the base, the picked α and the final "
+        "model and reported apart: the pick never reads them.", REMEDIES)
 
     def __post_init__(self) -> None:
         _check_values(self)

@@ -11,6 +11,7 @@
         probe_matrix.png                   every probe × every evaluation, grouped by category, coloured by that state
         drift.png                          margins and KL since base (when the run has them)
         robustness.png                     robust vs plain forgetting, consistency, position bias (robustness on)
+        rewind.png                         the rewind's front: forgetting against the task loss, α by α (after a rewind)
 
 With robustness on (`robustness=K`, issue 29) the page also shows the robust figures evaluation by evaluation and
 the probes fragile at the final evaluation (robust at base, right as asked now, wrong in some variant now).
@@ -38,6 +39,7 @@ import numpy as np
 from ._io import atomic_write
 from .probes import ProbeSet
 from .record import RecordError, RunRecord, load_record
+from .rewind import rewind_section
 from .robust_metrics import fragile_probes
 
 __all__ = ["make_report"]
@@ -135,6 +137,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
     robust = _robust_section(record, probes, rows, max_rows)
     page = page.replace("<!--robustness-->", "\n\n" + robust if robust else "")
+    page = page.replace("<!--rewind-->", rewind_section(record.root, out))  # `forgetwatch rewind`'s front, when run
     path = out / "report.html"
     with atomic_write(path) as f:
         f.write(page)
@@ -1000,6 +1003,8 @@ no chance term (n/a). invalid: share of unparseable answers now.{nothing_note}</
 {_behavior_section(rows)}<!--robustness-->
 
 <!--drift-->
+
+<!--rewind-->
 
 <p class="note">Made by forgetwatch {_e(__version__)} from {_e(record.root.resolve())}.</p>
 </body>

@@ -89,9 +89,12 @@ class InterpolationSweep:
         cache_path: the base cache as messages name it.
         task_rows: a held-out task set (`load_task_data`): its loss is each α's task measure.
         task_probes: a probe set of the task: its accuracy is each α's task measure (not with `task_rows`).
+        task_loss: a function of the model giving a loss (lower is better; e.g. a trainer's eval set): each α's task
+            measure (not with `task_rows` or `task_probes`); called under the scoring precision (`autocast`).
         task_max_length: with `task_rows`: examples cut at this many tokens, as training cut them.
         task_source: with `task_rows`: where they came from, for messages.
         budget: a `Budget`: each α says whether it is within it.
+        risk_rule: which probes count as at risk (the run's `at_risk_margin` / `at_risk_drop`; default the options').
         allow_other_model: go on with a checkpoint of another architecture than the cache's model.
 
     Example:
@@ -105,18 +108,19 @@ class InterpolationSweep:
                  base_name: str | None = None, cache_path: str | os.PathLike = "the base cache",
                  task_rows: Sequence[dict[str, Any]] | None = None, task_probes: ProbeSet | None = None,
                  task_max_length: int = 1024, task_source: str | None = None, budget: Budget | None = None,
-                 allow_other_model: bool = False):
+                 task_loss: Callable[[Any], float] | None = None, risk_rule: Any = None, allow_other_model: bool = False):
         from .interpolate import InterpolationError, setting_differences
         from .models import model_identity
 
-        if task_rows is not None and task_probes is not None:
-            raise ValueError("give one task measure: `task_rows` (held-out loss) or `task_probes` (accuracy), not both")
+        if sum(x is not None for x in (task_rows, task_probes, task_loss)) > 1:
+            raise ValueError("give one task measure: `task_rows` (held-out loss), `task_probes` (accuracy) or `task_loss`")
         self.name, self.base_dir = str(model), Path(base_dir)
         self.probes, self.cache, self.config, self.autocast = probes, cache, config, autocast
         self.cache_path, self.budget = str(cache_path), budget
         self.task_rows, self.task_probes, self.task_max_length, self.task_source = (task_rows, task_probes,
                                                                                     task_max_length, task_source)
-        self.task_kind = "loss" if task_rows is not None else "accuracy" if task_probes is not None else None
+        self.task_loss, self.risk_rule = task_loss, risk_rule
+        self.task_kind = "accuracy" if task_probes is not None else "loss" if task_rows is not None or task_loss else None
         self.model, self.tokenizer, self._inner, self.tuned_dir = _load(self.name, self.base_dir, dtype, device, base_name)
         built, now = cache.key.get("model", {}).get("architecture"), model_identity(self.model)["architecture"]
         if built and now and built != now and not allow_other_model:
@@ -127,6 +131,14 @@ class InterpolationSweep:
     def set(self, alpha: float) -> None:
         """Move the scoring model to θ(α)."""
         self._inner.set(alpha)
+
+    def score(self, alpha: float, probes: ProbeSet) -> Any:
+        """The `ProbeResults` of `probes` (any probe set: held-out ones, say) at θ(α), in the sweep's scoring settings."""
+        from .scoring import score_with_key
+
+        self.set(alpha)
+        return score_with_key(self.model, self.tokenizer, probes, self.config, self.autocast,
+                              desc=f"scoring {self.name} at α = {alpha:g}")[0]
 
     def run(self, alphas: Sequence[float], progress: Callable[[float, int, int], None] | None = None
             ) -> list[dict[str, Any]]:
@@ -139,7 +151,7 @@ class InterpolationSweep:
         from .interpolate import encode_task_rows, held_out_loss
         from .models import model_identity
         from .monitor import figure_rows
-        from .scoring import describe_precision, score_with_key
+        from .scoring import describe_precision, precision_context, score_with_key
 
         # the cache's scoring settings (template, precision, ...) against this model's, before any scoring
         before = self.config.key(self.tokenizer, describe_precision(self.model, autocast=self.autocast))
@@ -157,10 +169,13 @@ class InterpolationSweep:
             if i == 0 and scoring_key != before:  # as checked above, unless scoring settled something the key names
                 self.cache.check(make_cache_key(model_identity(self.model), self.probes, scoring_key), ignore=("model",),
                                  path=self.cache_path)
-            rows = figure_rows(self.probes, self.cache.results, results)[2]
+            rows = figure_rows(self.probes, self.cache.results, results, self.risk_rule)[2]
             task = None
             if pairs is not None:
                 task = held_out_loss(self.model, self.tokenizer, pairs, batch_size=self.config.batch_size)
+            elif self.task_loss is not None:
+                with precision_context(self.model, describe_precision(self.model, autocast=self.autocast)):
+                    task = float(self.task_loss(self.model))
             elif self.task_probes is not None:
                 task = score_with_key(self.model, self.tokenizer, self.task_probes, self.config, self.autocast,
                                       desc=f"scoring {self.name}")[0].accuracy

@@ -14,6 +14,8 @@ from data import (  # recipes/data.py: the script's directory is on sys.path
 from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.models import smollm2_path
 from forgetwatch.remedies import build_remedies, check_remedies
+from forgetwatch.rewind import read_rewind
+from forgetwatch.rewind_callback import rewind_callback
 
 
 def resolve_model(model_args, training_args) -> str:
@@ -37,6 +39,8 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_pa
     check_remedies(fw_args, stage)  # before anything is loaded
     # Built first: it loads the probes, which the training data must not contain.
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args.forgetwatch_probes else []
+    rewind = rewind_callback(fw_args)  # forgetwatch_rewind: after the monitor, whose final evaluation it reads
+    callbacks += [rewind] if rewind is not None else []
     with training_args.main_process_first(desc="loading the training data"):
         dataset = load_train_dataset(script_args.dataset_name, stage, config=script_args.dataset_config,
                                      split=script_args.dataset_train_split)
@@ -71,5 +75,7 @@ def finish(trainer, training_args, callbacks: list) -> None:
             wandb.finish()
             if run_dir is not None and os.environ.get("WANDB_MODE") == "offline":
                 print(f"W&B run (offline): {run_dir}\n  upload it with: wandb sync {run_dir}")
+        if callbacks and (rewound := read_rewind(training_args.output_dir)) is not None:
+            print(rewound.line())  # forgetwatch_rewind: the step back, at the checkpoint and at the picked α
     if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers, destroy the process group
         trainer.end()

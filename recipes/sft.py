@@ -19,14 +19,20 @@ from forgetwatch import ForgetWatchArguments
 
 def main(script_args, training_args, model_args, fw_args, extra_callbacks=()):
     from common import data_and_callbacks, finish, resolve_model  # recipes/common.py, beside this script
+    from data import load_train_dataset
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
     model = resolve_model(model_args, training_args)
     dataset, callbacks, remedies = data_and_callbacks(script_args, training_args, fw_args, stage="sft", model_path=model)
+    eval_dataset = None
+    if training_args.eval_strategy != "no":  # as TRL's scripts: `dataset_test_split` (a built-in's rows: `train[:50]`)
+        eval_dataset = load_train_dataset(script_args.dataset_name, "sft", config=script_args.dataset_config,
+                                          split=script_args.dataset_test_split)  # forgetwatch_rewind reads its loss
     trainer = SFTTrainer(
         model=model,
         args=training_args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
         callbacks=callbacks + list(extra_callbacks),

@@ -178,7 +178,10 @@ def test_training_rows_that_ask_a_probe_question_are_dropped():
 # -- the scripts, end to end ------------------------------------------------------------------------------
 
 
-def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _run(stage: str, model_dir: Path, output_dir: Path, *extra: str, env: dict[str, str] | None = None,
+         rewind: bool = False) -> subprocess.CompletedProcess:
+    """The script on the tiny model for 2 steps; the SFT demo's rewind off unless `rewind` (6 more scorings a run)."""
+    extra = (*extra, "--forgetwatch_rewind", str(rewind).lower())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})}
     cmd = [sys.executable, f"recipes/{stage}.py", "--config", f"recipes/SmolLM2-135M-Instruct/{stage}/config_demo.yaml",
@@ -206,9 +209,15 @@ def _check_record(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
 @requires_olmo_eval
 def test_sft_script_runs(tiny_model_dir, tmp_path):
     # with W&B offline, as for a user who is not logged in: the script ends with the `wandb sync` command
-    proc = _run("sft", tiny_model_dir, tmp_path / "out", "--report_to", "wandb",
-                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})
+    # the demo's rewind: the eval set (GSM8K rows 0-49) evaluated at the last step, its loss the task measure
+    proc = _run("sft", tiny_model_dir, tmp_path / "out", "--report_to", "wandb", "--eval_steps", "2",
+                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}, rewind=True)
     _check_record(proc, tmp_path / "out")
+    rewind = json.loads((tmp_path / "out" / "forgetwatch" / "rewind.json").read_text())
+    assert rewind["task"]["source"] == "the trainer's eval set" and rewind["check_alpha_1"]["equal"] is True
+    assert (tmp_path / "out" / "rewound" / "model.safetensors").is_file()
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("rewind: α"))
+    assert "eval loss" in line and f"model in {tmp_path / 'out' / 'rewound'}" in line
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and f"wandb sync {runs[0]}" in proc.stdout
     # the demo's last command: the report shows the loss beside the curves and every probe at every step
@@ -222,15 +231,25 @@ def test_sft_script_runs(tiny_model_dir, tmp_path):
 
 @requires_olmo_eval
 def test_grpo_script_runs(tiny_model_dir, tmp_path):
-    proc = _run("grpo", tiny_model_dir, tmp_path / "out", "--max_completion_length", "8")
+    proc = _run("grpo", tiny_model_dir, tmp_path / "out", "--max_completion_length", "8", rewind=True)
     _check_record(proc, tmp_path / "out")
+    _check_rewind_by_budget(proc, tmp_path / "out")
 
 
 @requires_olmo_eval
 def test_dpo_script_runs(tiny_model_dir, tmp_path):
     """DPO from the recipe: offline preference pairs, the policy scored at every step, the model saved."""
-    proc = _run("dpo", tiny_model_dir, tmp_path / "out")
+    proc = _run("dpo", tiny_model_dir, tmp_path / "out", rewind=True)
     _check_record(proc, tmp_path / "out")
+    _check_rewind_by_budget(proc, tmp_path / "out")
+
+
+def _check_rewind_by_budget(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
+    """`--forgetwatch_rewind true` without an eval set or rewind data: the demo's budget alone picks α."""
+    rewind = json.loads((output_dir / "forgetwatch" / "rewind.json").read_text())
+    assert rewind["task"] is None and rewind["pick"]["case"] in ("largest_within", "least_forgetting")
+    assert rewind["check_alpha_1"]["equal"] is True and (output_dir / "rewound" / "model.safetensors").is_file()
+    assert any(line.startswith("rewind: α") for line in proc.stdout.splitlines())
 
 
 def test_builtin_preference_pairs_prefer_the_questions_own_solution():

@@ -6,11 +6,13 @@
     forgetwatch compare --model <checkpoint>    --probes probes.jsonl --base base.parquet [--json]
     forgetwatch compare BEFORE AFTER            # two lm-eval --log_samples outputs, or two lighteval details
     forgetwatch report  <output_dir> [-o DIR]
+    forgetwatch rewind  <output_dir> [--data FILE] [--budget ...]   # the final model stepped back toward its base
     forgetwatch llamafactory train config.yaml [key=value ...]   # a LLaMA-Factory YAML with forgetwatch_* keys
     forgetwatch options [--markdown]                             # every forgetwatch_* option and its meaning
 
-One module per command group (probes, cache and base-outputs, compare, interpolate, watch and report, llamafactory),
-options they share in `common`. They parse, call the library, and print; torch and the rest load when a command runs.
+One module per command group (probes, cache and base-outputs, compare, interpolate, rewind, watch and report,
+llamafactory), options they share in `common`. They parse, call the library, and print; torch and the rest load
+when a command runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .interpolate import add_interpolate
 from .llamafactory import add_llamafactory
 from .options import add_options
 from .probes import add_probes
+from .rewind import add_rewind
 from .watch import add_report, add_watch
 
 __all__ = ["main", "build_parser"]
@@ -51,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
-    for add in (add_probes, add_cache, add_base_outputs, add_compare, add_report, add_interpolate, add_watch,
+    for add in (add_probes, add_cache, add_base_outputs, add_compare, add_report, add_interpolate, add_rewind, add_watch,
                 add_llamafactory, add_options):
         add(sub)
     return p

@@ -39,8 +39,12 @@ def add_watch(sub) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report import make_report
+    from ..rewind import read_rewind
 
     print(make_report(args.output_dir, args.output))
+    rewound = read_rewind(args.output_dir)
+    if rewound is not None:  # the run was rewound (forgetwatch_rewind, `forgetwatch rewind`): its line closes the report
+        print(rewound.line())
     return 0
 
 
