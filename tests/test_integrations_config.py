@@ -199,3 +199,19 @@ def test_the_axolotl_check_needs_no_axolotl(tmp_path):
     cfg.write_text("base_model: x\nforgetwatch_probes: [sciq\n")
     proc = _axolotl_check(cfg)
     assert proc.returncode == 1 and str(cfg) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_front_ends_take_rewind_and_refuse_what_it_cannot_do():
+    """`forgetwatch_rewind` in a front-end's YAML: accepted for SFT; refused before training where it could not pick
+    (a preference or RL stage without held-out examples or a budget) or could not run (sidecar scoring)."""
+    keys = {"forgetwatch_probes": "sciq", "forgetwatch_per_suite": 4, "forgetwatch_rewind": True}
+    args, _ = front_end_arguments(keys, front_end="LLaMA-Factory", stage="sft")
+    assert args.forgetwatch_rewind
+    lines = {k: i for i, k in enumerate(keys, 1)}
+    with pytest.raises(ConfigKeyError, match=r"c.yaml, line 3: forgetwatch_rewind picks α by a task loss.*dpo run.*"
+                                             r"forgetwatch_rewind_data"):
+        front_end_arguments(keys, front_end="LLaMA-Factory", stage="dpo", source="c.yaml", lines=lines)
+    args, _ = front_end_arguments({**keys, "forgetwatch_budget": "forgetting=0.1"}, front_end="LLaMA-Factory", stage="dpo")
+    assert args.forgetwatch_budget == "forgetting=0.1"
+    with pytest.raises(ConfigKeyError, match="forgetwatch_scoring=sidecar leaves it to `forgetwatch watch`"):
+        front_end_arguments({**keys, "forgetwatch_scoring": "sidecar"}, front_end="Axolotl", source="c.yaml")

@@ -46,6 +46,7 @@ from pydantic import Field, create_model
 
 from ..callback import ForgetWatchCallback
 from ..options import ForgetWatchArguments
+from ..rewind_callback import rewind_callback
 from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
 __all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config", "stage"]  # noqa: F822 (made on first use)
@@ -182,7 +183,8 @@ def _plugin_class():
             callback = self._callback = ForgetWatchCallback.from_args(args)
             logger.info("forgetwatch: %d probes scored every %d steps (%s), record in %s/forgetwatch",
                         len(callback.probes), callback.eval_steps, callback.scoring, trainer.args.output_dir)
-            return [callback]
+            rewind = rewind_callback(args)  # forgetwatch_rewind: after the monitor, whose final evaluation it reads
+            return [callback] + ([rewind] if rewind is not None else [])
 
         def post_trainer_create(self, cfg, trainer) -> None:
             # Axolotl calls it after the builder added the callbacks above, before any training step: the KL anchor or

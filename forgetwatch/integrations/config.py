@@ -161,6 +161,10 @@ def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
             from ..callback import ForgetWatchCallback
 
             ForgetWatchCallback.from_args(args)
+        if args.forgetwatch_rewind:
+            from ..rewind_callback import rewind_callback
+
+            rewind_callback(args)  # sidecar scoring, no probes: refused now
     except ConfigKeyError:
         raise
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
@@ -249,6 +253,11 @@ def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: st
         raise ConfigKeyError(f"{where}: {what}, so nothing would be scored: set `forgetwatch_probes:` (built-in suite "
                              f"names such as arc_easy,sciq, or a probe JSONL file), or remove the forgetwatch_* keys")
     args = parse_keys(ours, source=source, lines=lines)
+    if args.forgetwatch_rewind and stage != "sft" and not args.forgetwatch_rewind_data and not args.forgetwatch_budget:
+        raise ConfigKeyError(
+            f"{where_given(source, lines, 'forgetwatch_rewind')}: forgetwatch_rewind picks α by a task loss or within a "
+            f"budget, and a {stage} run's eval batches are not language-model examples, so their loss is no task "
+            "measure: set forgetwatch_rewind_data (held-out examples, a JSONL) or forgetwatch_budget")
     from ..remedies import check_remedies
 
     try:
