@@ -93,6 +93,9 @@ def pick_alpha(points: Sequence[Mapping[str, Any]], budgeted: bool) -> Pick:
         return Pick(best["alpha"], "lowest_task_loss", f"the lowest task loss {where}")
     if has_task:
         knee = _knee(points)
+        if len(pareto(points)) == 1:  # one α beats every other on both: the front is that point
+            return Pick(knee["alpha"], "knee", f"no α within the budget; α {knee['alpha']:g} has the lowest task loss and "
+                        "the least forgetting of all")
         return Pick(knee["alpha"], "knee", "no α within the budget: the knee of the (task loss, forgetting) front")
     if within:
         return Pick(max(p["alpha"] for p in within), "largest_within", "no task loss: the largest α within the budget")
@@ -485,6 +488,10 @@ class RewindResult:
                 f"{fig(pick['forgetting'])}")
         if task:
             text += f", {name} {fig(one['task'])} → {fig(pick['task'])}"
+        if self.alpha == min(self.data["alphas"]) > 0:  # the front may go on below the grid
+            text += "; the grid's lowest α (a wider grid may go lower)"
+        if pick.get("breaches"):  # the budget's limits still exceeded at the pick ("runaway = 0.92 ... > budget 0.1")
+            text += "; over budget there: " + ", ".join(b.split(" = ")[0] for b in pick["breaches"])
         text += f"; model in {self.rewound}" if self.rewound else "; not saved"
         if self.data["check_alpha_1"]["equal"] is False:
             text += " (WARNING: α = 1 does not reproduce the final evaluation; see rewind.json)"
@@ -551,7 +558,8 @@ def rewind_section(record_root: str | os.PathLike, out_dir: str | os.PathLike) -
     cells = []
     for p in d["front"]:
         row = [f"{p['alpha']:g}", fig(p["forgetting"]), fig(p["task"]) if task else None,
-               ("yes" if p["within_budget"] else "no") if d.get("budget") else None,
+               ("yes" if p["within_budget"] else "no: " + (", ".join(b.split(" = ")[0] for b in p["breaches"])
+                                                            or "a figure it reads is missing")) if d.get("budget") else None,
                ("yes" if p["pareto"] else "") if task else None, "picked" if p["alpha"] == result.alpha else ""]
         cells.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row if c is not None) + "</tr>")
     table = ('<table class="metrics"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in head if h is not None)
@@ -569,7 +577,8 @@ def rewind_section(record_root: str | os.PathLike, out_dir: str | os.PathLike) -
         table,
         f'<p class="note">The rule: {e(d["rule"])} Task loss: {e(task["source"]) + ", " + e(task["unit"]) if task else "none"}. '
         f"Budget: {e(strict_json(d['budget']['limits'])) + ' (' + e(d['budget']['bound']) + ' bound)' if d.get('budget') else 'none'}. "
-        f"{e(said_check)} Checkpoint: {e(d['checkpoint'])}.</p>",
+        f"{e(said_check)} Checkpoint: {e(d['checkpoint'])}"
+        f"{'' if Path(d['checkpoint']).exists() else ' (the final model, saved there for the rewind and removed after)'}.</p>",
     ]
     held = d.get("heldout")
     if held:

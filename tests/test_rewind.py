@@ -412,6 +412,16 @@ def test_the_rule_knee_when_nothing_is_within_the_budget():
     assert pick_alpha(beaten, budgeted=True).alpha == 0.8
     two = front((0.5, 1.2, 0.01), (1.0, 1.0, 0.09), within=lambda *_: False)
     assert pick_alpha(two, budgeted=True).alpha == 0.5  # no bend: the one that forgets less
+    # the demo's front: stepping back lowers both, so the front is one point, the grid's end (and the line says so)
+    demo = front((0.5, 1.453, 0.065), (0.6, 1.506, 0.069), (0.8, 1.636, 0.096), (1.0, 1.790, 0.125), within=lambda *_: False)
+    pick = pick_alpha(demo, budgeted=True)
+    assert pick.alpha == 0.5 and "has the lowest task loss and the least forgetting of all" in pick.why
+    data = {"alphas": [0.5, 0.6, 0.8, 1.0], "pick": pick._asdict(), "measure": {"label": "F_adj"}, "rewound": None,
+            "task": {"source": "the trainer's eval set"}, "check_alpha_1": {"equal": True},
+            "front": [dict(p, breaches=["runaway = 0.9231 (lower 95% bound 0.6669) > budget 0.1"]) for p in demo]}
+    line = rewind_module.RewindResult(data, Path("rewind.json")).line()
+    assert line.startswith("rewind: α 0.5 (") and "F_adj 0.125 → 0.065, eval loss 1.790 → 1.453" in line
+    assert "the grid's lowest α" in line and "over budget there: runaway;" in line and line.endswith("not saved")
 
 
 def test_the_rule_without_a_task_loss():
