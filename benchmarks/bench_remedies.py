@@ -503,7 +503,7 @@ def rebuild_model(arm: str, seed: int, st: Setting) -> bool:
 def interpolate_one(arm: str, seed: int, st: Setting) -> bool | None:
     """`forgetwatch interpolate` on one kept model, one α a call: a session that ends mid-way loses one point (~10 min
     contended), not the whole curve (~1 h). A kept model that is gone is trained again first (`rebuild_model`)."""
-    from forgetwatch.interpolate import alpha_grid
+    from forgetwatch.remedies.interpolate import alpha_grid
 
     name = run_name(arm, seed)
     path = _done(st) / f"interp-{name}.json"

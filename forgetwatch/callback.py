@@ -96,8 +96,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             args = dataclasses.replace(args, forgetwatch_eval_steps=eval_steps)
         remedies = changed(args, names={o.name for o in option_list() if o.group == REMEDIES})
         if remedies:
-            raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them with "
-                             "`forgetwatch.remedies` (docs/replay.md), which also adds this callback")
+            raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them from "
+                             "ForgetWatchArguments with `forgetwatch.remedies.build_remedies` (replay, the KL anchor, the "
+                             "1→0 penalty: docs/replay.md) or `forgetwatch.remedies.rewind_callback` (docs/rewind.md)")
         o = args.unprefixed()
         probes, eval_steps = o["probes"], o["eval_steps"]
         if probes is None:

@@ -39,7 +39,7 @@ import numpy as np
 from ._io import atomic_write
 from .probes import ProbeSet
 from .record import RecordError, RunRecord, load_record
-from .rewind import rewind_section
+from .remedies.rewind import rewind_section
 from .robust_metrics import fragile_probes
 
 __all__ = ["make_report"]

@@ -14,8 +14,8 @@ from data import (  # recipes/data.py: the script's directory is on sys.path
 from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.models import smollm2_path
 from forgetwatch.remedies import build_remedies, check_remedies
-from forgetwatch.rewind import read_rewind
-from forgetwatch.rewind_callback import rewind_callback
+from forgetwatch.remedies.rewind import read_rewind
+from forgetwatch.remedies.rewind_callback import rewind_callback
 
 
 def resolve_model(model_args, training_args) -> str:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from test_callback import make_probes, sft_dataset, sft_trainer
 
 from forgetwatch.cli import main as cli
-from forgetwatch.interpolate import InterpolationError, alpha_grid
+from forgetwatch.remedies.interpolate import InterpolationError, alpha_grid
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
@@ -73,7 +73,7 @@ def test_alpha_0_is_the_base_and_alpha_1_the_checkpoint_as_compare_scores_it(tun
     assert losses[-1] < losses[0]  # the fine-tune learned its own data: the loss falls toward α = 1
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from forgetwatch.interpolate import held_out_loss, load_task_data
+    from forgetwatch.remedies.interpolate import held_out_loss, load_task_data
 
     ft = AutoModelForCausalLM.from_pretrained(tuned["ft"])
     direct = held_out_loss(ft, AutoTokenizer.from_pretrained(tuned["ft"]), load_task_data(tuned["task"]), max_length=48)
@@ -100,8 +100,8 @@ def test_the_scoring_model_is_let_go_before_save_at_writes(tuned, capsys, tmp_pa
     import gc
     import weakref
 
-    import forgetwatch.interpolate as interp
-    import forgetwatch.sweep as sweep
+    import forgetwatch.remedies.interpolate as interp
+    import forgetwatch.remedies.sweep as sweep
 
     loaded, alive_at_save = [], []
     load = sweep._load
@@ -218,8 +218,13 @@ def test_the_sweep_runs_without_the_command_line(tuned, capsys, tmp_path):
     from forgetwatch.budgets import Budget, parse_budget
     from forgetwatch.cache import BaseCache
     from forgetwatch.probes import ProbeSet
+    from forgetwatch.remedies.sweep import (
+        InterpolationSweep,
+        choose_alpha,
+        interpolation_front,
+        resolve_base_model,
+    )
     from forgetwatch.scoring import ScoringConfig
-    from forgetwatch.sweep import InterpolationSweep, choose_alpha, interpolation_front, resolve_base_model
 
     printed = interpolate(capsys, tuned, "--alphas", "0,1", "--task-data", str(tuned["task"]), "--task-max-length", "48")
     probes = ProbeSet.from_jsonl(tuned["probes"])
@@ -316,7 +321,7 @@ def test_save_at_writes_the_checkpoints_precision_not_the_scoring_one(tuned, cap
     from transformers import AutoModelForCausalLM
 
     ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tuned["base"]), tuned["lora"])
-    from forgetwatch.interpolate import LoraScaler
+    from forgetwatch.remedies.interpolate import LoraScaler
 
     LoraScaler(ref).set(0.5)
     ref = ref.merge_and_unload().state_dict()
@@ -389,12 +394,12 @@ def test_rows_whose_answer_is_cut_away_are_left_out_with_a_warning(tuned, caplog
     task loss and said, and the loss is the other rows' (what RESULTS §12's held-out loss does)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from forgetwatch.interpolate import encode_task_rows, held_out_loss, load_task_data
+    from forgetwatch.remedies.interpolate import encode_task_rows, held_out_loss, load_task_data
 
     tok = AutoTokenizer.from_pretrained(tuned["ft"])
     rows = load_task_data(tuned["task"])
     long_first = [{"prompt": "one two three " * 20, "completion": " four"}, *rows[1:]]
-    with caplog.at_level("WARNING", logger="forgetwatch.interpolate"):
+    with caplog.at_level("WARNING", logger="forgetwatch.remedies.interpolate"):
         pairs = encode_task_rows(tok, long_first, max_length=24)
     assert len(pairs) == len(rows) - 1 and "1 of 8 task rows have no answer token" in caplog.text and "line 1" in caplog.text
     model = AutoModelForCausalLM.from_pretrained(tuned["ft"])
@@ -488,7 +493,7 @@ def test_the_figures_are_out_before_the_plot_or_the_model_is_written(tuned, caps
     (matplotlib is an extra) is refused before any scoring."""
     import sys
 
-    import forgetwatch.interpolate as interp
+    import forgetwatch.remedies.interpolate as interp
 
     def full(*a, **k):
         raise OSError(28, "No space left on device")
@@ -554,7 +559,7 @@ def test_the_interpolation_is_made_a_slice_of_rows_at_a_time(tuned):
     """θ(α) is read from both files in slices (memory: one model plus a slice of each), the same numbers as whole."""
     from transformers import AutoModelForCausalLM
 
-    from forgetwatch.interpolate import Interpolator
+    from forgetwatch.remedies.interpolate import Interpolator
 
     model = AutoModelForCausalLM.from_pretrained(tuned["ft"])
     interp = Interpolator(model, tuned["base"], tuned["ft"], chunk=7)
@@ -587,7 +592,7 @@ def test_an_architecture_transformers_renames_on_load_is_named_as_such(tmp_path)
     agree with each other, so the refusal says that interpolate does not follow the renaming, not "another model"."""
     from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
 
-    from forgetwatch.interpolate import Interpolator
+    from forgetwatch.remedies.interpolate import Interpolator
 
     config = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            num_key_value_heads=1, num_local_experts=2, num_experts_per_tok=1)
@@ -609,7 +614,7 @@ def test_the_checks_read_each_files_header_once(tuned, monkeypatch, tmp_path):
     import safetensors
     from transformers import AutoModelForCausalLM
 
-    from forgetwatch.interpolate import Interpolator
+    from forgetwatch.remedies.interpolate import Interpolator
 
     sharded = tmp_path / "ft-sharded"
     AutoModelForCausalLM.from_pretrained(tuned["ft"]).save_pretrained(sharded, max_shard_size="100KB")

@@ -34,9 +34,9 @@ def test_public_names_are_pinned_and_the_package_loads_without_torch():
     import forgetwatch.remedies as remedies
 
     assert remedies.__all__ == ["BaseOutputs", "CheckpointedLossTerm", "KLAnchor", "LossTerm", "MarginPenalty",
-                                "MonitorView", "Remedies", "add_loss_term", "base_outputs_for", "build_remedies",
-                                "check_remedies", "load_or_make", "make_base_outputs", "mix_replay", "needs_base_outputs",
-                                "replay_pool"]
+                                "MonitorView", "Remedies", "RewindCallback", "add_loss_term", "base_outputs_for",
+                                "build_remedies", "check_remedies", "load_or_make", "make_base_outputs", "mix_replay",
+                                "needs_base_outputs", "replay_pool", "rewind", "rewind_callback"]
     assert all(getattr(remedies, name) is not None for name in remedies.__all__)
     code = "import sys, forgetwatch.remedies; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout == "False\n"

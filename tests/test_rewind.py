@@ -23,14 +23,14 @@ pytest.importorskip("trl")
 from test_callback import SEED, clear_wandb_env, make_probes, sft_dataset  # noqa: E402
 from wandb_offline import find_run_file, finish_offline_run, read_history, read_summary  # noqa: E402
 
-import forgetwatch.rewind as rewind_module  # noqa: E402
+import forgetwatch.remedies.rewind as rewind_module  # noqa: E402
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback  # noqa: E402
 from forgetwatch.cache import BaseCache  # noqa: E402
 from forgetwatch.cli import main as cli  # noqa: E402
 from forgetwatch.errors import InterpolationError  # noqa: E402
 from forgetwatch.monitor import figure_rows  # noqa: E402
-from forgetwatch.rewind import RULE, pick_alpha, read_rewind  # noqa: E402
-from forgetwatch.rewind_callback import RewindCallback, rewind_callback  # noqa: E402
+from forgetwatch.remedies.rewind import RULE, pick_alpha, read_rewind  # noqa: E402
+from forgetwatch.remedies.rewind_callback import RewindCallback, rewind_callback  # noqa: E402
 from forgetwatch.scoring import score_with_key  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),

@@ -1,4 +1,4 @@
-"""`forgetwatch interpolate`: the options of an interpolation sweep (`forgetwatch.sweep`), checked before any model is
+"""`forgetwatch interpolate`: the options of an interpolation sweep (`forgetwatch.remedies.sweep`), checked before any model is
 loaded, and its figures printed, plotted, and the model saved at one α."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def add_interpolate(sub) -> None:
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
     from ..budgets import Budget, parse_budget
-    from ..interpolate import InterpolationError, alpha_grid, load_task_data
-    from ..sweep import (
+    from ..remedies.interpolate import InterpolationError, alpha_grid, load_task_data
+    from ..remedies.sweep import (
         InterpolationSweep,
         choose_alpha,
         format_interpolation,

@@ -1,5 +1,5 @@
 """`forgetwatch rewind OUTPUT_DIR`: a finished run's final model moved back toward its base, α picked and saved
-(`forgetwatch.rewind`)."""
+(`forgetwatch.remedies.rewind`)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def add_rewind(sub) -> None:
 
 def cmd_rewind(args: argparse.Namespace) -> int:
     from ..drift import RiskRule
-    from ..rewind import rewind
-    from ..sweep import format_interpolation
+    from ..remedies.rewind import rewind
+    from ..remedies.sweep import format_interpolation
 
     risk_rule = None
     if args.at_risk_margin is not None or args.at_risk_drop is not None:

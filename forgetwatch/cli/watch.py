@@ -38,8 +38,8 @@ def add_watch(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from ..remedies.rewind import read_rewind
     from ..report import make_report
-    from ..rewind import read_rewind
 
     print(make_report(args.output_dir, args.output))
     rewound = read_rewind(args.output_dir)

@@ -46,7 +46,7 @@ from pydantic import Field, create_model
 
 from ..callback import ForgetWatchCallback
 from ..options import ForgetWatchArguments
-from ..rewind_callback import rewind_callback
+from ..remedies.rewind_callback import rewind_callback
 from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
 __all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config", "stage"]  # noqa: F822 (made on first use)

@@ -162,7 +162,7 @@ def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
 
             ForgetWatchCallback.from_args(args)
         if args.forgetwatch_rewind:
-            from ..rewind_callback import rewind_callback
+            from ..remedies.rewind_callback import rewind_callback
 
             rewind_callback(args)  # sidecar scoring, no probes: refused now
     except ConfigKeyError:

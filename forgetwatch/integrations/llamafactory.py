@@ -234,7 +234,7 @@ def run(fw_args, rest: dict[str, Any]) -> None:
     from llamafactory.train.tuner import run_exp
 
     from ..callback import ForgetWatchCallback
-    from ..rewind_callback import rewind_callback
+    from ..remedies.rewind_callback import rewind_callback
 
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args else []
     rewind = rewind_callback(fw_args) if fw_args else None  # after the monitor, whose final evaluation it reads

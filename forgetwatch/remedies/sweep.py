@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._io import atomic_write
-from .budgets import Budget
-from .cache import BaseCache, make_cache_key
-from .metrics import format_figure
-from .probes import ProbeSet
+from .._io import atomic_write
+from ..budgets import Budget
+from ..cache import BaseCache, make_cache_key
+from ..metrics import format_figure
+from ..probes import ProbeSet
 
 __all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir", "choose_alpha",
            "format_interpolation", "plot_interpolation"]
@@ -109,8 +109,8 @@ class InterpolationSweep:
                  task_rows: Sequence[dict[str, Any]] | None = None, task_probes: ProbeSet | None = None,
                  task_max_length: int = 1024, task_source: str | None = None, budget: Budget | None = None,
                  task_loss: Callable[[Any], float] | None = None, risk_rule: Any = None, allow_other_model: bool = False):
+        from ..models import model_identity
         from .interpolate import InterpolationError, setting_differences
-        from .models import model_identity
 
         if sum(x is not None for x in (task_rows, task_probes, task_loss)) > 1:
             raise ValueError("give one task measure: `task_rows` (held-out loss), `task_probes` (accuracy) or `task_loss`")
@@ -134,7 +134,7 @@ class InterpolationSweep:
 
     def score(self, alpha: float, probes: ProbeSet) -> Any:
         """The `ProbeResults` of `probes` (any probe set: held-out ones, say) at θ(α), in the sweep's scoring settings."""
-        from .scoring import score_with_key
+        from ..scoring import score_with_key
 
         self.set(alpha)
         return score_with_key(self.model, self.tokenizer, probes, self.config, self.autocast,
@@ -148,10 +148,10 @@ class InterpolationSweep:
 
         The cache's scoring settings are checked against this model's, and the task rows encoded, before anything is
         scored. `progress(alpha, i, n)` is called before each α is scored (default: logged)."""
+        from ..models import model_identity
+        from ..monitor import figure_rows
+        from ..scoring import describe_precision, precision_context, score_with_key
         from .interpolate import encode_task_rows, held_out_loss
-        from .models import model_identity
-        from .monitor import figure_rows
-        from .scoring import describe_precision, precision_context, score_with_key
 
         # the cache's scoring settings (template, precision, ...) against this model's, before any scoring
         before = self.config.key(self.tokenizer, describe_precision(self.model, autocast=self.autocast))
@@ -225,8 +225,8 @@ def _is_lora(inner: Any) -> bool:
 
 def _load(path: str, base_dir: Path, dtype: str, device: str | None, base_name: str | None):
     """(model, tokenizer, what moves it along α (weights, or a LoRA's scale), the checkpoint's directory)."""
+    from ..models import check_model_path, load_checkpoint, load_model
     from .interpolate import InterpolationError, Interpolator, LoraScaler, check_lora_config
-    from .models import check_model_path, load_checkpoint, load_model
 
     directory = check_model_path(path)
     if directory is None:
@@ -270,7 +270,7 @@ def resolve_base_model(base_model: str | None, cache: BaseCache, cache_path: str
 def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base cache") -> Path:
     """The base model's local directory (its weights are streamed from there): `smollm2`'s, a local directory, or a Hub
     model's download (config, tokenizer and safetensors weights only)."""
-    from .models import check_model_path, smollm2_path
+    from ..models import check_model_path, smollm2_path
 
     if not name:
         raise ValueError(f"{cache_path} does not say which model it was made with: pass --base-model")
@@ -286,7 +286,7 @@ def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base c
 
 def _model_names(name: str) -> set[str]:
     """The spellings of one model: as given and resolved; `smollm2` and the checkpoint it converts to are one."""
-    from .models import local_model_path, smollm2_path
+    from ..models import local_model_path, smollm2_path
 
     if not name:
         return set()

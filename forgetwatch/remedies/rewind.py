@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._io import atomic_write, read_json, strict_json
-from .budgets import ROBUST_BUDGETS, Budget, parse_budget
-from .cache import BaseCache
-from .errors import InterpolationError
-from .options import default
-from .probes import ProbeSet
+from .._io import atomic_write, read_json, strict_json
+from ..budgets import ROBUST_BUDGETS, Budget, parse_budget
+from ..cache import BaseCache
+from ..errors import InterpolationError
+from ..options import default
+from ..probes import ProbeSet
 
 __all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_checkpoint", "rewind", "read_rewind",
            "rewind_section", "REWOUND", "REWIND_FILE"]
@@ -217,7 +217,7 @@ def _manifest(record: Path) -> dict[str, Any]:
 
 def _risk_rule(record: Path) -> Any:
     """The run's at-risk rule where the record says it (a sidecar run's manifest), else the options' defaults."""
-    from .drift import RiskRule
+    from ..drift import RiskRule
 
     options = _manifest(record).get("callback", {})
     return RiskRule(options.get("at_risk_margin", default("at_risk_margin")), options.get("at_risk_drop"))
@@ -228,7 +228,7 @@ def _scoring_config(key: Mapping[str, Any], record: Path, batch_size: int | None
     engine (not in the key) as given, else a sidecar run's manifest's, else the options' defaults."""
     import dataclasses
 
-    from .modes import NOT_IN_KEY, ScoringConfig
+    from ..modes import NOT_IN_KEY, ScoringConfig
 
     scoring = dict(key.get("scoring", {}))
     fields = {f.name for f in dataclasses.fields(ScoringConfig)} - set(NOT_IN_KEY)
@@ -318,9 +318,9 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         >>> result.alpha, result.rewound  # doctest: +SKIP
         (0.7, PosixPath('outputs/sft-run/rewound'))
     """
+    from ..lock import acquire
+    from ..record import RunRecord
     from .interpolate import alpha_grid, load_task_data
-    from .lock import acquire
-    from .record import RunRecord
     from .sweep import InterpolationSweep, resolve_base_model
 
     t0 = time.perf_counter()
@@ -425,8 +425,8 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
 
 def _score_heldout(sweep: Any, monitored: ProbeSet, heldout: ProbeSet | str, alpha: float) -> dict[str, Any]:
     """Held-out probes at θ(0) (their base), θ(α) and θ(1), figures against θ(0): never read by the pick."""
-    from .monitor import figure_rows
-    from .suites import load_probes
+    from ..monitor import figure_rows
+    from ..suites import load_probes
 
     probes = load_probes(heldout)
     mine = set(monitored.ids)

@@ -25,9 +25,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .budgets import ROBUST_BUDGETS, Budget, parse_budget
-from .errors import InterpolationError
-from .options import ForgetWatchArguments, default
+from ..budgets import ROBUST_BUDGETS, Budget, parse_budget
+from ..errors import InterpolationError
+from ..options import ForgetWatchArguments, default
 from .rewind import REWOUND, rewind
 
 __all__ = ["RewindCallback", "rewind_callback", "eval_set_loss"]
@@ -69,8 +69,8 @@ class RewindCallback(TrainerCallback):
     def __init__(self, data: str | None = None, alphas: str = default("rewind_alphas"), heldout: str | None = None, *,
                  budget: Mapping[str, float] | str | None = None, budget_bound: str = default("budget_bound"),
                  base_cache: str | None = None, config: Any = None, risk_rule: Any = None, force: bool = False):
+        from ..suites import load_probes
         from .interpolate import alpha_grid, load_task_data
-        from .suites import load_probes
 
         alpha_grid(alphas)  # refused now, not after training
         self.data, self.alphas, self.heldout, self.force = data, alphas, heldout, force
@@ -103,7 +103,7 @@ class RewindCallback(TrainerCallback):
         labelled = lm_labels(args)
         evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
         if self.rows is not None:
-            from .callback import _tokenizer
+            from ..callback import _tokenizer
             from .interpolate import encode_task_rows
 
             encode_task_rows(_tokenizer(processing_class), self.rows, source=self.data)  # a row it cannot read: now
@@ -120,10 +120,10 @@ class RewindCallback(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, processing_class=None, eval_dataloader=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        from .callback import _tokenizer
-        from .forward import model_device
-        from .loggers import make_loggers
-        from .record import RunRecord
+        from ..callback import _tokenizer
+        from ..forward import model_device
+        from ..loggers import make_loggers
+        from ..record import RunRecord
 
         record = Path(args.output_dir) / "forgetwatch"
         scratch = record / "rewind"
@@ -183,8 +183,8 @@ def rewind_callback(args: ForgetWatchArguments) -> RewindCallback | None:
     if args.forgetwatch_scoring == "sidecar":
         raise ValueError("forgetwatch_rewind needs the final evaluation in the training process, and forgetwatch_scoring="
                          "sidecar leaves it to `forgetwatch watch`: rewind after training with `forgetwatch rewind OUTPUT_DIR`")
-    from .drift import RiskRule
-    from .scoring import ScoringConfig
+    from ..drift import RiskRule
+    from ..scoring import ScoringConfig
 
     o = args.unprefixed()
     config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
@@ -212,7 +212,7 @@ def eval_set_loss(dataloader: Any) -> Callable[[Any], float]:
     def loss(model: Any) -> float:
         import torch
 
-        from .forward import model_device
+        from ..forward import model_device
 
         names = _forward_names(model)
         device = model_device(model)
@@ -275,7 +275,7 @@ def _check_model(model: Any) -> None:
 
 def _check_base(record: Path, given: str | None) -> None:
     """The base model's weights must be on disk (or on the Hub) at the end: refuse now a base built in memory."""
-    from .cache import read_key
+    from ..cache import read_key
 
     path = _base_cache(record, given)
     key = read_key(path) if path else None
