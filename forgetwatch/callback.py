@@ -33,6 +33,7 @@ from .options import (
     default,
     options_doc,
     options_from_kwargs,
+    options_from_record,
 )
 from .options import options as option_list
 from .probes import ProbeSet
@@ -76,7 +77,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             prefix: `per_suite=50`, `mcq_mode="loglik_norm"`, `budget={"forgetting": 0.05}`, `scoring="sidecar"`, ...
             They are listed below. The remedies' options (`anchor_beta`, `replay_mix`, ...) are not the callback's:
             `forgetwatch.remedies` builds them. A name that is not an option is refused, naming the closest.
-        args: the options as parsed `ForgetWatchArguments` (what `from_args` passes), instead of keywords.
+        args: the options as parsed `ForgetWatchArguments`, instead of keywords (as `from_args`): the remedies' options
+            in it are left to `forgetwatch.remedies`.
 
     Example:
         >>> from forgetwatch import ForgetWatchCallback
@@ -87,9 +89,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     def __init__(self, probes: ProbeSet | str | list[str] | None = None, eval_steps: int | None = None, *,
                  args: ForgetWatchArguments | None = None, **options: Any):
+        if options.pop("_from_state", False):  # a checkpoint's state (the Trainer calls `cls(**state["args"])`)
+            args, options = _options_of_state(options), {}
         if args is not None and options:
             raise TypeError(f"pass the options as `args` or as keywords, not both (got args and {', '.join(options)})")
-        args = args if args is not None else options_from_kwargs(**options)
+        # given as parsed arguments: the remedies' fields are theirs (a recipe's fw_args sets them), not refused here
+        args = options_from_kwargs(**(args.to_kwargs() if args is not None else options))
         if probes is not None:
             args = dataclasses.replace(args, forgetwatch_probes=probes)
         if eval_steps is not None:
@@ -153,7 +158,15 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     @classmethod
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
         """Build the callback from parsed `ForgetWatchArguments` (its remedy options are `forgetwatch.remedies`')."""
-        return cls(**args.to_kwargs())
+        return cls(args=args)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ForgetWatchCallback:
+        """The callback a checkpoint's saved state describes, written by any version (as the Trainer rebuilds it)."""
+        instance = cls(**{**state["args"], "_from_state": True})
+        for name, value in state["attributes"].items():
+            setattr(instance, name, value)
+        return instance
 
     # -- ExportableState: survives `resume_from_checkpoint` -------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -162,7 +175,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             args["probes"] = str(self._record_root / "probes.jsonl")  # a ProbeSet object is restored from the record
         # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
         # `_start_id` goes into every checkpoint's trainer_state.json: the watcher tells which training start wrote it
-        return {"args": args, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True,
+        # `_from_state`: the Trainer passes these args back to __init__, which then reads them as a record of any version
+        return {"args": {**args, "_from_state": True}, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True,
                                              "_start_id": self._start_id}}
 
     @property
@@ -503,3 +517,14 @@ def _signature() -> inspect.Signature:
 
 ForgetWatchCallback.__init__.__signature__ = _signature()
 ForgetWatchCallback.__doc__ += options_doc(prefixed=False, groups=tuple(g for g in GROUPS if g != REMEDIES))
+
+
+def _options_of_state(values: dict[str, Any]) -> ForgetWatchArguments:
+    """The options a checkpoint's callback state holds, written by any version: an option this version does not know is
+    dropped with a warning, a missing one takes its default (`options_from_record`)."""
+    known = {o.short for o in option_list()}
+    dropped = sorted(set(values) - known)
+    if dropped:
+        logger.warning("forgetwatch: the checkpoint's callback state names options this version does not know (%s); "
+                       "resuming without them", ", ".join(dropped))
+    return options_from_record(values)

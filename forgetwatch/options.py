@@ -238,12 +238,22 @@ class ForgetWatchArguments:
         return {o.short: getattr(self, o.name) for o in options() if o.group != REMEDIES}
 
 
+# Values earlier versions wrote for an option, read as today's (records, checkpoints and YAML stay valid).
+LEGACY_VALUES: dict[str, dict[Any, Any]] = {"forgetwatch_robustness": {None: 0}}  # off was None before it was 0
+
+
+def read_legacy(name: str, value: Any) -> Any:
+    """`value` of option `name` as today's: a value an earlier version wrote for it (`LEGACY_VALUES`) is translated."""
+    table = LEGACY_VALUES.get(name, {})
+    return table[value] if value is None or isinstance(value, (str, int, float, bool)) and value in table else value
+
+
 def _check_values(args: ForgetWatchArguments) -> None:
     """The checks that need no model and no probes: choices, ranges, options that exclude each other."""
     import logging
 
-    if args.forgetwatch_robustness is None:  # records and YAML from before "off" was 0
-        args.forgetwatch_robustness = 0
+    for name in LEGACY_VALUES:
+        setattr(args, name, read_legacy(name, getattr(args, name)))
     for o in options():
         value = getattr(args, o.name)
         if o.choices is not None and value not in o.choices and not (value is None and o.default is None):

@@ -15,7 +15,6 @@ from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.models import smollm2_path
 from forgetwatch.remedies import build_remedies, check_remedies
 from forgetwatch.remedies.rewind import read_rewind
-from forgetwatch.remedies.rewind_callback import rewind_callback
 
 
 def resolve_model(model_args, training_args) -> str:
@@ -39,8 +38,6 @@ def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_pa
     check_remedies(fw_args, stage)  # before anything is loaded
     # Built first: it loads the probes, which the training data must not contain.
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args.forgetwatch_probes else []
-    rewind = rewind_callback(fw_args)  # forgetwatch_rewind: after the monitor, whose final evaluation it reads
-    callbacks += [rewind] if rewind is not None else []
     with training_args.main_process_first(desc="loading the training data"):
         dataset = load_train_dataset(script_args.dataset_name, stage, config=script_args.dataset_config,
                                      split=script_args.dataset_train_split)

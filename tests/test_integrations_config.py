@@ -215,3 +215,9 @@ def test_front_ends_take_rewind_and_refuse_what_it_cannot_do():
     assert args.forgetwatch_budget == "forgetting=0.1"
     with pytest.raises(ConfigKeyError, match="forgetwatch_scoring=sidecar leaves it to `forgetwatch watch`"):
         front_end_arguments({**keys, "forgetwatch_scoring": "sidecar"}, front_end="Axolotl", source="c.yaml")
+
+
+def test_the_old_off_of_robustness_is_read_as_today():
+    """`forgetwatch_robustness: null` was the default (off) before off was 0: a YAML that spelled it out still loads."""
+    args = parse_keys({"forgetwatch_probes": "sciq", "forgetwatch_per_suite": 4, "forgetwatch_robustness": None})
+    assert args.forgetwatch_robustness == 0

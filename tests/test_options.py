@@ -167,3 +167,25 @@ def test_options_are_the_same_after_trl_parsed_them():
     TrlParser((ForgetWatchArguments,)).parse_args_into_dataclasses(["--forgetwatch_probes", "x.jsonl"])
     assert options() == before and describe("probes").type == "str | None"
     assert (ROOT / "docs" / "options.md").read_text() == options_markdown()
+
+
+def test_parsed_arguments_with_remedies_build_the_callback():
+    """A recipe's parsed arguments set the remedies' fields too: `args=` (and `from_args`) leaves them to the remedies."""
+    args = ForgetWatchArguments(forgetwatch_probes="arc_easy", forgetwatch_per_suite=2, forgetwatch_anchor_beta=5.0,
+                                forgetwatch_rewind=True)
+    cb = ForgetWatchCallback(args=args)
+    assert cb.options.forgetwatch_per_suite == 2 and cb.options.forgetwatch_anchor_beta == 0.0
+    assert ForgetWatchCallback.from_args(args).options == cb.options
+
+
+def test_a_checkpoint_state_of_another_version_restores(caplog):
+    """The Trainer rebuilds the callback from a checkpoint's state (`from_state`): an option this version does not know
+    is dropped with a warning, a missing one takes its default, robustness None (before 0 was off) is 0."""
+    state = ForgetWatchCallback("arc_easy", per_suite=2, eval_steps=3).state()
+    state["args"] = {**{k: v for k, v in state["args"].items() if k != "at_risk_drop"}, "robustness": None,
+                     "from_the_future": 1}
+    restored = ForgetWatchCallback.from_state(state)
+    assert restored.eval_steps == 3 and restored.options.forgetwatch_per_suite == 2 and restored.plan is None
+    assert restored._restored and "from_the_future" in caplog.text
+    trainers = ForgetWatchCallback(**state["args"])  # what transformers' _load_callback_state does
+    assert trainers.options == restored.options

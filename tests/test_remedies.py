@@ -36,8 +36,14 @@ def test_public_names_are_pinned_and_the_package_loads_without_torch():
     assert remedies.__all__ == ["BaseOutputs", "CheckpointedLossTerm", "KLAnchor", "LossTerm", "MarginPenalty",
                                 "MonitorView", "Remedies", "RewindCallback", "add_loss_term", "base_outputs_for",
                                 "build_remedies", "check_remedies", "load_or_make", "make_base_outputs", "mix_replay",
-                                "needs_base_outputs", "replay_pool", "rewind", "rewind_callback"]
+                                "needs_base_outputs", "replay_pool", "rewind_callback"]
     assert all(getattr(remedies, name) is not None for name in remedies.__all__)
+    # a name that is also a submodule would come back as the module once that is imported: none is
+    import types
+
+    import forgetwatch.remedies.rewinder  # noqa: F401
+    assert not any(isinstance(getattr(remedies, name), types.ModuleType) for name in remedies.__all__)
+    assert callable(remedies.rewind_callback) and isinstance(remedies.RewindCallback, type)
     code = "import sys, forgetwatch.remedies; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout == "False\n"
 
@@ -214,3 +220,18 @@ def test_a_loss_term_trains_with_data_loader_workers(tiny_model_dir, tmp_path):
         remedies.attach(trainer).train()
         runs[workers] = _losses(tmp_path / f"w{workers}")
     assert runs[1] == runs[0] and len(runs[1]) == 4
+
+
+def test_a_multi_process_run_without_base_outputs_is_told_the_command_with_the_models_name(tiny_model, tmp_path):
+    """A front-end passes the loaded model, not its name: the command in the refusal names the model, never prints the
+    module."""
+    from types import SimpleNamespace
+
+    from forgetwatch.remedies import base_outputs_for
+
+    tiny_model.config._name_or_path = "org/base-model"
+    args = SimpleNamespace(world_size=2, output_dir=str(tmp_path), max_length=128)
+    fw_args = options(forgetwatch_probes="arc_easy", forgetwatch_anchor_beta=5.0)
+    with pytest.raises(ValueError, match=r"forgetwatch base-outputs --model org/base-model --pool arc_easy") as e:
+        base_outputs_for(fw_args, args, tiny_model, ForgetWatchCallback("arc_easy", per_suite=2))
+    assert "LlamaForCausalLM(" not in str(e.value)

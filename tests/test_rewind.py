@@ -30,7 +30,7 @@ from forgetwatch.cli import main as cli  # noqa: E402
 from forgetwatch.errors import InterpolationError  # noqa: E402
 from forgetwatch.monitor import figure_rows  # noqa: E402
 from forgetwatch.remedies.rewind import RULE, pick_alpha, read_rewind  # noqa: E402
-from forgetwatch.remedies.rewind_callback import RewindCallback, rewind_callback  # noqa: E402
+from forgetwatch.remedies.rewinder import RewindCallback, rewind_callback  # noqa: E402
 from forgetwatch.scoring import score_with_key  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -443,3 +443,38 @@ def test_the_docs_state_the_rule_the_code_applies():
 
 def test_doctests():
     assert doctest.testmod(rewind_module).failed == 0
+
+
+def test_a_resume_with_restored_callback_states_rewinds_after_the_final_evaluation(tmp_path):
+    """With `restore_callback_states_from_checkpoint=True` the Trainer rebuilds its stateful callbacks at the end of its
+    list: the rewind is one of them, saved after the monitor, so it still runs after the monitor's final evaluation."""
+    base, tok = base_model(tmp_path)
+    args = fw_args(tmp_path, forgetwatch_rewind=True, forgetwatch_rewind_alphas="0.5,1",
+                   forgetwatch_rewind_data=str(task_file(tmp_path)))
+    out = tmp_path / "out"
+    first = sft_trainer(base, tok, out, [ForgetWatchCallback.from_args(args), rewind_callback(args)], eval_set=False,
+                        max_steps=4, save_strategy="steps", save_steps=2)
+    first.train()
+    shutil.rmtree(out / "rewound")
+    (out / "forgetwatch" / "rewind.json").unlink()
+    again = sft_trainer(base, tok, out, [ForgetWatchCallback.from_args(args), rewind_callback(args)], eval_set=False,
+                        max_steps=4, save_strategy="steps", save_steps=2, restore_callback_states_from_checkpoint=True)
+    again.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    kinds = [type(cb).__name__ for cb in again.callback_handler.callbacks]
+    assert kinds.index("ForgetWatchCallback") < kinds.index("RewindCallback")
+    rewound = read_rewind(out)
+    assert rewound is not None and rewound.data["check_alpha_1"]["equal"] is True
+    assert rewound.data["check_alpha_1"]["step"] == 4 and (out / "rewound").is_dir()
+
+
+def test_a_fresh_run_moves_an_earlier_rewound_model_aside(tmp_path):
+    base, tok = base_model(tmp_path)
+    args = fw_args(tmp_path, forgetwatch_rewind=True, forgetwatch_rewind_alphas="0.5,1",
+                   forgetwatch_rewind_data=str(task_file(tmp_path)))
+    out = tmp_path / "out"
+    (out / "rewound").mkdir(parents=True)
+    (out / "rewound" / "mine.txt").write_text("an earlier run's")
+    sft_trainer(base, tok, out, [ForgetWatchCallback.from_args(args), rewind_callback(args)], eval_set=False,
+                max_steps=3).train()
+    assert (out / "rewound.1" / "mine.txt").read_text() == "an earlier run's"  # kept, as the earlier record is
+    assert (out / "rewound" / "config.json").is_file() and read_rewind(out).data["check_alpha_1"]["equal"] is True

@@ -45,8 +45,8 @@ from typing import Any
 from pydantic import Field, create_model
 
 from ..callback import ForgetWatchCallback
-from ..options import ForgetWatchArguments
-from ..remedies.rewind_callback import rewind_callback
+from ..options import LEGACY_VALUES, ForgetWatchArguments
+from ..remedies.rewinder import rewind_callback
 from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
 __all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config", "stage"]  # noqa: F822 (made on first use)
@@ -58,7 +58,9 @@ PLUGIN = f"{_MODULE}.ForgetWatchPlugin"
 
 
 def _args_model():
-    fields = {f.name: (TYPES[f.name], Field(default=f.default, description=f.metadata.get("help")))
+    # an option whose earlier "off" was null (LEGACY_VALUES) still takes null: `arguments` reads it as today's
+    fields = {f.name: (TYPES[f.name] | None if None in LEGACY_VALUES.get(f.name, {}) else TYPES[f.name],
+                       Field(default=f.default, description=f.metadata.get("help")))
               for f in dataclasses.fields(ForgetWatchArguments)}
     model = create_model("ForgetWatchArgs", __module__=_MODULE, **fields)
     model.__doc__ = "The `forgetwatch_*` keys of an Axolotl config: `ForgetWatchArguments`' fields (made from them)."
@@ -183,7 +185,7 @@ def _plugin_class():
             callback = self._callback = ForgetWatchCallback.from_args(args)
             logger.info("forgetwatch: %d probes scored every %d steps (%s), record in %s/forgetwatch",
                         len(callback.probes), callback.eval_steps, callback.scoring, trainer.args.output_dir)
-            rewind = rewind_callback(args)  # forgetwatch_rewind: after the monitor, whose final evaluation it reads
+            rewind = rewind_callback(args, stage(cfg))  # forgetwatch_rewind: after the monitor, whose final evaluation it reads
             return [callback] + ([rewind] if rewind is not None else [])
 
         def post_trainer_create(self, cfg, trainer) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigKeyError
-from ..options import ForgetWatchArguments
+from ..options import ForgetWatchArguments, read_legacy
 
 __all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TERM_OPTIONS", "TYPES", "check_keys", "front_end_arguments",
            "parse_keys", "split_keys", "where_given", "yaml_key_lines"]
@@ -154,7 +154,7 @@ def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
         10
     """
     split_keys(keys, source=source, lines=lines)  # nothing unknown
-    values = {k: _check_type(k, v, where_given(source, lines, k)) for k, v in keys.items()}
+    values = {k: _check_type(k, read_legacy(k, v), where_given(source, lines, k)) for k, v in keys.items()}
     try:
         args = ForgetWatchArguments(**values)
         if args.forgetwatch_probes:
@@ -162,7 +162,7 @@ def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
 
             ForgetWatchCallback.from_args(args)
         if args.forgetwatch_rewind:
-            from ..remedies.rewind_callback import rewind_callback
+            from ..remedies.rewinder import rewind_callback
 
             rewind_callback(args)  # sidecar scoring, no probes: refused now
     except ConfigKeyError:

@@ -234,10 +234,10 @@ def run(fw_args, rest: dict[str, Any]) -> None:
     from llamafactory.train.tuner import run_exp
 
     from ..callback import ForgetWatchCallback
-    from ..remedies.rewind_callback import rewind_callback
+    from ..remedies.rewinder import rewind_callback
 
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args else []
-    rewind = rewind_callback(fw_args) if fw_args else None  # after the monitor, whose final evaluation it reads
+    rewind = rewind_callback(fw_args, str(rest.get("stage", "sft"))) if fw_args else None  # after the monitor
     callbacks += [rewind] if rewind is not None else []
     with _remedies_in_sft_trainer(fw_args, rest, callbacks[0] if callbacks else None):
         run_exp(args=rest, callbacks=callbacks)

@@ -5,7 +5,7 @@
 - the base's own outputs (`BaseOutputs`, `load_or_make`): the targets of self-distilled replay and of the anchor;
 - the KL anchor (`KLAnchor`): `beta · KL(base ‖ model)` on the base's answers to pool prompts, added to the loss;
 - the 1→0 penalty (`MarginPenalty`): a hinge on the margins of held-out items the base answered right;
-- the step back toward the base after training (`rewind`, `RewindCallback`; `interpolate` and `sweep` move and score
+- the step back toward the base after training (`rewind.rewind`, `RewindCallback`, `rewind_callback`; `interpolate` and `sweep` move and score
   the weights): θ(α) scored on the monitored probes and a task loss, α picked, the model saved.
 
 `build_remedies(fw_args, ...)` builds what the `forgetwatch_*` options ask for, and `Remedies.attach(trainer)` adds
@@ -46,7 +46,6 @@ __all__ = [
     "mix_replay",
     "needs_base_outputs",
     "replay_pool",
-    "rewind",
     "rewind_callback",
 ]
 
@@ -58,9 +57,8 @@ _LAZY = {
     "MarginPenalty": ".penalty",
     "add_loss_term": ".trainer",
     "mix_replay": ".replay",
-    "rewind": ".rewind",
-    "RewindCallback": ".rewind_callback",
-    "rewind_callback": ".rewind_callback",
+    "RewindCallback": ".rewinder",
+    "rewind_callback": ".rewinder",
 }
 
 

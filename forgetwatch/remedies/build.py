@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from ..commands import quote
 from .protocols import LossTerm, MonitorView
 
 __all__ = ["Remedies", "base_outputs_for", "build_remedies", "check_remedies", "needs_base_outputs", "replay_pool"]
@@ -152,7 +154,8 @@ class Remedies:
             >>> remedies.attach(trainer).train()  # doctest: +SKIP
         """
         for callback in self.callbacks:
-            if callback not in trainer.callback_handler.callbacks:
+            # one of each kind: a front-end may have added the rewind callback already, from the same options
+            if not any(type(c) is type(callback) for c in trainer.callback_handler.callbacks):
                 trainer.add_callback(callback)
         if self.loss_term is not None:
             from .trainer import add_loss_term
@@ -199,6 +202,10 @@ def build_remedies(fw_args: Any, *, stage: str, callback: MonitorView | None, tr
     """
     check_remedies(fw_args, stage, front_end=front_end)
     remedies = Remedies(train_dataset=train_dataset)
+    if fw_args.forgetwatch_rewind:  # the step back at the end: runs after the monitor's final evaluation
+        from .rewinder import rewind_callback
+
+        remedies.callbacks.append(rewind_callback(fw_args, stage))
     if not _terms(fw_args):
         return remedies
     if callback is None:
@@ -276,8 +283,11 @@ def base_outputs_for(fw_args: Any, training_args: Any, model: Any, callback: Mon
         probes = str(fw_args.forgetwatch_probes)
         sampled = "" if is_probe_file(probes) else (  # suite names: sampled as the run samples
             f" --exclude-per-suite {fw_args.forgetwatch_per_suite or 'all'} --exclude-seed {fw_args.forgetwatch_seed}")
+        # a front-end passes the loaded model: its name, not its printout, goes into the command
+        name = model if isinstance(model, (str, os.PathLike)) else (
+            getattr(getattr(model, "config", None), "_name_or_path", None) or "<the base model>")
         raise ValueError(f"{path}: the base outputs do not exist yet; make them once before a multi-process run:\n  "
-                         f"forgetwatch base-outputs --model {model} --pool {replay_pool(fw_args)} --exclude {probes}{sampled} "
+                         f"forgetwatch base-outputs --model {quote(str(name))} --pool {replay_pool(fw_args)} --exclude {probes}{sampled} "
                          f"--max-length {max_length or 1024} -o {path}\n"
                          f"and pass --forgetwatch_base_outputs {path} (in a YAML config: forgetwatch_base_outputs: {path})")
     if tokenizer is None:

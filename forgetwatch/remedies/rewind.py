@@ -7,7 +7,7 @@ cache, in its precision) and on a task loss (the trainer's eval set, or a file o
 and the HTML report. α = 1 is always scored and must give the run's final evaluation, figure for figure: the check is
 in rewind.json, and a mismatch is said loudly.
 
-`RewindCallback` (forgetwatch.rewind_callback) runs this at the end of training; `forgetwatch rewind OUTPUT_DIR` on a
+`RewindCallback` (forgetwatch.remedies.rewinder) runs this at the end of training; `forgetwatch rewind OUTPUT_DIR` on a
 finished run. The weights are moved and scored by `forgetwatch.sweep` (torch lives there); this module is plain logic.
 
 Example:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from ..budgets import ROBUST_BUDGETS, Budget, parse_budget
 from ..errors import InterpolationError
@@ -40,7 +41,7 @@ _NO_LM_LABELS = ("DPOConfig", "GRPOConfig", "KTOConfig", "ORPOConfig", "CPOConfi
                  "RLOOConfig", "OnlineDPOConfig", "PRMConfig", "BCOConfig", "XPOConfig", "NashMDConfig")
 
 
-class RewindCallback(TrainerCallback):
+class RewindCallback(TrainerCallback, ExportableState):
     """At the end of training, score the final model moved back toward the base at each α of a grid, pick α and save
     that model to `<output_dir>/rewound/` (`forgetwatch.rewind.rewind`; the rule: `forgetwatch.rewind.RULE`).
 
@@ -60,7 +61,9 @@ class RewindCallback(TrainerCallback):
         base_cache: the base cache the run was given (`forgetwatch_base_cache`), when the record has none of its own.
         config: the run's `ScoringConfig` (batch size, engine; the rest is checked against the base cache).
         risk_rule: the run's at-risk rule (`RiskRule`), for the α = 1 check.
-        force: replace an existing `rewound/`.
+        force: replace an existing `rewound/` (else a fresh run moves it aside, to `rewound.1`, ...; a resume refuses).
+        stage: what the run trains, when the trainer's arguments do not say it (a front-end's `stage: dpo` runs with
+            its own argument class): its eval set is a task measure for "sft" only.
 
     Example:
         >>> callbacks = [ForgetWatchCallback(probes="arc_easy"), RewindCallback(data="held_out.jsonl")]  # doctest: +SKIP
@@ -68,7 +71,8 @@ class RewindCallback(TrainerCallback):
 
     def __init__(self, data: str | None = None, alphas: str = default("rewind_alphas"), heldout: str | None = None, *,
                  budget: Mapping[str, float] | str | None = None, budget_bound: str = default("budget_bound"),
-                 base_cache: str | None = None, config: Any = None, risk_rule: Any = None, force: bool = False):
+                 base_cache: str | None = None, config: Any = None, risk_rule: Any = None, force: bool = False,
+                 stage: str | None = None):
         from ..suites import load_probes
         from .interpolate import alpha_grid, load_task_data
 
@@ -80,9 +84,29 @@ class RewindCallback(TrainerCallback):
         self.budget = Budget(parse_budget(budget), "alert", budget_bound) if budget else None
         if self.budget is not None and any(lim.metric in ROBUST_BUDGETS for lim in self.budget.limits):
             raise ValueError("`budget` on robust figures: rewind scores no robustness variants; leave those limits out")
+        if isinstance(config, Mapping):  # as `state()` saves it in a checkpoint
+            from ..scoring import ScoringConfig
+
+            config = ScoringConfig(**config)
+        if isinstance(risk_rule, (list, tuple)):
+            from ..drift import RiskRule
+
+            risk_rule = RiskRule(*risk_rule)
         self.budget_bound, self.base_cache, self.config, self.risk_rule = budget_bound, base_cache, config, risk_rule
+        self.stage = stage
         self._eval_set = False
         self.result = None  # the `RewindResult`, once done
+
+    def state(self) -> dict[str, Any]:
+        """Saved in checkpoints: with `restore_callback_states_from_checkpoint=True` the Trainer rebuilds the stateful
+        callbacks at the end of its list, in their saved order, so this one stays after `ForgetWatchCallback`, whose
+        final evaluation it reads."""
+        budget = self.budget.to_dict()["limits"] if self.budget is not None else None
+        config = dataclasses.asdict(self.config) if self.config is not None else None
+        rule = [self.risk_rule.margin_below, self.risk_rule.drop_by] if self.risk_rule is not None else None
+        return {"args": {"data": self.data, "alphas": self.alphas, "heldout": self.heldout, "budget": budget,
+                         "budget_bound": self.budget_bound, "base_cache": self.base_cache, "config": config,
+                         "risk_rule": rule, "force": self.force, "stage": self.stage}, "attributes": {}}
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         if args.world_size > 1:
@@ -98,20 +122,27 @@ class RewindCallback(TrainerCallback):
                              f"`forgetwatch rewind {args.output_dir}`")
         out = Path(args.output_dir) / REWOUND
         if out.exists() and not self.force:
-            raise ValueError(f"{out} exists (an earlier rewind?): move it away, or pass force=True, before training")
+            if state.global_step > 0:  # a resume: that may be this run's own, from before it stopped
+                raise ValueError(f"{out} exists (an earlier rewind?): move it away, or pass force=True, before training")
+            aside = _free_name(out)  # a fresh run: the earlier run's is kept, as its record is
+            out.rename(aside)
+            logger.warning("forgetwatch: %s held an earlier run's rewound model: moved to %s", out, aside)
         _check_model(model)
-        labelled = lm_labels(args)
+        labelled = lm_labels(args) if self.stage is None else self.stage == "sft"
         evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
         if self.rows is not None:
             from ..callback import _tokenizer
             from .interpolate import encode_task_rows
 
             encode_task_rows(_tokenizer(processing_class), self.rows, source=self.data)  # a row it cannot read: now
-        elif evaluates and not labelled:
+        elif evaluates and not labelled and self.budget is None and not (record / "budget.json").is_file():
             raise ValueError(f"forgetwatch_rewind: {type(args).__name__}'s eval batches carry no language-model labels, so "
                              "their loss cannot be the task measure: give held-out examples (forgetwatch_rewind_data, a "
                              "JSONL with text, messages, or prompt + completion)")
         self._eval_set = self.rows is None and evaluates and labelled
+        if self.rows is None and evaluates and not labelled:
+            logger.warning("forgetwatch_rewind: %s's eval batches are no task measure (not language-model examples): "
+                           "the pick reads the budget only", self.stage or type(args).__name__)
         if not self._eval_set and self.rows is None and self.budget is None and not (record / "budget.json").is_file():
             raise ValueError("forgetwatch_rewind has nothing to pick α by: no task loss (forgetwatch_rewind_data, or an eval "
                              "set the trainer evaluates: eval_strategy) and no forgetwatch_budget; give one")
@@ -165,9 +196,10 @@ class RewindCallback(TrainerCallback):
                 lg.close()
 
 
-def rewind_callback(args: ForgetWatchArguments) -> RewindCallback | None:
+def rewind_callback(args: ForgetWatchArguments, stage: str | None = None) -> RewindCallback | None:
     """The `RewindCallback` the options ask for (`forgetwatch_rewind` and its options), or None; add it after the
-    `ForgetWatchCallback` built from the same options. Refuses what cannot work before any model is loaded.
+    `ForgetWatchCallback` built from the same options (`build_remedies` puts it in `Remedies.callbacks`). Refuses what
+    cannot work before any model is loaded. `stage`: what the run trains, where its trainer's arguments do not say it.
 
     Example:
         >>> callbacks = [ForgetWatchCallback.from_args(fw_args)]  # doctest: +SKIP
@@ -190,7 +222,15 @@ def rewind_callback(args: ForgetWatchArguments) -> RewindCallback | None:
     config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
     return RewindCallback(args.forgetwatch_rewind_data, args.forgetwatch_rewind_alphas, args.forgetwatch_rewind_heldout,
                           budget=o["budget"], budget_bound=o["budget_bound"], base_cache=o["base_cache"], config=config,
-                          risk_rule=RiskRule(o["at_risk_margin"], o["at_risk_drop"]))
+                          risk_rule=RiskRule(o["at_risk_margin"], o["at_risk_drop"]), stage=stage)
+
+
+def _free_name(path: Path) -> Path:
+    """`path` with the first free suffix: rewound.1, rewound.2, ..."""
+    n = 1
+    while path.with_name(f"{path.name}.{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}.{n}")
 
 
 def lm_labels(args: Any) -> bool:
