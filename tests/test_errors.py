@@ -22,7 +22,7 @@ BUILTIN_BASE = {
     "CacheMismatchError": (ValueError, ["cache"]),
     "ConfigKeyError": (ValueError, ["integrations.config"]),
     "InstructionFormatError": (ValueError, ["instructions"]),
-    "InterpolationError": (ValueError, ["interpolate"]),
+    "InterpolationError": (ValueError, ["remedies.interpolate"]),
     "ProbeFormatError": (ValueError, ["probes"]),
     "ProbeSetError": (ValueError, ["requests", "scoring"]),
     "RecordError": (ValueError, ["record"]),

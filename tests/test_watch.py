@@ -299,7 +299,8 @@ def test_watching_a_recipe_run_as_it_trains(tiny_model_dir, tmp_path):
     train = subprocess.Popen(
         [sys.executable, "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
          "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(out), "--max_steps", "6", "--report_to", "none",
-         "--forgetwatch_per_suite", "3", "--forgetwatch_eval_steps", "2", "--forgetwatch_scoring", "sidecar"],
+         "--forgetwatch_per_suite", "3", "--forgetwatch_eval_steps", "2", "--forgetwatch_scoring", "sidecar",
+         "--forgetwatch_rewind", "false"],  # the demo rewinds at the end, which needs inline scoring
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         import time
