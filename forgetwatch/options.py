@@ -245,7 +245,10 @@ LEGACY_VALUES: dict[str, dict[Any, Any]] = {"forgetwatch_robustness": {None: 0}}
 def read_legacy(name: str, value: Any) -> Any:
     """`value` of option `name` as today's: a value an earlier version wrote for it (`LEGACY_VALUES`) is translated."""
     table = LEGACY_VALUES.get(name, {})
-    return table[value] if value is None or isinstance(value, (str, int, float, bool)) and value in table else value
+    try:
+        return table.get(value, value)
+    except TypeError:  # unhashable (a budget's mapping): nothing to translate
+        return value
 
 
 def _check_values(args: ForgetWatchArguments) -> None:

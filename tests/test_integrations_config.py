@@ -221,3 +221,6 @@ def test_the_old_off_of_robustness_is_read_as_today():
     """`forgetwatch_robustness: null` was the default (off) before off was 0: a YAML that spelled it out still loads."""
     args = parse_keys({"forgetwatch_probes": "sciq", "forgetwatch_per_suite": 4, "forgetwatch_robustness": None})
     assert args.forgetwatch_robustness == 0
+    # only that option's old value is translated: another null stays null, a mapping passes through
+    args = parse_keys({"forgetwatch_probes": "sciq", "forgetwatch_per_suite": None, "forgetwatch_budget": {"forgetting": 0.1}})
+    assert args.forgetwatch_per_suite is None and args.forgetwatch_budget == {"forgetting": 0.1}
