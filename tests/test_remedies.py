@@ -235,3 +235,26 @@ def test_a_multi_process_run_without_base_outputs_is_told_the_command_with_the_m
     with pytest.raises(ValueError, match=r"forgetwatch base-outputs --model org/base-model --pool arc_easy") as e:
         base_outputs_for(fw_args, args, tiny_model, ForgetWatchCallback("arc_easy", per_suite=2))
     assert "LlamaForCausalLM(" not in str(e.value)
+
+
+def test_build_remedies_adds_the_rewind_callback_and_attach_keeps_one():
+    """`forgetwatch_rewind` reaches a user's script through the one call: `build_remedies` puts the rewind callback in
+    `Remedies.callbacks`, and `attach` adds it unless the trainer already has one (a front-end added it from the same
+    options)."""
+    from types import SimpleNamespace
+
+    from forgetwatch.remedies import RewindCallback
+
+    fw = options(forgetwatch_probes="arc_easy", forgetwatch_per_suite=2, forgetwatch_rewind=True,
+                 forgetwatch_budget="forgetting=0.1")
+    watch = ForgetWatchCallback.from_args(fw)
+    remedies = build_remedies(fw, stage="dpo", callback=watch, training_args=SimpleNamespace(process_index=0),
+                              model="unused")
+    assert [type(c) for c in remedies.callbacks] == [RewindCallback] and remedies.callbacks[0].stage == "dpo"
+    from forgetwatch.remedies import rewind_callback
+
+    for already in ([watch], [watch, rewind_callback(fw, "dpo")]):  # the second: a front-end's own instance
+        handler = SimpleNamespace(callbacks=list(already))
+        trainer = SimpleNamespace(callback_handler=handler, add_callback=handler.callbacks.append)
+        remedies.attach(trainer)
+        assert [type(c) for c in handler.callbacks] == [ForgetWatchCallback, RewindCallback]
