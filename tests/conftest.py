@@ -63,7 +63,8 @@ def build_tokenizer():
     return fast
 
 
-def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdpa", hidden: int = 64):
+def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdpa", hidden: int = 64,
+                context: int = 512):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -75,7 +76,7 @@ def build_model(tokenizer, seed: int = 0, dropout: float = 0.0, attn: str = "sdp
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=context,
         attention_dropout=dropout,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
