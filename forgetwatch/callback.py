@@ -269,7 +269,20 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
                           start=self._start_id)
+        if self.options.forgetwatch_wandb_workspace:
+            self._save_workspace(loggers, args.output_dir)
         self._begin_replay(args, state)
+
+    @staticmethod
+    def _save_workspace(loggers, output_dir) -> None:
+        """`wandb_workspace`: the W&B workspace, from the base evaluation just recorded (never raises)."""
+        runs = [lg.run for lg in loggers if lg.name == "wandb"]
+        if not runs:
+            logger.warning("forgetwatch: wandb_workspace is on but this run does not log to W&B (report_to); no workspace")
+            return
+        from .wandb_workspace import save_for_run
+
+        save_for_run(runs[0], output_dir)
 
     def _begin_replay(self, args, state) -> None:
         last = None  # the weights of the last evaluation before a resume take effect again

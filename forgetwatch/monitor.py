@@ -24,6 +24,7 @@ from .behavior import behavior_scalars, compute_behavior
 from .budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
 from .cache import BaseCache, CacheMismatchError
 from .drift import RiskRule, at_risk_mask, compute_drift
+from .keys import OVERALL, PREFIX, figure_key, final_key, table_key
 from .metrics import compute_report, mark_missing
 from .noise import NoiseFloor, noise_floor
 from .probes import ProbeSet
@@ -33,11 +34,9 @@ from .results import CORRECT, ProbeResults
 from .robust_metrics import fragile_changes, robust_rows, robust_scalars
 from .robustness import VariantOutcomes, VariantPlan
 
-__all__ = ["PREFIX", "Monitor", "figure_rows", "flip_rows", "fragile_flip_rows", "add_robust_figures"]
+__all__ = ["PREFIX", "Monitor", "figure_rows", "flip_rows", "fragile_flip_rows", "add_robust_figures", "group_figures", "scalars_of"]
 
 logger = logging.getLogger(__name__)
-
-PREFIX = "forgetwatch"
 
 
 class Monitor:
@@ -265,15 +264,14 @@ class Monitor:
                 raise
             logger.exception("forgetwatch: could not write the local record at step %d (the step is left out of it); "
                              "training goes on", step)
-        scalars = scalars_of(report, drift, rows)
-        scalars[f"{PREFIX}/probe_seconds"] = seconds
+        scalars = scalars_of(rows, seconds, len(self.budget_state.over) if self.budget is not None else None)
         for lg in self.loggers:
             lg.log(scalars, step)
-            # the at-risk table is not `forgetwatch/at_risk`: that key is the count's curve
+            # the at-risk table is not the at-risk count's key (`forgetwatch_details/at_risk`): that key is its curve
             for name, table in (("flips", flips), ("at_risk_probes", at_risk)):
                 if self.log_table and table:
                     cols = list(table[0])
-                    lg.log_table(f"{PREFIX}/{name}", cols, [[r[c] for c in cols] for r in table], step)
+                    lg.log_table(table_key(name), cols, [[r[c] for c in cols] for r in table], step)
         return breaches
 
     def _say_missing(self, rows: dict[str, dict[str, Any]], step: int) -> None:
@@ -291,8 +289,8 @@ class Monitor:
         """The run summary (`forgetwatch/final/...`, the budget's outcome) to every logger, then close them."""
         if self.last is None:
             return
-        # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_forgetting/sciq -> forgetwatch_forgetting/final/sciq
-        final = {k.replace("/", "/final/", 1): v for k, v in scalars_of(self.last_report, self.last_drift, self.last_rows).items()}
+        # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_details/kl -> forgetwatch_details/final/kl
+        final = {final_key(k): v for k, v in scalars_of(self.last_rows).items()}
         if self.budget is not None:
             within = self.within_budget()
             self.write_budget()
@@ -476,31 +474,59 @@ def _members_of(probes: ProbeSet) -> Callable[[str], np.ndarray]:
     return members
 
 
-def scalars_of(report, drift, rows) -> dict[str, float]:
-    """`forgetwatch/<metric>` overall, `forgetwatch_<metric>/<category>` per category, flips and drift alike.
+def figures_of(row: dict[str, Any]) -> dict[str, float]:
+    """The curves one group's metrics.jsonl row logs: F, BT (and chance-adjusted where there is a chance term),
+    accuracy, net change, invalid rate; drift (NaN left out); behaviour and robustness (absent or NaN left out)."""
+    out = {"forgetting": row["forgetting"], "backward_transfer": row["backward_transfer"]}
+    if row["adjusted"]:  # short answers only: no chance term, so no "adjusted" curve that would repeat the raw one
+        out.update(forgetting_adjusted=row["forgetting_adjusted"], backward_transfer_adjusted=row["backward_transfer_adjusted"])
+    out.update(accuracy=row["accuracy_post"], net_change=row["net_change"], invalid_rate=row["invalid_rate_post"])
+    drift = {"margin_change": row["margin_change"], "margin_change_low": row["margin_change_ci_low"],
+             "margin_change_high": row["margin_change_ci_high"], "kl": row["kl"],
+             "gold_logprob_change": row["gold_logprob_change"]}
+    out.update({k: float(v) for k, v in drift.items() if v is not None and not math.isnan(v)})
+    if row["n_at_risk_eligible"]:
+        out["at_risk"] = float(row["at_risk"])
+    return {**out, **behavior_scalars(row), **robust_scalars(row)}
 
-    W&B makes one workspace section per key prefix before the first "/": the overall curves get one section and
-    each metric another, with every category side by side in it (not ~60 panels in one section)."""
-    out = {}
-    for name, m in report.items():
-        if rows.get(name, {}).get("missing"):
+
+def group_figures(rows: dict[str, dict[str, Any]], seconds: float | None = None, over_budget: int | None = None
+                  ) -> dict[str, dict[str, float]]:
+    """Every curve one evaluation logs, by group ("overall", categories, kind groups), from its metrics.jsonl rows;
+    `seconds`: the time scoring took; `over_budget`: the budget limits exceeded now (both overall)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, row in rows.items():
+        if row.get("missing"):
             continue  # not a number: left out of this step (the record says why)
-        row = rows.get(name, {})
-        figures = {**m.scalars(), **(drift[name].scalars() if name in drift else {}), **behavior_scalars(row),
-                   **robust_scalars(row)}
-        if name == "overall":
-            out.update({f"{PREFIX}/{k}": v for k, v in figures.items()})
-        else:
-            out.update({f"{PREFIX}_{k}/{name}": v for k, v in figures.items()})
-    if "noise_probes" in rows.get("overall", {}):  # the precision noise floor, overall
-        out[f"{PREFIX}/noise_probes"] = rows["overall"]["noise_probes"]
-        out[f"{PREFIX}/forgetting_excl_noise"] = rows["overall"]["forgetting_excl_noise"]
-    if "nonfinite_variant_probes" in rows.get("overall", {}):
-        out[f"{PREFIX}/nonfinite_variant_probes"] = rows["overall"]["nonfinite_variant_probes"]
-    if "nonfinite_probes" in rows.get("overall", {}):
-        out[f"{PREFIX}/nonfinite_probes"] = rows["overall"]["nonfinite_probes"]
-        out = {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v)) or k.endswith("nonfinite_probes")}
-    return out
+        out[name] = figures_of(row)
+    overall = rows.get(OVERALL, {})
+    extra = out.setdefault(OVERALL, {})
+    if "noise_probes" in overall:  # the precision noise floor, overall
+        extra.update(noise_probes=overall["noise_probes"], forgetting_excl_noise=overall["forgetting_excl_noise"])
+    if "nonfinite_variant_probes" in overall:
+        extra["nonfinite_variant_probes"] = overall["nonfinite_variant_probes"]
+    if "nonfinite_probes" in overall:
+        extra["nonfinite_probes"] = overall["nonfinite_probes"]
+        out = {g: {k: v for k, v in figs.items() if not (isinstance(v, float) and math.isnan(v)) or k == "nonfinite_probes"}
+               for g, figs in out.items()}
+    if over_budget is not None:
+        out[OVERALL]["over_budget"] = over_budget
+    if seconds is not None:
+        out[OVERALL]["probe_seconds"] = seconds
+    return {g: figs for g, figs in out.items() if figs}
+
+
+def scalars_of(rows: dict[str, dict[str, Any]], seconds: float | None = None, over_budget: int | None = None
+               ) -> dict[str, float]:
+    """Every curve one evaluation logs (`group_figures`) under the keys of `forgetwatch.keys`: the overview in
+    `forgetwatch/`, its figures per category in `forgetwatch_by_category/`, the rest in `forgetwatch_details/`.
+
+    Example:
+        >>> scalars_of(monitor.last_rows)["forgetwatch/forgetting"]  # doctest: +SKIP
+        0.05
+    """
+    return {figure_key(group, name): value for group, figs in group_figures(rows, seconds, over_budget).items()
+            for name, value in figs.items()}
 
 
 def _warn_nothing_to_forget(base_report: dict) -> None:

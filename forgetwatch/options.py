@@ -156,6 +156,10 @@ class ForgetWatchArguments:
         "the scoring to `forgetwatch watch OUTPUT_DIR` in another process.", PROBES, SCORING_MODES)
     # -- logging -----------------------------------------------------------------------------------------------------
     forgetwatch_log_table: bool = _opt(True, "Log a W&B table of the probes that flipped at each evaluation.", LOGGING)
+    forgetwatch_wandb_workspace: bool = _opt(
+        False, "At train start, when the run logs to W&B online, save a W&B workspace named forgetwatch for its project: "
+        "the overview first (forgetting, backward transfer, adjusted, behaviour, budget), then by category. Needs "
+        "wandb-workspaces and a logged-in W&B; offline it is skipped; a failure is a warning (docs/wandb.md).", LOGGING)
     forgetwatch_replay: bool = _opt(
         False, "Write the forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples.", LOGGING)
     forgetwatch_at_risk_margin: float = _opt(

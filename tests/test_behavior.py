@@ -409,11 +409,11 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     assert [r["train/global_step"] for r in history] == [0, 3, 6]
     for r in history:
         o = rows[r["train/global_step"]]["overall"]
-        assert r["forgetwatch/instruct_compliance"] == pytest.approx(o["instruct_compliance"])
-        assert r["forgetwatch/runaway_rate"] == pytest.approx(o["runaway_rate"])
-        assert r["forgetwatch_instruct_compliance/change_case"] == pytest.approx(rows[r["train/global_step"]]["change_case"]["instruct_compliance"])
-        assert r["forgetwatch_forgetting/all_behavior"] == pytest.approx(rows[r["train/global_step"]]["all_behavior"]["forgetting"])
-        assert r["forgetwatch_forgetting/all_knowledge"] == pytest.approx(rows[r["train/global_step"]]["all_knowledge"]["forgetting"])
+        assert r["forgetwatch_details/instruct_compliance"] == pytest.approx(o["instruct_compliance"])
+        assert r["forgetwatch_details/runaway_rate"] == pytest.approx(o["runaway_rate"])
+        assert r["forgetwatch_details/instruct_compliance_in_change_case"] == pytest.approx(rows[r["train/global_step"]]["change_case"]["instruct_compliance"])
+        assert r["forgetwatch_by_category/forgetting/all_behavior"] == pytest.approx(rows[r["train/global_step"]]["all_behavior"]["forgetting"])
+        assert r["forgetwatch_by_category/forgetting/all_knowledge"] == pytest.approx(rows[r["train/global_step"]]["all_knowledge"]["forgetting"])
 
     flips = [f for f in record.read_flips() if probes[f["id"]].is_behavior]
     assert flips  # the learning rate is high enough to change answers

@@ -151,8 +151,8 @@ def test_stop_alert_and_summary_are_in_the_wandb_run(stop_run):
     tables = read_tables(stop_run.wandb_file)
     risky = stop_run.record.read_at_risk()
     per_step = [sum(r["step"] == s for r in risky) for s in sorted({r["step"] for r in risky})]
-    assert [len(t) for t in tables["forgetwatch/at_risk_probes"]] == per_step
-    assert {r["id"] for t in tables["forgetwatch/at_risk_probes"] for r in t} == {r["id"] for r in risky}
+    assert [len(t) for t in tables["forgetwatch_details/at_risk_probes"]] == per_step
+    assert {r["id"] for t in tables["forgetwatch_details/at_risk_probes"] for r in t} == {r["id"] for r in risky}
 
 
 def test_save_writes_a_checkpoint_at_the_trip_and_alerts_trackio(tokenizer, tmp_path, monkeypatch):

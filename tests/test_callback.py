@@ -203,8 +203,16 @@ def metric_rows(record) -> dict[int, dict]:
     return {r["step"]: r for r in rows}
 
 
+# The overview's figures (docs/metrics.md): overall in `forgetwatch/`, per category in `forgetwatch_by_category/`;
+# every other figure in `forgetwatch_details/`, overall and per category alike.
+OVERVIEW = {"forgetting", "backward_transfer", "forgetting_adjusted", "backward_transfer_adjusted", "instruct_forgetting",
+            "runaway", "over_refusal", "length_log_ratio", "robust_forgetting", "over_budget"}
+
+
 def logged_name(group: str, metric: str) -> str:
-    return f"forgetwatch/{metric}" if group == "overall" else f"forgetwatch_{metric}/{group}"
+    if metric in OVERVIEW:
+        return f"forgetwatch/{metric}" if group == "overall" else f"forgetwatch_by_category/{metric}/{group}"
+    return f"forgetwatch_details/{metric}" if group == "overall" else f"forgetwatch_details/{metric}_in_{group}"
 
 
 # drift curves: logged name -> how to read it from a metrics.jsonl group row (NaN: not logged for that group)
@@ -239,8 +247,8 @@ def expected_logged(groups: dict[str, dict]) -> dict[str, float]:
         figures.update({name: m[f] for name, f in BEHAVIOR_LOGGED.items() if f in m and not math.isnan(m[f])})
         out.update({logged_name(group, name): v for name, v in figures.items()})
     if "noise_probes" in groups["overall"]:  # the precision noise floor (a base scored in bf16 and in fp32)
-        out["forgetwatch/noise_probes"] = groups["overall"]["noise_probes"]
-        out["forgetwatch/forgetting_excl_noise"] = groups["overall"]["forgetting_excl_noise"]
+        out["forgetwatch_details/noise_probes"] = groups["overall"]["noise_probes"]
+        out["forgetwatch_details/forgetting_excl_noise"] = groups["overall"]["forgetting_excl_noise"]
     return out
 
 
@@ -305,12 +313,12 @@ def test_sft_wandb_scalars_equal_the_local_record(sft_run):
                 if name.endswith("_adjusted") and not m["adjusted"]:
                     assert logged_name(group, name) not in r  # short answers only: no chance term, no "adjusted" curve
         scalars = {k: v for k, v in r.items() if k.startswith("forgetwatch") and isinstance(v, (int, float))
-                   and k != "forgetwatch/probe_seconds"}
+                   and k != "forgetwatch_details/probe_seconds"}
         assert scalars == expected_logged(groups), step
     drift = metrics[6]["metrics"]["overall"]
     assert drift["n_margin"] == 28 and drift["margin_change"] < 0 and drift["kl"] > 0  # the model moved
-    assert "forgetwatch/kl" in logged[-1] and "forgetwatch_kl/short" not in logged[-1]  # short answers have no options
-    assert not groups["short"]["adjusted"] and "forgetwatch_forgetting/short" in logged[-1]
+    assert "forgetwatch_details/kl" in logged[-1] and "forgetwatch_details/kl_in_short" not in logged[-1]  # no options
+    assert not groups["short"]["adjusted"] and "forgetwatch_by_category/forgetting/short" in logged[-1]
     assert any(m["metrics"]["overall"]["forgotten"] > 0 for m in metrics.values())  # the LR is high enough to flip
 
     # the trainer's own W&B rows: every step's loss, none of our keys merged into them
@@ -342,10 +350,10 @@ def test_sft_wandb_flip_tables_summary_and_axis(sft_run):
     for glob in ("forgetwatch/*", "forgetwatch_*"):  # overall keys, and per-category keys forgetwatch_<metric>/<category>
         assert {"glob_name": glob, "step_metric": "train/global_step",
                 "options": {"step_sync": True, "defined": True}} in read_metric_definitions(path)
-    # one W&B section per metric: every per-category key's first segment is forgetwatch_<metric>
-    sections = {k.split("/")[0] for r in read_history(path) for k in r if k.startswith("forgetwatch")}
-    behaviour = {k.split("/")[0] for k in expected_logged(last) if k.split("/")[0].removeprefix("forgetwatch_") in BEHAVIOR_LOGGED}
-    assert sections == {"forgetwatch"} | {f"forgetwatch_{m}" for m in [*LOGGED, *DRIFT_LOGGED]} | behaviour
+    # W&B's sections (one per prefix up to the last "/"): the overview, one per overview figure with every category
+    # side by side in it, and one for the rest
+    sections = {k.rsplit("/", 1)[0] for r in read_history(path) for k in r if k.startswith("forgetwatch")}
+    assert sections == {"forgetwatch", "forgetwatch_details"} | {f"forgetwatch_by_category/{m}" for m in LOGGED if m in OVERVIEW}
     config = read_config(path)["forgetwatch"]
     assert config["n_probes"] == 32 and config["fingerprint"] == make_probes().fingerprint and config["eval_steps"] == 2
 

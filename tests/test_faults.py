@@ -481,9 +481,9 @@ def test_figures_of_nan_probes_are_left_out_of_the_loggers(tmp_path):
     monitor.open(tmp_path, BaseCache({}, base), "float32", [logged], resume_step=None)
     monitor.report(now, step=2, epoch=0.0, seconds=1.0)
     _, scalars = logged.rows[-1]
-    assert scalars["forgetwatch/nonfinite_probes"] == 1
-    assert "forgetwatch/forgetting" not in scalars and "forgetwatch_forgetting/add" not in scalars
-    assert scalars["forgetwatch_forgetting/compare"] == 0.0
+    assert scalars["forgetwatch_details/nonfinite_probes"] == 1
+    assert "forgetwatch/forgetting" not in scalars and "forgetwatch_by_category/forgetting/add" not in scalars
+    assert scalars["forgetwatch_by_category/forgetting/compare"] == 0.0
 
 
 def test_a_probe_longer_than_the_models_context_is_refused_before_scoring_with_its_id(tokenizer):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import requires_olmo_eval, requires_smollm
+from test_callback import logged_name
 from wandb_offline import find_run_file, read_history
 
 from forgetwatch import ProbeSet, compute_report, load_record
@@ -52,5 +53,5 @@ def test_sft_demo_curves_agree_with_rescored_checkpoints(tmp_path):
         report = compute_report(base, rescored.outcome, k, cats)
         for name, m in report.items():
             for key, value in m.scalars().items():
-                logged_key = f"forgetwatch/{key}" if name == "overall" else f"forgetwatch_{key}/{name}"
+                logged_key = logged_name(name, key)
                 assert logged[step][logged_key] == pytest.approx(value, abs=1e-12), (step, name, key)

@@ -26,6 +26,7 @@ from test_callback import (  # noqa: E402
     CrashBeforeStep,
     assert_same_weights,
     clear_wandb_env,
+    logged_name,
     metric_rows,
     make_probes,
     own_logs,
@@ -74,7 +75,7 @@ def robust_run(tokenizer, tmp_path_factory):
 
 
 def logged(group: str, name: str) -> str:
-    return f"forgetwatch/{name}" if group == "overall" else f"forgetwatch_{name}/{group}"
+    return logged_name(group, name)
 
 
 def test_robust_figures_reach_wandb_as_the_record_has_them(robust_run):

@@ -9,6 +9,7 @@
     forgetwatch rewind  <output_dir> [--data FILE] [--budget ...]   # the final model stepped back toward its base
     forgetwatch llamafactory train config.yaml [key=value ...]   # a LLaMA-Factory YAML with forgetwatch_* keys
     forgetwatch options [--markdown]                             # every forgetwatch_* option and its meaning
+    forgetwatch wandb-workspace --entity E --project P --run <output_dir> [--dry-run]   # a W&B workspace, overview first
 
 One module per command group (probes, cache and base-outputs, compare, interpolate, rewind, watch and report,
 llamafactory), options they share in `common`. They parse, call the library, and print; torch and the rest load
@@ -30,6 +31,7 @@ from .options import add_options
 from .probes import add_probes
 from .rewind import add_rewind
 from .watch import add_report, add_watch
+from .workspace import add_workspace
 
 __all__ = ["main", "build_parser"]
 
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
     for add in (add_probes, add_cache, add_base_outputs, add_compare, add_report, add_interpolate, add_rewind, add_watch,
-                add_llamafactory, add_options):
+                add_llamafactory, add_options, add_workspace):
         add(sub)
     return p
 
