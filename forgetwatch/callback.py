@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import json
 import logging
 import math
 import os
@@ -17,10 +18,13 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from ._io import atomic_write
 from .budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
+from .errors import ProbeSetError
+from .fit import ProbeFit, measure_fit
 from .lock import RecordInUseError, acquire
 from .loggers import make_loggers
 from .models import model_identity
@@ -39,6 +43,7 @@ from .options import options as option_list
 from .probes import ProbeSet
 from .record import RunRecord
 from .results import ProbeResults
+from .robustness import SEP as VARIANT_SEP
 from .robustness import make_plan
 from .scoring import ScoringConfig, describe_precision, full_precision
 from .sidecar import SidecarManifest
@@ -110,39 +115,23 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
-        self.probes = load_probes(probes, per_suite=o["per_suite"], seed=o["seed"])
         self.eval_steps = eval_steps
         self.config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
-        self.base_cache = base_cache = o["base_cache"]
+        self.base_cache = o["base_cache"]
         scoring, budget, on_budget = o["scoring"], o["budget"], o["on_budget"]
         if scoring == "sidecar" and budget and on_budget in ("save", "stop"):
             raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
                              "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
                              "scoring='inline'")
         self.scoring = scoring
-        self.budget = Budget(parse_budget(budget), on_budget, o["budget_bound"], self.probes.groups) if budget else None
-        # which variants of which probes are scored besides them (None: robustness off); refused here, before training
-        self.plan = make_plan(self.probes, o["robustness"], o["robust_per_suite"], self.config.mcq_mode)
-        if self.budget is not None and self.plan is None:
-            needs = [lim.key for lim in self.budget.limits if lim.metric in ROBUST_BUDGETS]
-            if needs:
-                raise ValueError(f"budget {', '.join(needs)}: robust figures need variants; set `robustness` (e.g. 5)")
-        self.risk_rule = RiskRule(o["at_risk_margin"], o["at_risk_drop"])
+        self.unfit_probes = o["unfit_probes"]
+        self._fit: ProbeFit | None = None  # how the probes fit the model's context (`fit_probes`), once measured
+        self._dropped: dict[str, int] = {}  # with unfit_probes="drop": the probes left out, and their lengths in tokens
         # the options as given (a ProbeSet object is not an option: the record keeps it as probes.jsonl)
         self.options = dataclasses.replace(args, forgetwatch_probes=probes if isinstance(probes, str) else None)
-        if base_cache and Path(base_cache).is_file():
-            # Fail before any training step is spent: a cache for another probe set can never match. (A cache of an
-            # older format is rebuilt at the start of training, with a warning that says how to make it once.)
-            try:
-                cache = BaseCache.load(base_cache)
-            except CacheMismatchError:
-                cache = None
-            if cache is not None:
-                expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
-                cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
-        # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
-        self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=o["log_table"], replay=o["replay"],
-                               plan=self.plan)
+        self._use_probes(load_probes(probes, per_suite=o["per_suite"], seed=o["seed"]))
+        if self.unfit_probes == "refuse":  # with "drop" the set may still shrink: checked once it is known (`fit_probes`)
+            self._check_base_cache()
         self._started = False
         self._start_id: str | None = None  # this training start's id (on_train_begin), in its checkpoints and manifest
         self._serial = next(_SERIAL)
@@ -159,6 +148,80 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
         """Build the callback from parsed `ForgetWatchArguments` (its remedy options are `forgetwatch.remedies`')."""
         return cls(args=args)
+
+    def _use_probes(self, probes: ProbeSet) -> None:
+        """Score `probes`: the budget, the variants and the monitor are built for them (again, when some are dropped)."""
+        o = self.options.unprefixed()
+        self.probes = probes
+        self.budget = Budget(parse_budget(o["budget"]), o["on_budget"], o["budget_bound"], probes.groups) if o["budget"] else None
+        # which variants of which probes are scored besides them (None: robustness off); refused here, before training
+        self.plan = make_plan(probes, o["robustness"], o["robust_per_suite"], self.config.mcq_mode)
+        if self.budget is not None and self.plan is None:
+            needs = [lim.key for lim in self.budget.limits if lim.metric in ROBUST_BUDGETS]
+            if needs:
+                raise ValueError(f"budget {', '.join(needs)}: robust figures need variants; set `robustness` (e.g. 5)")
+        self.risk_rule = RiskRule(o["at_risk_margin"], o["at_risk_drop"])
+        # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
+        self.monitor = Monitor(probes, self.budget, self.risk_rule, log_table=o["log_table"], replay=o["replay"],
+                               plan=self.plan)
+
+    def _check_base_cache(self) -> None:
+        base_cache = self.base_cache
+        if base_cache and Path(base_cache).is_file():
+            # Fail before any training step is spent: a cache for another probe set can never match. (A cache of an
+            # older format is rebuilt at the start of training, with a warning that says how to make it once.)
+            try:
+                cache = BaseCache.load(base_cache)
+            except CacheMismatchError:
+                cache = None
+            if cache is not None:
+                expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
+                cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
+
+    def fit_probes(self, model: Any, processing_class: Any, *, warn: bool = True) -> None:
+        """Measure the probes (and their variants) against the model's context, from the tokenizer and the model's
+        config, running nothing: a probe that does not fit is refused with `ProbeSetError` (naming the probes, their
+        suites, the context and the ways out), or, with `unfit_probes="drop"`, left out of the set with a warning.
+
+        The Trainer calls it through `on_init_end`, so a probe set that cannot be scored stops the Trainer's
+        constructor, before any logger (W&B, ...) has started a run. A callback added later with
+        `trainer.add_callback` is checked in `on_train_begin`, which runs after the `report_to` loggers started theirs
+        (the Trainer puts them first, and a callback gets no handle on the Trainer to move itself): call this then,
+        before `trainer.train()`, to be refused before them too. Measured once; later calls return at once.
+
+        Example:
+            >>> trainer.add_callback(watch)  # doctest: +SKIP
+            >>> watch.fit_probes(trainer.model, trainer.processing_class)  # doctest: +SKIP
+        """
+        if self._fit is not None:
+            return
+        fit = measure_fit(model, _tokenizer(processing_class), self.plan.scored() if self.plan else list(self.probes),
+                          self.config)
+        over = fit.unfit
+        if over and self.unfit_probes == "refuse":
+            raise fit.refusal()  # not kept: asked again (on_train_begin after a caught refusal), it refuses again
+        self._fit = fit
+        if not over:
+            return
+        drop = {pid.split(VARIANT_SEP)[0] for pid in over}  # a variant that does not fit drops its probe
+        keep = [p for p in self.probes if p.id not in drop]
+        if not keep:
+            raise ProbeSetError(f"none of the {len(self.probes)} probes fits the model's context of {fit.limit:,} tokens "
+                                f"(the shortest needs {min(fit.lengths.values()):,}): score shorter suites, or a model with "
+                                "a longer context")
+        if warn:
+            by_suite: dict[str, int] = {}
+            for pid in drop:
+                suite = fit.suites.get(pid, "")
+                by_suite[suite] = by_suite.get(suite, 0) + 1
+            logger.warning("forgetwatch: unfit_probes='drop': %d of %d probes do not fit the model's context of %d tokens "
+                           "and are left out (%s); %d probes are scored, and the base cache and the record hold those",
+                           len(drop), len(self.probes), fit.limit, ", ".join(f"{s or 'probes'}: {n}" for s, n in sorted(by_suite.items())),
+                           len(keep))
+        self._dropped = {pid: fit.lengths[pid] for pid in self.probes.ids if pid in drop}
+        self._use_probes(ProbeSet(keep, origin=f"{self.probes.origin} without {len(drop)} probe(s) over the context of "
+                                               f"{fit.limit} tokens"))
+        self._check_base_cache()
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ForgetWatchCallback:
@@ -203,17 +266,27 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.steering.attach(mixer, self.scoring)
 
     # -- trainer events -------------------------------------------------------------------------------------
+    def on_init_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        # The end of the Trainer's constructor: the report_to loggers start their runs in on_train_begin, which runs
+        # theirs before ours, so a probe set that cannot be scored is refused here, before any of them logs anything.
+        tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
+        if model is not None and tokenizer is not None:  # without them on_train_begin says what is missing
+            self.fit_probes(model, tokenizer, warn=state.is_world_process_zero)
+
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if getattr(self, "_restored", False):
-            self._share_state_with_the_users_object()
-        self._started = True
-        self._start_id = uuid.uuid4().hex  # the main process's goes into the checkpoints and the manifest
         if model is None:  # transformers passes the model to every hook; a release that stopped would end here
             import transformers
 
             raise RuntimeError(f"ForgetWatchCallback got no `model` in on_train_begin (transformers {transformers.__version__}): "
                                "the trainer no longer passes it to callbacks. Please report this with your versions.")
         tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
+        # measured in on_init_end, unless the callback was added after the Trainer was built or restored from a
+        # checkpoint (a restored one drops what its first run dropped, so it finds the user's object by its probes)
+        self.fit_probes(model, tokenizer, warn=state.is_world_process_zero)
+        if getattr(self, "_restored", False):
+            self._share_state_with_the_users_object()
+        self._started = True
+        self._start_id = uuid.uuid4().hex  # the main process's goes into the checkpoints and the manifest
         self._is_main = state.is_world_process_zero
         self._progress = not args.disable_tqdm
         record = RunRecord(Path(args.output_dir) / PREFIX)
@@ -254,6 +327,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # Every rank tracks the last step it scored, so all ranks agree on the final evaluation (the record,
         # kept by the main process only, cannot tell the other ranks).
         self._scored_step = state.global_step
+        if self._is_main and self._dropped:
+            self._write_dropped(record)
         if self.scoring == "sidecar":
             if self._is_main:
                 self._start_sidecar(args, state, cache, record, scoring_key["precision"], model, tokenizer)
@@ -283,6 +358,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         from .wandb_workspace import save_for_run
 
         save_for_run(runs[0], output_dir)
+
+    def _write_dropped(self, record: RunRecord) -> None:
+        """unfit_probes.json: the probes left out of this run (unfit_probes="drop") and why; probes.jsonl holds the rest."""
+        try:
+            record.root.mkdir(parents=True, exist_ok=True)
+            with atomic_write(record.root / "unfit_probes.json") as f:
+                json.dump({"context": self._fit.limit, "kept": len(self.probes),
+                           "dropped": [{"id": pid, "tokens": n} for pid, n in self._dropped.items()]}, f, indent=1)
+        except OSError:  # the warning said it already; a full disk must not end the run
+            logger.exception("forgetwatch: could not write unfit_probes.json into %s", record.root)
 
     def _begin_replay(self, args, state) -> None:
         last = None  # the weights of the last evaluation before a resume take effect again
@@ -482,6 +567,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             wandb.run.config.update({PREFIX: {
                 "probes": self.probes.origin, "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
                 "categories": list(self.probes.categories), "eval_steps": self.eval_steps,
+                "unfit_dropped": len(self._dropped),
                 "scoring": dataclasses.asdict(self.config),
             }}, allow_val_change=True)
         except Exception as e:

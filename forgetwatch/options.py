@@ -48,6 +48,7 @@ ON_BUDGET = ("alert", "save", "stop")
 BUDGET_BOUNDS = ("lower", "point")
 REPLAY_STRATEGIES = ("closed_loop", "uniform")
 REPLAY_TARGETS = ("gold", "base")
+UNFIT_PROBES = ("refuse", "drop")
 
 # Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
 # measured, so they get room: SmolLM2-135M-Instruct ends 4 in 5 of the built-in suite's answers within it (84 of 105;
@@ -151,6 +152,10 @@ class ForgetWatchArguments:
     forgetwatch_robust_per_suite: int | None = _opt(
         None, "With robustness: variants of only this many probes per suite, a seeded draw (null: every knowledge "
         "probe).", PROBES)
+    forgetwatch_unfit_probes: str = _opt(
+        "refuse", "Probes longer than the model's context (prompt and answer, or prompt and the tokens it may generate): "
+        "refuse (stop before training starts, naming them and their suites) or drop (score the rest, with a warning; "
+        "the record, the base cache and the W&B config then hold the smaller set).", PROBES, UNFIT_PROBES)
     forgetwatch_scoring: str = _opt(
         "inline", "inline: score in the training process; sidecar: save a checkpoint at each evaluation step and leave "
         "the scoring to `forgetwatch watch OUTPUT_DIR` in another process.", PROBES, SCORING_MODES)

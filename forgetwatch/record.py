@@ -1,6 +1,7 @@
 """The local record of a run, under `<output_dir>/forgetwatch/`: everything needed to analyse it without W&B.
 
     probes.jsonl          the frozen probe set (the record's row order)
+    unfit_probes.json     with unfit_probes="drop": the probes left out as longer than the model's context, and why
     base.parquet          the base model's per-probe results (the cache, unless one was given elsewhere)
     metrics.jsonl         one line per evaluation: step, epoch, seconds, every metric overall and per category
     evals/step-<N>.npz    per-probe outcome / pred_index / margin at step N: the probe × evaluation matrix (with

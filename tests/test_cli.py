@@ -27,7 +27,23 @@ from forgetwatch.metrics import compute_report
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.suites import list_suites, load_suite
 
-COMMANDS = [[], ["probes"], ["probes", "build"], ["probes", "show"], ["probes", "suites"], ["cache"], ["compare"]]
+
+def _commands(parser=None, path=()) -> list[list[str]]:
+    """Every command of the `forgetwatch` tree, walked from the parser (a new command is covered without a list)."""
+    import argparse
+
+    from forgetwatch.cli import build_parser
+
+    parser = parser or build_parser()
+    found = [list(path)]
+    for action in parser._actions:  # argparse keeps its subcommands there only
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _commands(sub, (*path, name))
+    return found
+
+
+COMMANDS = _commands()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,6 +77,31 @@ def test_every_command_has_help(capsys, argv):
             assert option in out
     if argv == ["compare"]:
         assert "--base" in out and "as in the base cache" in out
+
+
+def test_the_walk_finds_every_command():
+    assert len(COMMANDS) >= 15 and ["llamafactory", "train"] in COMMANDS and ["probes", "build"] in COMMANDS
+
+
+def test_the_python_m_entry_points_have_help(capsys):
+    """The modules run with `python -m` (the Axolotl check, the LLaMA-Factory launcher torchrun runs, the versions table)
+    exit 0 with a usage text on --help; the Axolotl check once as a real `python -m`, as users run it."""
+    from forgetwatch import versions
+    from forgetwatch.integrations import axolotl, llamafactory
+
+    assert axolotl.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m forgetwatch.integrations.axolotl [-h] CONFIG.yaml")
+    assert llamafactory.main(["--help"]) == 0
+    assert "torchrun --nproc_per_node 4 -m forgetwatch.integrations.llamafactory" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        versions.main(["--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m forgetwatch.versions")
+    done = subprocess.run([sys.executable, "-m", "forgetwatch.integrations.axolotl", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr
+    # a usage error stays one: exit 2, the usage on stderr
+    assert axolotl.main([]) == 2 and "usage: python -m forgetwatch.integrations.axolotl" in capsys.readouterr().err
+    # the recipes' --help: tests/test_options.py::test_recipe_help_exits_0_and_shows_every_meaning
 
 
 def test_console_script_help():

@@ -224,3 +224,20 @@ def test_the_old_off_of_robustness_is_read_as_today():
     # only that option's old value is translated: another null stays null, a mapping passes through
     args = parse_keys({"forgetwatch_probes": "sciq", "forgetwatch_per_suite": None, "forgetwatch_budget": {"forgetting": 0.1}})
     assert args.forgetwatch_per_suite is None and args.forgetwatch_budget == {"forgetting": 0.1}
+
+
+@pytest.mark.parametrize("entry", ["forgetwatch.integrations.axolotl.ForgetwatchPlugin",
+                                   "forgetwatch.integration.axolotl.ForgetWatchPlugin", "ForgetWatchPlugin"])
+def test_a_misspelt_axolotl_plugin_is_named_as_a_misspelling(tmp_path, entry):
+    from forgetwatch.integrations.axolotl import PLUGIN, main
+    from forgetwatch.integrations.axolotl import check_config as check_axolotl
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"base_model: x\nplugins:\n  - {entry}\nforgetwatch_probes: sciq\n")
+    with pytest.raises(ConfigKeyError, match=rf"{cfg}, line 2: plugins: '{entry}' is not a class Axolotl can load; "
+                                             rf"forgetwatch's plugin is spelt {PLUGIN}"):
+        check_axolotl({"plugins": [entry], "forgetwatch_probes": "sciq", "axolotl_config_path": str(cfg)})
+    assert main([str(cfg)]) == 1
+    # another plugin is not ours: then the keys without the plugin are what is wrong
+    with pytest.raises(ConfigKeyError, match="the forgetwatch plugin is not in `plugins:`"):
+        check_axolotl({"plugins": ["axolotl.integrations.liger.LigerPlugin"], "forgetwatch_probes": "sciq"})

@@ -341,3 +341,27 @@ def test_torchrun_two_processes_on_cpu(tiny_model_dir, dataset_dir, probes_file,
     assert proc.stdout.count("forgetwatch: record in") == 1  # said by rank 0 only
     assert load_record(out).eval_steps() == [0, 2, 4]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.skipif(HAVE_LLAMAFACTORY, reason="llamafactory is installed here")
+def test_check_without_llamafactory_checks_forgetwatchs_keys_and_says_what_it_did_not(tmp_path, capsys):
+    """`--check` where LLaMA-Factory is absent (the main venv): forgetwatch's keys are checked, LLaMA-Factory's are not,
+    and the output says so; a bad key and a missing file get their own errors, not the install message."""
+    from forgetwatch.cli import main
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("stage: sft\nmodel_name_or_path: smollm2\nforgetwatch_probes: sciq\nforgetwatch_eval_steps: 5\n")
+    assert main(["llamafactory", "train", "--check", str(cfg), "forgetwatch_eval_steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{cfg}: forgetwatch: probes sciq, every 7 steps. LLaMA-Factory's own keys were not checked "
+                          "(LLaMA-Factory is not installed: pip install 'llamafactory==0.9.5'"), out
+    cfg.write_text("stage: sft\nforgetwatch_probes: sciq\nforgetwatch_eval_stpes: 5\n")
+    assert main(["llamafactory", "train", "--check", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}, line 3: unknown key 'forgetwatch_eval_stpes': did you mean 'forgetwatch_eval_steps'?" in err, err
+    assert "not installed" not in err
+    missing = tmp_path / "nope.yaml"
+    for argv in (["--check", str(missing)], [str(missing)]):
+        assert main(["llamafactory", "train", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err == f"forgetwatch: error: {missing}: no such config file\n", err

@@ -8,8 +8,8 @@ import sys
 
 def add_llamafactory(sub) -> None:
     """`llamafactory` and its command."""
-    lf_parser = sub.add_parser("llamafactory", help="run a LLaMA-Factory YAML with forgetwatch_* keys (needs llamafactory "
-                                                    "0.9.5 installed; docs/llamafactory.md)")
+    lf_parser = sub.add_parser("llamafactory", help="run a LLaMA-Factory YAML with forgetwatch_* keys (training needs "
+                                                    "llamafactory 0.9.5 installed; docs/llamafactory.md)")
     lf_parser.set_defaults(help_parser=lf_parser)
     lf = lf_parser.add_subparsers(title="llamafactory commands", metavar="COMMAND")
     t = lf.add_parser("train", help="train as `llamafactory-cli train` does, with the forgetwatch callback",
@@ -22,7 +22,8 @@ def add_llamafactory(sub) -> None:
                                   "SmolLM2-135M-Instruct")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, as `llamafactory-cli train` takes them")
     t.add_argument("--check", action="store_true", help="check the config (forgetwatch's keys, then LLaMA-Factory's own "
-                                                        "parser) and train nothing")
+                                                        "parser) and train nothing; without LLaMA-Factory installed, "
+                                                        "forgetwatch's keys only (the output says so)")
     t.set_defaults(func=cmd_llamafactory_train)
 
 

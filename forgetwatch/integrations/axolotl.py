@@ -106,6 +106,14 @@ def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plug
     path = cfg.get("axolotl_config_path")
     lines = yaml_key_lines(path) if path and Path(str(path)).is_file() else {}
     source = source or (str(path) if path else "the Axolotl config")
+    plugins = cfg.get("plugins") or []
+    plugins = [plugins] if isinstance(plugins, str) else list(plugins)
+    if need_plugin and PLUGIN not in plugins:
+        misspelt = next((p for p in plugins if _looks_like_ours(p)), None)
+        if misspelt is not None:
+            raise ConfigKeyError(
+                f"{where_given(source, lines, 'plugins')}: plugins: {misspelt!r} is not a class Axolotl can load; "
+                f"forgetwatch's plugin is spelt {PLUGIN}")
     args, _ = front_end_arguments(cfg, front_end="Axolotl", source=source, lines=lines, stage=stage(cfg))
     if args is None:
         return {}
@@ -117,14 +125,24 @@ def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plug
                 f"{where_given(source, lines, term)}: {term} with {key}: {cfg[key]}: context parallelism splits every "
                 "sequence across ranks, and the term's own forward runs whole sequences. Train the term with data "
                 f"parallelism, FSDP or DeepSpeed (remove {key}), or without the term")
-    plugins = cfg.get("plugins") or []
-    if need_plugin and PLUGIN not in ([plugins] if isinstance(plugins, str) else plugins):
+    if need_plugin and PLUGIN not in plugins:
         first = next(iter(ours))
         raise ConfigKeyError(
             f"{where_given(source, lines, first)}: {first} is set but the forgetwatch plugin is not in `plugins:`, and Axolotl "
             f"drops keys of plugins it has not loaded without a word (the run would train without forgetwatch). Add to "
             f"the config:\nplugins:\n  - {PLUGIN}")
     return ours
+
+
+def _looks_like_ours(entry: Any) -> bool:
+    """A `plugins:` entry that is forgetwatch's plugin misspelt: another case, a letter off, a module path off
+    (`forgetwatch.integration.axolotl.ForgetwatchPlugin`), or the class without its module path."""
+    import difflib
+
+    text = str(entry).strip()
+    if text.lower() == PLUGIN.lower() or text.rsplit(".", 1)[-1].lower() == "forgetwatchplugin":
+        return True
+    return difflib.SequenceMatcher(None, text.lower(), PLUGIN.lower()).ratio() >= 0.85
 
 
 def arguments(cfg: Mapping[str, Any]) -> ForgetWatchArguments:
@@ -193,6 +211,10 @@ def _plugin_class():
             # the 1→0 penalty joins this trainer's loss, built as the recipes build it
             args = arguments(cfg)
             callback = getattr(self, "_callback", None)
+            if callback is not None:
+                # Added after the trainer was built, the callback missed on_init_end: the probes are measured against
+                # the model's context now, so a set that does not fit is refused before W&B starts a run (train begin).
+                callback.fit_probes(trainer.model, getattr(trainer, "processing_class", None) or _tokenizer(cfg))
             if callback is None or not (args.forgetwatch_anchor_beta or args.forgetwatch_penalty_beta):
                 return
             from ..remedies import build_remedies
@@ -220,13 +242,20 @@ def __getattr__(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m forgetwatch.integrations.axolotl CONFIG.yaml`: check a config's forgetwatch keys, load no model."""
+    import argparse
+
     import yaml
 
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m forgetwatch.integrations.axolotl CONFIG.yaml", file=sys.stderr)
-        return 2
-    path = Path(argv[0])
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {_MODULE}",
+        description="Check an Axolotl config's forgetwatch_* keys (names, types, values, the plugin in `plugins:`) "
+                    "without axolotl, a model or a GPU. Exit 0: the keys are fine; 1: the config is refused (the "
+                    "message names the file, the line and the fix).")
+    parser.add_argument("config", metavar="CONFIG.yaml", help="the Axolotl YAML config")
+    try:
+        path = Path(parser.parse_args(sys.argv[1:] if argv is None else argv).config)
+    except SystemExit as e:  # --help: 0; a usage error: 2 (returned, for callers of main)
+        return int(e.code or 0)
     try:
         with open(path) as f:  # an open file, so that a syntax error names it
             cfg = yaml.safe_load(f)

@@ -66,7 +66,6 @@ def read_config(path: str | os.PathLike,
     import json
 
     import yaml
-    from omegaconf import OmegaConf  # LLaMA-Factory's own dependency
 
     file = Path(path)
     if not file.is_file():
@@ -77,22 +76,57 @@ def read_config(path: str | os.PathLike,
         if "=" not in item:
             raise ValueError(f"{item!r}: overrides are key=value, as for `llamafactory-cli train` (e.g. max_steps=10)")
     try:
-        if file.suffix == ".json":
-            config, lines = OmegaConf.create(json.loads(file.read_text())), {}
+        from omegaconf import OmegaConf  # LLaMA-Factory's own dependency
+    except ImportError:  # `--check` without LLaMA-Factory: the same merge, written out (no ${...} interpolation)
+        OmegaConf = None
+    try:
+        if OmegaConf is None:
+            loaded = json.loads(file.read_text()) if file.suffix == ".json" else yaml.safe_load(file.read_text())
+        elif file.suffix == ".json":
+            config = OmegaConf.create(json.loads(file.read_text()))
         else:
-            config, lines = OmegaConf.load(file.absolute()), yaml_key_lines(file)
+            config = OmegaConf.load(file.absolute())
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ValueError(f"{path}: not a readable config: {e}") from None
-    loaded = OmegaConf.to_container(config)
+    lines = yaml_key_lines(file) if file.suffix != ".json" else {}
+    if OmegaConf is not None:
+        loaded = OmegaConf.to_container(config)
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: expected a mapping of LLaMA-Factory's arguments (`key: value` lines), got a "
                          f"{type(loaded).__name__}")
-    merged = OmegaConf.to_container(OmegaConf.merge(config, OmegaConf.from_cli(list(overrides))))
+    if OmegaConf is None:
+        merged = _merge_overrides(loaded, overrides)
+    else:
+        merged = OmegaConf.to_container(OmegaConf.merge(config, OmegaConf.from_cli(list(overrides))))
     where: dict[str, int | str] = dict(lines)
     for item in overrides:
         key = item.split("=", 1)[0].strip().split(".", 1)[0]
         where[key] = f"the command line ({item})"
     return merged, where
+
+
+def _merge_overrides(config: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`OmegaConf.merge(config, OmegaConf.from_cli(overrides))` for plain values, without omegaconf: a dotted key sets a
+    nested one, and a value is read as YAML (`10` a number, `true` a boolean, `null` None)."""
+    import copy
+
+    import yaml
+
+    merged = copy.deepcopy(config)
+    for item in overrides:
+        key, _, text = item.partition("=")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        *parents, last = key.strip().split(".")
+        node = merged
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    return merged
 
 
 # LLaMA-Factory options that run SFT outside `run_sft`'s trainer (Megatron, HyperParallel): a loss term cannot join there.
@@ -204,10 +238,10 @@ def prepare(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
     Raises `ImportError` (LLaMA-Factory missing, with how to install it) or `ConfigKeyError` / `ValueError` (a bad
     key, named with its file and line) before anything is loaded or trained.
     """
-    _require_llamafactory()
     source = str(path)
-    config, lines = read_config(path, list(overrides))
+    config, lines = read_config(path, list(overrides))  # a missing file or a bad key is said before the install line
     fw_args, rest = split_config(config, source=source, lines=lines)
+    _require_llamafactory()
     if fw_args is not None and _term(fw_args):
         from llamafactory.extras.misc import use_ray
 
@@ -220,13 +254,23 @@ def prepare(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
 
 
 def check(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> None:
-    """Check a config without training: forgetwatch's keys, then LLaMA-Factory's own parser (`get_train_args`)."""
+    """Check a config without training: forgetwatch's keys, then LLaMA-Factory's own parser (`get_train_args`). Without
+    LLaMA-Factory installed, forgetwatch's keys alone, and the line printed says what was not checked."""
+    if importlib.util.find_spec("llamafactory") is None:
+        config, lines = read_config(path, list(overrides))
+        fw_args, _ = split_config(config, source=str(path), lines=lines)
+        print(f"{path}: forgetwatch: {_summary(fw_args)}. LLaMA-Factory's own keys were not checked (LLaMA-Factory is "
+              f"not installed: {INSTALL})")
+        return
     fw_args, rest = prepare(path, overrides)
     from llamafactory.hparams import get_train_args
 
     get_train_args(dict(rest))  # it refuses keys it does not know, as `llamafactory-cli train` would
-    print(f"{path}: LLaMA-Factory's arguments parse; forgetwatch: "
-          + (f"probes {fw_args.forgetwatch_probes}, every {fw_args.forgetwatch_eval_steps} steps" if fw_args else "off"))
+    print(f"{path}: LLaMA-Factory's arguments parse; forgetwatch: {_summary(fw_args)}")
+
+
+def _summary(fw_args) -> str:
+    return f"probes {fw_args.forgetwatch_probes}, every {fw_args.forgetwatch_eval_steps} steps" if fw_args else "off"
 
 
 def run(fw_args, rest: dict[str, Any]) -> None:
