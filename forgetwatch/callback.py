@@ -142,7 +142,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
         # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
         self.monitor = Monitor(self.probes, self.budget, self.risk_rule, log_table=o["log_table"], replay=o["replay"],
-                               plan=self.plan)
+                               plan=self.plan, console="forgetwatch" if o["console"] else None)
         self._started = False
         self._start_id: str | None = None  # this training start's id (on_train_begin), in its checkpoints and manifest
         self._serial = next(_SERIAL)

@@ -155,6 +155,9 @@ class ForgetWatchArguments:
         "inline", "inline: score in the training process; sidecar: save a checkpoint at each evaluation step and leave "
         "the scoring to `forgetwatch watch OUTPUT_DIR` in another process.", PROBES, SCORING_MODES)
     # -- logging -----------------------------------------------------------------------------------------------------
+    forgetwatch_console: bool = _opt(
+        True, "Print one line per evaluation on the main process, beside the Trainer's own log lines: F and BT with "
+        "their 95 percent intervals, the worst category, behaviour, probing seconds (false: quiet).", LOGGING)
     forgetwatch_log_table: bool = _opt(True, "Log a W&B table of the probes that flipped at each evaluation.", LOGGING)
     forgetwatch_replay: bool = _opt(
         False, "Write the forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples.", LOGGING)
