@@ -613,7 +613,8 @@ def _grid(n: int) -> tuple[int, int]:
 
 def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
     nrows, ncols = _grid(len(categories))
-    fig = figure_cls(figsize=(3.3 * ncols + 0.6, 2.5 * nrows + 1.2), layout="constrained")
+    # one panel alone is drawn wider (a 3.9 in figure would wrap its title onto five lines)
+    fig = figure_cls(figsize=(max(3.3 * ncols + 0.6, 5.5), 2.5 * nrows + 1.2), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
     color = _F_COLOR if metric == "forgetting" else _BT_COLOR
     final = rows[-1]["metrics"]
@@ -634,10 +635,39 @@ def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
     fig.supxlabel("optimizer step")
     fig.supylabel("share of probes")
     what = "Forgetting (1→0)" if metric == "forgetting" else "Backward transfer (0→1)"
-    # One colour per figure: the line styles are explained in the title instead of a legend.
-    fig.suptitle(f"{what} per category vs the base model\n"
-                 "solid: raw, shaded: Wilson 95% interval, dashed: chance-adjusted (multiple-choice categories)")
+    # One colour per figure: the line styles are explained in the title instead of a legend. One or two panels make a
+    # figure narrower than that text, which constrained layout does not wrap: broken at spaces to fit, it stays whole.
+    size = _font_points("large")
+    fig.suptitle(_wrap(f"{what} per category vs the base model\nsolid: raw, shaded: Wilson 95% interval, dashed: "
+                       "chance-adjusted (multiple-choice categories)", 0.95 * 72 * fig.get_figwidth(), size), fontsize=size)
     return fig
+
+
+def _font_points(size: str) -> float:
+    from matplotlib.font_manager import FontProperties
+
+    return FontProperties(size=size).get_size_in_points()
+
+
+def _wrap(text: str, width: float, size: float) -> str:
+    """Each line of `text` broken at spaces so that no line is wider than `width` points in the default font at `size`
+    points (measured, not guessed from a character count)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+
+    prop = FontProperties(size=size)
+    lines = []
+    for line in text.split("\n"):
+        current = ""
+        for word in line.split(" "):
+            longer = f"{current} {word}" if current else word
+            if current and TextPath((0, 0), _plain(longer), prop=prop).get_extents().width > width:
+                lines.append(current)
+                current = word
+            else:
+                current = longer
+        lines.append(current)
+    return "\n".join(lines)
 
 
 def _plot_accuracy(figure_cls, rows, categories: list[str]):

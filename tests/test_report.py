@@ -402,6 +402,34 @@ def test_report_of_many_probes_draws(tmp_path):
     assert len(fig.axes[0].get_yticklabels()) == 57
 
 
+@pytest.mark.parametrize("n_categories", [1, 2, 3, 9])
+@pytest.mark.parametrize("metric", ["forgetting", "backward_transfer"])
+def test_the_per_category_titles_lie_within_the_figure(n_categories, metric):
+    """The figure's title (and each panel's) is drawn whole: with one or two panels the figure is narrow, and a title
+    one line wide was clipped at both sides (issue 43)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from forgetwatch.report import _plot_by_category
+
+    cats = [f"subject_{i}" for i in range(n_categories)]
+    n = 12 * n_categories
+    base, now = np.ones(n, np.int8), np.ones(n, np.int8)
+    now[::3] = 0
+    rows = [{"step": step, "metrics": {k: m.to_dict() for k, m in compute_report(base, o, [4] * n, [cats[i % n_categories] for i in range(n)]).items()}}
+            for step, o in ((0, base), (10, now))]
+    fig = _plot_by_category(Figure, rows, cats, metric)
+    FigureCanvasAgg(fig).draw()  # lays the figure out (constrained layout) as savefig does
+    renderer = fig.canvas.get_renderer()
+    titles = [t for t in fig.findobj(lambda a: hasattr(a, "get_text")) if t.get_text() == fig.get_suptitle()]
+    titles += [ax.title for ax in fig.axes if ax.get_visible()]
+    assert len(titles) == 1 + n_categories
+    for text in titles:
+        box = text.get_window_extent(renderer)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (
+            text.get_text(), box.bounds, fig.bbox.bounds)
+
+
 # -- robustness (issue 29) ----------------------------------------------------------------------------------------
 def _add_fragile_rows(run: Path, outcomes: list[np.ndarray], probes: ProbeSet) -> list[dict]:
     """flips.jsonl rows as the callback writes them with robustness on: after each evaluation's plain flips, a
