@@ -55,7 +55,7 @@ def format_evaluation(step: int, rows: Mapping[str, Mapping[str, Any]], seconds:
             makes them.
         seconds: probing time of this evaluation (left out when None or 0).
         categories: which groups are categories (default: every group but "overall" and the kind groups).
-        label: the line's first word ("forgetwatch", "forgetwatch watch").
+        label: the line's first word ("forgetwatch", "forgetwatch watch"; "": none).
         worst: name the category with the highest F.
 
     Example:
@@ -65,7 +65,7 @@ def format_evaluation(step: int, rows: Mapping[str, Mapping[str, Any]], seconds:
     overall = rows.get(OVERALL, {})
     knowledge = rows.get("all_knowledge", overall)
     behavior = rows.get("all_behavior", overall)
-    head = f"{label} step {step}"
+    head = f"{label} step {step}" if label else f"step {step}"
     if step == 0:
         parts = [f"{head} (base): accuracy {_num(overall.get('accuracy_pre'))} on {overall.get('n', '?')} probes"]
         parts += _behavior(behavior, base_only=True)

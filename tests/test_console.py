@@ -95,7 +95,7 @@ def test_say_writes_one_line_to_stdout_and_obeys_the_loggers_level(capsys):
 
 
 # -- in a real Trainer ------------------------------------------------------------------------------------------------
-def _train(tokenizer, out, max_steps: int, disable_tqdm: bool, **options) -> ForgetWatchCallback:
+def train_tiny(tokenizer, out, max_steps: int, disable_tqdm: bool, **options) -> ForgetWatchCallback:
     """A plain transformers Trainer (causal LM, fp32 on the CPU) with the callback; the callback back."""
     from conftest import build_model
     from transformers import Trainer, TrainingArguments
@@ -117,7 +117,7 @@ def _trainer_lines(out: str) -> list[str]:
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("disable_tqdm", [False, True], ids=["bar", "no-bar"])
 def test_one_line_per_evaluation_beside_the_trainers_own(tokenizer, tmp_path, capsys, disable_tqdm):
-    callback = _train(tokenizer, tmp_path, max_steps=4, disable_tqdm=disable_tqdm)
+    callback = train_tiny(tokenizer, tmp_path, max_steps=4, disable_tqdm=disable_tqdm)
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if LINE.match(line)]
     rows = RunRecord(tmp_path / "forgetwatch").read_metrics()
@@ -133,7 +133,7 @@ def test_one_line_per_evaluation_beside_the_trainers_own(tokenizer, tmp_path, ca
 
 @pytest.mark.usefixtures("one_thread")
 def test_console_false_is_quiet(tokenizer, tmp_path, capsys):
-    _train(tokenizer, tmp_path, max_steps=2, disable_tqdm=True, console=False)
+    train_tiny(tokenizer, tmp_path, max_steps=2, disable_tqdm=True, console=False)
     out = capsys.readouterr().out
     assert not [line for line in out.splitlines() if "forgetwatch" in line]
     assert len(_trainer_lines(out)) == 2
