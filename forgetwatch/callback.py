@@ -163,7 +163,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.risk_rule = RiskRule(o["at_risk_margin"], o["at_risk_drop"])
         # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
         self.monitor = Monitor(probes, self.budget, self.risk_rule, log_table=o["log_table"], replay=o["replay"],
-                               plan=self.plan)
+                               plan=self.plan, console="forgetwatch" if o["console"] else None)
 
     def _check_base_cache(self) -> None:
         base_cache = self.base_cache

@@ -23,6 +23,7 @@ import numpy as np
 from .behavior import behavior_scalars, compute_behavior
 from .budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
 from .cache import BaseCache, CacheMismatchError
+from .console import format_evaluation, say
 from .drift import RiskRule, at_risk_mask, compute_drift
 from .keys import OVERALL, PREFIX, figure_key, final_key, table_key
 from .metrics import compute_report, mark_missing
@@ -52,11 +53,15 @@ class Monitor:
             so and going on (the callback: training must go on).
         plan: with robustness on, which variants are scored (`forgetwatch.robustness.plan_variants`): the robust
             figures, fragile flips and the variants' outcomes in the record.
+        console: print one line per evaluation (`forgetwatch.console`) starting with this label ("forgetwatch",
+            "forgetwatch watch"); None: no line.
     """
 
     def __init__(self, probes: ProbeSet, budget: Budget | None = None, risk_rule: RiskRule | None = None,
-                 log_table: bool = True, replay: bool = False, strict: bool = False, plan: VariantPlan | None = None):
+                 log_table: bool = True, replay: bool = False, strict: bool = False, plan: VariantPlan | None = None,
+                 console: str | None = None):
         self.probes, self.budget, self.log_table, self.replay = probes, budget, log_table, replay
+        self.console = console
         self.plan = plan
         self.base_robust: VariantOutcomes | None = None
         self.last_robust: VariantOutcomes | None = None
@@ -272,6 +277,11 @@ class Monitor:
                 if self.log_table and table:
                     cols = list(table[0])
                     lg.log_table(table_key(name), cols, [[r[c] for c in cols] for r in table], step)
+        if self.console:
+            try:  # from the rows just recorded: the line and metrics.jsonl cannot disagree
+                say(format_evaluation(step, rows, seconds, categories=self.probes.categories, label=self.console))
+            except Exception:  # a line that cannot be made or printed must not end a training run
+                logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return breaches
 
     def _say_missing(self, rows: dict[str, dict[str, Any]], step: int) -> None:

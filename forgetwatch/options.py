@@ -160,6 +160,9 @@ class ForgetWatchArguments:
         "inline", "inline: score in the training process; sidecar: save a checkpoint at each evaluation step and leave "
         "the scoring to `forgetwatch watch OUTPUT_DIR` in another process.", PROBES, SCORING_MODES)
     # -- logging -----------------------------------------------------------------------------------------------------
+    forgetwatch_console: bool = _opt(
+        True, "Print one line per evaluation on the main process, beside the Trainer's own log lines: F and BT with "
+        "their 95 percent intervals, the worst category, behaviour, probing seconds (false: quiet).", LOGGING)
     forgetwatch_log_table: bool = _opt(True, "Log a W&B table of the probes that flipped at each evaluation.", LOGGING)
     forgetwatch_wandb_workspace: bool = _opt(
         False, "At train start, when the run logs to W&B online, save a W&B workspace named forgetwatch for its project: "

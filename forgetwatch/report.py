@@ -37,12 +37,13 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write
+from .console import format_evaluation, worst_categories
 from .probes import ProbeSet
 from .record import RecordError, RunRecord, load_record
-from .remedies.rewind import rewind_section
+from .remedies.rewind import read_rewind, rewind_section
 from .robust_metrics import fragile_probes
 
-__all__ = ["make_report"]
+__all__ = ["make_report", "summarize_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,58 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     return path
 
 
+def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
+    """A few lines of text on a run's record, as `forgetwatch report` prints them beside the page's path: the run and
+    its evaluations, the last one's line (as the console printed it during training: F and BT with their intervals,
+    F adjusted, behaviour, probing time), the categories with the highest F, the budget's events, and the rewind.
+
+    Every figure is read from the record (`metrics.jsonl`, `events.jsonl`, `budget.json`, `rewind.json`), none
+    computed again.
+
+    Args:
+        output_dir: the trainer's `output_dir` (or its `forgetwatch/` folder).
+        worst: how many categories to name, highest F first.
+
+    Raises:
+        FileNotFoundError, ValueError: as `make_report` (no record, no evaluation yet).
+
+    Example:
+        >>> print(summarize_run("outputs/sft-demo"))  # doctest: +SKIP
+        run sft-demo: 200 probes in 2 categories; 5 evaluations, at steps 0, 10, 20, 30, 40
+        step 40: F 0.205 [0.16, 0.26] adj 0.125, BT 0.020 [0.01, 0.05]; probing 28.1 s
+        most forgotten: sciq F 0.260, arc_easy F 0.150
+    """
+    record, probes, rows, problems = _load(output_dir, warn=False)  # the page's making warns of its problems
+    final = rows[-1]
+    steps = [r["step"] for r in rows]
+    name = record.root.parent.name if record.root.name == "forgetwatch" else record.root.name
+    n_cats = len(probes.categories)
+    lines = [f"run {name}: {len(probes)} probes in {n_cats} categor{'y' if n_cats == 1 else 'ies'}; {len(rows)} evaluation"
+             f"{'' if len(rows) == 1 else 's'}, at steps {', '.join(map(str, steps[:12]))}{' …' if len(steps) > 12 else ''}"]
+    lines.append(format_evaluation(final["step"], final["metrics"], final.get("seconds"), categories=probes.categories,
+                                   label="", worst=False))
+    top = worst_categories(final["metrics"], probes.categories, n=worst)
+    if top:
+        lines.append("most forgotten: " + ", ".join(f"{c} F {f:.3f}" for c, f in top))
+    budget = record.read_budget()
+    if budget is not None:
+        limits = ", ".join(f"{k} ≤ {v:g}" for k, v in (budget.get("limits") or {}).items())
+        events = record.read_events()
+        said = "; ".join(_event_text(e) for e in events[:3]) + (f"; … {len(events) - 3} more" if len(events) > 3 else "")
+        within = budget.get("last_within_budget") or {}
+        where = f"step {within.get('step')}" + (f" ({within['checkpoint']})" if within.get("checkpoint") else "")
+        lines.append(f"budget {limits} (on_budget {budget.get('on_budget')}): {said or 'never exceeded'}; last within "
+                     f"budget: {where}")
+    if problems:
+        lines.append(f"record problems: {len(problems)} (the page lists them)")
+    rewound = read_rewind(record.root)
+    if rewound is not None:  # the run was rewound (forgetwatch_rewind, `forgetwatch rewind`): its line closes the summary
+        lines.append(rewound.line())
+    return "\n".join(lines)
+
+
 # -- the record ---------------------------------------------------------------------------------------------
-def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]], list[str]]:
+def _load(output_dir: str | os.PathLike, warn: bool = True) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]], list[str]]:
     how = ("run training with `ForgetWatchCallback` (it writes the record under <output_dir>/forgetwatch/), "
            "then pass that output_dir")
     if not Path(output_dir).is_dir():
@@ -162,7 +213,7 @@ def _load(output_dir: str | os.PathLike) -> tuple[RunRecord, ProbeSet, list[dict
         )
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
     problems = record.check(probes.fingerprint, len(probes))
-    for problem in problems:  # the page shows them too: a figure from a mixed record is not the run's
+    for problem in problems if warn else []:  # the page shows them too: a figure from a mixed record is not the run's
         logger.warning("forgetwatch report: %s", problem)
     return record, probes, rows, problems
 
@@ -599,11 +650,16 @@ def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
 
 
 def _event(e: dict[str, Any]) -> str:
-    """One budget event of events.jsonl as a list item: a limit exceeded, or figures the budget could not judge."""
+    """One budget event of events.jsonl as a list item."""
+    return f"<li>{_e(_event_text(e))}</li>"
+
+
+def _event_text(e: dict[str, Any]) -> str:
+    """One budget event of events.jsonl as text: a limit exceeded, or figures the budget could not judge."""
     if e.get("event") == "budget_cannot_judge":
-        return f"<li>step {_e(e.get('step'))}: cannot judge {_e(', '.join(map(str, e.get('keys') or [])))}: {_e(e.get('reason'))}</li>"
-    return (f"<li>step {_e(e.get('step'))}: {_e(e.get('key'))} = {_f(e.get('measured', math.nan))} (compared: "
-            f"{_f(e.get('value', math.nan))}) &gt; {_e(e.get('limit'))}; action {_e(e.get('action'))}</li>")
+        return f"step {e.get('step')}: cannot judge {', '.join(map(str, e.get('keys') or []))}: {e.get('reason')}"
+    return (f"step {e.get('step')}: {e.get('key')} = {_f(e.get('measured', math.nan))} (compared: "
+            f"{_f(e.get('value', math.nan))}) > {e.get('limit')}; action {e.get('action')}")
 
 
 def _grid(n: int) -> tuple[int, int]:
@@ -613,7 +669,8 @@ def _grid(n: int) -> tuple[int, int]:
 
 def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
     nrows, ncols = _grid(len(categories))
-    fig = figure_cls(figsize=(3.3 * ncols + 0.6, 2.5 * nrows + 1.2), layout="constrained")
+    # one panel alone is drawn wider (a 3.9 in figure would wrap its title onto five lines)
+    fig = figure_cls(figsize=(max(3.3 * ncols + 0.6, 5.5), 2.5 * nrows + 1.2), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
     color = _F_COLOR if metric == "forgetting" else _BT_COLOR
     final = rows[-1]["metrics"]
@@ -634,10 +691,39 @@ def _plot_by_category(figure_cls, rows, categories: list[str], metric: str):
     fig.supxlabel("optimizer step")
     fig.supylabel("share of probes")
     what = "Forgetting (1→0)" if metric == "forgetting" else "Backward transfer (0→1)"
-    # One colour per figure: the line styles are explained in the title instead of a legend.
-    fig.suptitle(f"{what} per category vs the base model\n"
-                 "solid: raw, shaded: Wilson 95% interval, dashed: chance-adjusted (multiple-choice categories)")
+    # One colour per figure: the line styles are explained in the title instead of a legend. One or two panels make a
+    # figure narrower than that text, which constrained layout does not wrap: broken at spaces to fit, it stays whole.
+    size = _font_points("large")
+    fig.suptitle(_wrap(f"{what} per category vs the base model\nsolid: raw, shaded: Wilson 95% interval, dashed: "
+                       "chance-adjusted (multiple-choice categories)", 0.95 * 72 * fig.get_figwidth(), size), fontsize=size)
     return fig
+
+
+def _font_points(size: str) -> float:
+    from matplotlib.font_manager import FontProperties
+
+    return FontProperties(size=size).get_size_in_points()
+
+
+def _wrap(text: str, width: float, size: float) -> str:
+    """Each line of `text` broken at spaces so that no line is wider than `width` points in the default font at `size`
+    points (measured, not guessed from a character count)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+
+    prop = FontProperties(size=size)
+    lines = []
+    for line in text.split("\n"):
+        current = ""
+        for word in line.split(" "):
+            longer = f"{current} {word}" if current else word
+            if current and TextPath((0, 0), _plain(longer), prop=prop).get_extents().width > width:
+                lines.append(current)
+                current = word
+            else:
+                current = longer
+        lines.append(current)
+    return "\n".join(lines)
 
 
 def _plot_accuracy(figure_cls, rows, categories: list[str]):

@@ -16,7 +16,8 @@ watcher (or to root), and skips it with a warning otherwise.
 
 Example:
     >>> Watcher("outputs/run").run(once=True)  # doctest: +SKIP
-    scored checkpoint-50 (200 probes, 31.2 s): forgetting 0.040, adjusted 0.012
+    forgetwatch watch step 0 (base): accuracy 0.515 on 200 probes
+    forgetwatch watch step 50: F 0.040 [0.02, 0.08] adj 0.012, BT 0.015 [0.01, 0.04]; worst sciq F 0.060; probing 31.2 s
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class Watcher:
                 f"-o {cache_path} --force` (the scoring options as in sidecar.json), or watch without --robustness")
         # strict: a record the watcher cannot write stops it (restarted, it scores that step again)
         self.monitor = Monitor(self.probes, budget, RiskRule(opts["at_risk_margin"], opts["at_risk_drop"]),
-                               log_table=opts["log_table"], replay=opts["replay"], strict=True, plan=self.plan)
+                               log_table=opts["log_table"], replay=opts["replay"], strict=True, plan=self.plan,
+                               console="forgetwatch watch")
         if into_trainer_run and not self.manifest.get("finished"):
             raise SidecarError("--into-trainer-run appends to the trainer's W&B run, which two processes cannot write while "
                                "it is live: wait until training has ended, or leave the flag out (a run of its own beside it)")
@@ -228,14 +230,9 @@ class Watcher:
             results, variants = self.plan.split(results)
             robust = self.plan.outcomes(results, variants)
         start = _start_id(state)
+        # the monitor prints the evaluation's line, as the callback's (`forgetwatch.console`)
         self.monitor.report(results, step, float(state.get("epoch") or 0.0), seconds, robust,
                             source={"start": start} if start else None)
-        overall = self.monitor.last_rows["overall"]  # as recorded: missing where probes scored NaN / inf
-        said = overall.get("missing") or overall.get("robust_missing")
-        missing = f" ({'missing' if overall.get('missing') else 'robust figures missing'}: {said})" if said else ""
-        robust = f", robust forgetting {overall['robust_forgetting']:.3f}" if "robust_forgetting" in overall else ""
-        print(f"scored {path.name} ({len(self.probes)} probes, {seconds:.1f} s): forgetting {overall['forgetting']:.3f}, "
-              f"adjusted {overall['forgetting_adjusted']:.3f}{robust}{missing}", flush=True)
         return True
 
     def poll(self) -> int:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -215,6 +216,8 @@ def test_ddp_run_writes_one_record_from_the_main_process(ddp_run):
     assert sorted(p.name for p in (root / "evals").iterdir()) == [f"step-{s:08d}.npz" for s in steps]
     assert not [p.name for p in root.rglob("*.tmp")], "no temporary file left behind"
     assert list(out.rglob("base.parquet")) == [root / "base.parquet"]
+    # one console line per evaluation in the launch's output, both ranks' together: the main process's only
+    assert [int(s) for s in re.findall(r"^forgetwatch step (\d+)\b", run.stdout, re.MULTILINE)] == steps
 
 
 def test_ddp_base_cache_is_loadable_and_equals_single_process(ddp_run, base_results):

@@ -162,7 +162,8 @@ def test_report_from_the_command_line(tmp_path, capsys):
     probes, outcomes, final = build_record(run)
     assert main(["report", str(run)]) == 0
     path = run / "forgetwatch" / "report" / "report.html"
-    assert capsys.readouterr().out.strip() == str(path)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == str(path) and out[1].startswith("run run: 36 probes in 3 categories; 4 evaluations, at steps 0, 10")
     assert path.is_file()
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary files left
     html_text = path.read_text(encoding="utf-8")
@@ -400,6 +401,66 @@ def test_report_of_many_probes_draws(tmp_path):
     fig.savefig(tmp_path / "m.png", dpi=110)
     assert (tmp_path / "m.png").read_bytes()[:8] == PNG_SIGNATURE
     assert len(fig.axes[0].get_yticklabels()) == 57
+
+
+@pytest.mark.parametrize("n_categories", [1, 2, 3, 9])
+@pytest.mark.parametrize("metric", ["forgetting", "backward_transfer"])
+def test_the_per_category_titles_lie_within_the_figure(n_categories, metric):
+    """The figure's title (and each panel's) is drawn whole: with one or two panels the figure is narrow, and a title
+    one line wide was clipped at both sides (issue 43)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from forgetwatch.report import _plot_by_category
+
+    cats = [f"subject_{i}" for i in range(n_categories)]
+    n = 12 * n_categories
+    base, now = np.ones(n, np.int8), np.ones(n, np.int8)
+    now[::3] = 0
+    rows = [{"step": step, "metrics": {k: m.to_dict() for k, m in compute_report(base, o, [4] * n, [cats[i % n_categories] for i in range(n)]).items()}}
+            for step, o in ((0, base), (10, now))]
+    fig = _plot_by_category(Figure, rows, cats, metric)
+    FigureCanvasAgg(fig).draw()  # lays the figure out (constrained layout) as savefig does
+    renderer = fig.canvas.get_renderer()
+    titles = [t for t in fig.findobj(lambda a: hasattr(a, "get_text")) if t.get_text() == fig.get_suptitle()]
+    titles += [ax.title for ax in fig.axes if ax.get_visible()]
+    assert len(titles) == 1 + n_categories
+    for text in titles:
+        box = text.get_window_extent(renderer)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (
+            text.get_text(), box.bounds, fig.bbox.bounds)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_report_prints_a_summary_of_a_real_run_beside_the_path(tokenizer, tmp_path, capsys):
+    """A tiny Trainer run with knowledge and behaviour probes and a budget: the path, then the run, its last evaluation
+    (F and BT with their intervals, behaviour, probing time), the most forgotten categories and the budget's events, all
+    as the record has them."""
+    from test_console import train_tiny
+
+    callback = train_tiny(tokenizer, tmp_path / "run", max_steps=4, disable_tqdm=True, budget={"forgetting": 0.0})
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    record = RunRecord(tmp_path / "run" / "forgetwatch")
+    rows = record.read_metrics()
+    final = rows[-1]["metrics"]
+    k, b = final["all_knowledge"], final["all_behavior"]
+    assert lines[0] == str(record.root / "report" / "report.html")
+    assert lines[1] == f"run run: 38 probes in {len(callback.probes.categories)} categories; 3 evaluations, at steps 0, 2, 4"
+    assert lines[2].startswith(
+        f"step 4: F {k['forgetting']:.3f} [{k['forgetting_ci_low']:.2f}, {k['forgetting_ci_high']:.2f}] adj "
+        f"{k['forgetting_adjusted']:.3f}, BT {k['backward_transfer']:.3f} [{k['backward_transfer_ci_low']:.2f}, "
+        f"{k['backward_transfer_ci_high']:.2f}]; instructions {b['instruct_compliance_base']:.2f}→"
+        f"{b['instruct_compliance']:.2f}, refusals ")
+    assert lines[2].endswith(f"; probing {rows[-1]['seconds']:.1f} s")
+    forgotten = sorted(((c, final[c]["forgetting"]) for c in callback.probes.categories if final[c]["forgetting"] > 0),
+                       key=lambda cf: -cf[1])[:3]
+    assert forgotten and lines[3] == "most forgotten: " + ", ".join(f"{c} F {f:.3f}" for c, f in forgotten)
+    events = record.read_events()
+    assert [e["step"] for e in events] == [2]  # a forgotten probe at step 2 exceeds a budget of 0
+    assert lines[4].startswith(f"budget forgetting ≤ 0 (on_budget alert): step 2: forgetting = {events[0]['measured']:.3f}")
+    assert lines[4].endswith("; last within budget: step 0") and len(lines) == 5  # no rewind in this run
 
 
 # -- robustness (issue 29) ----------------------------------------------------------------------------------------

@@ -213,12 +213,19 @@ def test_wandb_gets_the_summary_the_front_and_its_plot(run):
     assert any("forgetwatch/rewind/front" in r for r in read_history(run.wandb_file))
 
 
-def test_the_report_shows_the_rewind(run, tmp_path):
+def test_the_report_shows_the_rewind(run, tmp_path, capsys):
     from forgetwatch.report import make_report
 
     page = make_report(run.out, tmp_path).read_text(encoding="utf-8")
     assert 'id="rewind"' in page and (tmp_path / "rewind.png").is_file() and 'src="rewind.png"' in page
     assert "Held-out probes" in page and "reproduces the run&#x27;s evaluation at step 6" in page
+    # `forgetwatch report`: the page's path, the summary (the budget's line among it), the rewind's line last
+    capsys.readouterr()
+    assert cli(["report", str(run.out), "-o", str(tmp_path / "again")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == str(tmp_path / "again" / "report.html") and lines[1].startswith("run out: ")
+    assert any(line.startswith("budget forgetting ≤ 0.3 (on_budget alert): ") for line in lines)
+    assert lines[-1] == run.rewind.line()
 
 
 def test_forgetwatch_rewind_on_the_finished_record(run, tmp_path, capsys):

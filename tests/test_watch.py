@@ -20,6 +20,7 @@ from wandb_offline import find_run_files, finish_offline_run, read_history, read
 
 from forgetwatch import ForgetWatchCallback
 from forgetwatch.cli import main as cli
+from forgetwatch.console import format_evaluation
 from forgetwatch.probes import ProbeSet
 from forgetwatch.record import RunRecord
 from forgetwatch.watch import SidecarError, Watcher
@@ -82,15 +83,23 @@ def test_the_training_process_scores_nothing_and_saves_at_every_evaluation(runs)
     assert manifest["finished"] and manifest["final_step"] == 6 and manifest["precision"] == "float32+autocast-bfloat16"
 
 
-def test_a_restarted_watcher_scores_only_what_is_new(tokenizer, tmp_path, caplog):
+def test_a_restarted_watcher_scores_only_what_is_new(tokenizer, tmp_path, caplog, capsys):
     out = tmp_path / "run"
     sft_trainer(tokenizer, out, [watcher(scoring="sidecar")]).train()
+    assert "forgetwatch step" not in capsys.readouterr().out  # the training process scores nothing, so says nothing
     parked = tmp_path / "parked"
     parked.mkdir()
     for step in (4, 6):  # as if training had only reached step 2 when the watcher first looked
         shutil.move(out / f"checkpoint-{step}", parked / f"checkpoint-{step}")
     (out / "checkpoint-8").mkdir()  # a checkpoint still being written: no trainer_state.json yet
     assert Watcher(out, device="cpu").run(once=True) == 1
+    # the callback's console line, one per evaluation, from the record's rows (`forgetwatch.console`)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("forgetwatch watch step")]
+    rows = RunRecord(out / "forgetwatch").read_metrics()
+    assert [line.split("; probing ")[0] for line in lines] == [
+        format_evaluation(r["step"], r["metrics"], categories=make_probes().categories, label="forgetwatch watch")
+        for r in rows]
+    assert lines[0].startswith("forgetwatch watch step 0 (base): accuracy ") and "; probing " in lines[1]
     for step in (4, 6):
         shutil.move(parked / f"checkpoint-{step}", out / f"checkpoint-{step}")
     (out / "checkpoint-6" / "model.safetensors").write_bytes(b"not a model")  # fails to load: skipped, not fatal

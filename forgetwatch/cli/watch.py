@@ -38,13 +38,10 @@ def add_watch(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..remedies.rewind import read_rewind
-    from ..report import make_report
+    from ..report import make_report, summarize_run
 
-    print(make_report(args.output_dir, args.output))
-    rewound = read_rewind(args.output_dir)
-    if rewound is not None:  # the run was rewound (forgetwatch_rewind, `forgetwatch rewind`): its line closes the report
-        print(rewound.line())
+    print(make_report(args.output_dir, args.output))  # the page's path first: `forgetwatch report DIR | head -1`
+    print(summarize_run(args.output_dir))  # the rewind's line, when the run has one, last
     return 0
 
 
