@@ -95,8 +95,11 @@ def format_evaluation(step: int, rows: Mapping[str, Mapping[str, Any]], seconds:
 
 def worst_categories(rows: Mapping[str, Mapping[str, Any]], categories: Iterable[str] | None = None, n: int = 3
                      ) -> list[tuple[str, float]]:
-    """The `n` categories with the highest F (> 0), highest first, as (name, F); none when the rows hold one category
-    (its F is the overall one) or every F is 0. Categories whose figures are missing are left out.
+    """The `n` categories that forgot most (F > 0), as (name, F); none when the rows hold one category (its F is the
+    overall one) or every F is 0. Categories whose figures are missing are left out.
+
+    Ranked by the lower end of F's 95% interval (`forgetting_ci_low`, then F): one instruction probe of one that flipped
+    (F 1.0, interval 0.21–1) must not outrank a suite of 40 that lost 15 (F 0.375, interval 0.24–0.53).
 
     Example:
         >>> worst_categories({"overall": {}, "a": {"forgetting": 0.1}, "b": {"forgetting": 0.3}, "c": {"forgetting": 0.0}})
@@ -108,7 +111,12 @@ def worst_categories(rows: Mapping[str, Mapping[str, Any]], categories: Iterable
         return []
     found = [(c, float(rows[c]["forgetting"])) for c in names if _finite(rows[c].get("forgetting"))]
     found = [(c, f) for c, f in found if f > 0]
-    return sorted(found, key=lambda cf: -cf[1])[:n]
+
+    def surely(cf: tuple[str, float]) -> tuple[float, float]:
+        low = rows[cf[0]].get("forgetting_ci_low")
+        return (float(low) if _finite(low) else cf[1], cf[1])
+
+    return sorted(found, key=surely, reverse=True)[:n]
 
 
 def say(line: str) -> None:

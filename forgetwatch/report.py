@@ -164,7 +164,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
         >>> print(summarize_run("outputs/sft-demo"))  # doctest: +SKIP
         run sft-demo: 200 probes in 2 categories; 5 evaluations, at steps 0, 10, 20, 30, 40
         step 40: F 0.205 [0.16, 0.26] adj 0.125, BT 0.020 [0.01, 0.05]; probing 28.1 s
-        most forgotten: sciq F 0.260, arc_easy F 0.150
+        most forgotten (surest first): sciq F 0.260 of 100, arc_easy F 0.150 of 100
     """
     record, probes, rows, problems = _load(output_dir, warn=False)  # the page's making warns of its problems
     final = rows[-1]
@@ -177,7 +177,11 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
                                    label="", worst=False))
     top = worst_categories(final["metrics"], probes.categories, n=worst)
     if top:
-        lines.append("most forgotten: " + ", ".join(f"{c} F {f:.3f}" for c, f in top))
+        def counted(c: str, f: float) -> str:  # "of N": why one probe's F 1.0 can rank below 15 of 40
+            n = final["metrics"][c].get("n")
+            return f"{c} F {f:.3f}" + (f" of {n}" if n else "")
+
+        lines.append("most forgotten (surest first): " + ", ".join(counted(c, f) for c, f in top))
     budget = record.read_budget()
     if budget is not None:
         limits = ", ".join(f"{k} ≤ {v:g}" for k, v in (budget.get("limits") or {}).items())

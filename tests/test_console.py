@@ -138,3 +138,16 @@ def test_console_false_is_quiet(tokenizer, tmp_path, capsys):
     assert not [line for line in out.splitlines() if "forgetwatch" in line]
     assert len(_trainer_lines(out)) == 2
     assert [r["step"] for r in RunRecord(tmp_path / "forgetwatch").read_metrics()] == [0, 2]  # quiet, not off
+
+
+def test_the_worst_categories_are_ranked_by_what_is_sure():
+    # one instruction probe that flipped (F 1, Wilson interval 0.21-1) against 15 of 40 (F 0.375, 0.24-0.53): the
+    # suite of 40 forgot more for sure, and is named first
+    from forgetwatch.metrics import wilson_interval
+
+    def row(k, n):
+        low, high = wilson_interval(k, n)
+        return {"forgetting": k / n, "forgetting_ci_low": low, "forgetting_ci_high": high}
+
+    rows = {"overall": {}, "language": row(1, 1), "sciq": row(15, 40), "piqa": row(5, 40)}
+    assert [name for name, _ in worst_categories(rows)] == ["sciq", "language", "piqa"]

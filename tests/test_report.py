@@ -454,9 +454,11 @@ def test_report_prints_a_summary_of_a_real_run_beside_the_path(tokenizer, tmp_pa
         f"{k['backward_transfer_ci_high']:.2f}]; instructions {b['instruct_compliance_base']:.2f}→"
         f"{b['instruct_compliance']:.2f}, refusals ")
     assert lines[2].endswith(f"; probing {rows[-1]['seconds']:.1f} s")
-    forgotten = sorted(((c, final[c]["forgetting"]) for c in callback.probes.categories if final[c]["forgetting"] > 0),
-                       key=lambda cf: -cf[1])[:3]
-    assert forgotten and lines[3] == "most forgotten: " + ", ".join(f"{c} F {f:.3f}" for c, f in forgotten)
+    # surest first: by the lower end of F's interval (a category of one flipped probe does not lead)
+    forgotten = sorted((c for c in callback.probes.categories if final[c]["forgetting"] > 0),
+                       key=lambda c: (final[c]["forgetting_ci_low"], final[c]["forgetting"]), reverse=True)[:3]
+    assert forgotten and lines[3] == "most forgotten (surest first): " + ", ".join(
+        f"{c} F {final[c]['forgetting']:.3f} of {final[c]['n']}" for c in forgotten)
     events = record.read_events()
     assert [e["step"] for e in events] == [2]  # a forgotten probe at step 2 exceeds a budget of 0
     assert lines[4].startswith(f"budget forgetting ≤ 0 (on_budget alert): step 2: forgetting = {events[0]['measured']:.3f}")
