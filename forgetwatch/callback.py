@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import json
 import logging
 import math
 import os
@@ -18,13 +17,11 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ._io import atomic_write
 from .budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .drift import RiskRule
-from .errors import ProbeSetError
-from .fit import ProbeFit, measure_fit
+from .fit import ProbeFit, drop_unfit, measure_fit, write_dropped
 from .lock import RecordInUseError, acquire
 from .loggers import make_loggers
 from .models import model_identity
@@ -43,7 +40,6 @@ from .options import options as option_list
 from .probes import ProbeSet
 from .record import RunRecord
 from .results import ProbeResults
-from .robustness import SEP as VARIANT_SEP
 from .robustness import make_plan
 from .scoring import ScoringConfig, describe_precision, full_precision
 from .sidecar import SidecarManifest
@@ -201,27 +197,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if over and self.unfit_probes == "refuse":
             raise fit.refusal()  # not kept: asked again (on_train_begin after a caught refusal), it refuses again
         self._fit = fit
-        if not over:
-            return
-        drop = {pid.split(VARIANT_SEP)[0] for pid in over}  # a variant that does not fit drops its probe
-        keep = [p for p in self.probes if p.id not in drop]
-        if not keep:
-            raise ProbeSetError(f"none of the {len(self.probes)} probes fits the model's context of {fit.limit:,} tokens "
-                                f"(the shortest needs {min(fit.lengths.values()):,}): score shorter suites, or a model with "
-                                "a longer context")
-        if warn:
-            by_suite: dict[str, int] = {}
-            for pid in drop:
-                suite = fit.suites.get(pid, "")
-                by_suite[suite] = by_suite.get(suite, 0) + 1
-            logger.warning("forgetwatch: unfit_probes='drop': %d of %d probes do not fit the model's context of %d tokens "
-                           "and are left out (%s); %d probes are scored, and the base cache and the record hold those",
-                           len(drop), len(self.probes), fit.limit, ", ".join(f"{s or 'probes'}: {n}" for s, n in sorted(by_suite.items())),
-                           len(keep))
-        self._dropped = {pid: fit.lengths[pid] for pid in self.probes.ids if pid in drop}
-        self._use_probes(ProbeSet(keep, origin=f"{self.probes.origin} without {len(drop)} probe(s) over the context of "
-                                               f"{fit.limit} tokens"))
-        self._check_base_cache()
+        if over:
+            kept, self._dropped = drop_unfit(self.probes, fit, warn=warn)
+            self._use_probes(kept)
+        if self.unfit_probes != "refuse":  # the set is known now (__init__ checked it already under "refuse")
+            self._check_base_cache()
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ForgetWatchCallback:
@@ -328,7 +308,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # kept by the main process only, cannot tell the other ranks).
         self._scored_step = state.global_step
         if self._is_main and self._dropped:
-            self._write_dropped(record)
+            write_dropped(record.root, self._fit.limit, len(self.probes), self._dropped)
         if self.scoring == "sidecar":
             if self._is_main:
                 self._start_sidecar(args, state, cache, record, scoring_key["precision"], model, tokenizer)
@@ -358,16 +338,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         from .wandb_workspace import save_for_run
 
         save_for_run(runs[0], output_dir)
-
-    def _write_dropped(self, record: RunRecord) -> None:
-        """unfit_probes.json: the probes left out of this run (unfit_probes="drop") and why; probes.jsonl holds the rest."""
-        try:
-            record.root.mkdir(parents=True, exist_ok=True)
-            with atomic_write(record.root / "unfit_probes.json") as f:
-                json.dump({"context": self._fit.limit, "kept": len(self.probes),
-                           "dropped": [{"id": pid, "tokens": n} for pid, n in self._dropped.items()]}, f, indent=1)
-        except OSError:  # the warning said it already; a full disk must not end the run
-            logger.exception("forgetwatch: could not write unfit_probes.json into %s", record.root)
 
     def _begin_replay(self, args, state) -> None:
         last = None  # the weights of the last evaluation before a resume take effect again

@@ -16,17 +16,24 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._io import atomic_write
 from .errors import ProbeSetError
-from .probes import Probe
+from .probes import Probe, ProbeSet
 from .requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest, encode
+from .robustness import SEP as VARIANT_SEP
 
-__all__ = ["ProbeFit", "context_limit", "measure_fit", "probe_lengths"]
+__all__ = ["ProbeFit", "context_limit", "drop_unfit", "measure_fit", "probe_lengths", "write_dropped"]
+
+logger = logging.getLogger(__name__)
 
 
 def context_limit(model: Any) -> int | None:
@@ -157,3 +164,45 @@ def measure_fit(model: Any, tokenizer: Any, probes: Sequence[Probe], config: Any
     suites = {p.id: p.source or p.category for p in probes}
     lengths = probe_lengths(tokenizer, probes, config) if limit is not None else {}
     return ProbeFit(lengths, limit, suites)
+
+
+def drop_unfit(probes: ProbeSet, fit: ProbeFit, *, warn: bool = True) -> tuple[ProbeSet, dict[str, int]]:
+    """`probes` without those that do not fit (`unfit_probes="drop"`; a variant that does not fit drops its probe), and
+    the dropped probes' lengths in tokens; said in one warning, per suite. Refuses when nothing would be left.
+
+    Example:
+        >>> kept, dropped = drop_unfit(probes, measure_fit(model, tokenizer, probes))  # doctest: +SKIP
+    """
+    drop = {pid.split(VARIANT_SEP)[0] for pid in fit.unfit}
+    if not drop:
+        return probes, {}
+    keep = [p for p in probes if p.id not in drop]
+    if not keep:
+        raise ProbeSetError(f"none of the {len(probes)} probes fits the model's context of {fit.limit:,} tokens "
+                            f"(the shortest needs {min(fit.lengths.values()):,}): score shorter suites, or a model with "
+                            "a longer context")
+    if warn:
+        by_suite: dict[str, int] = {}
+        for pid in drop:
+            suite = fit.suites.get(pid, "")
+            by_suite[suite] = by_suite.get(suite, 0) + 1
+        logger.warning("forgetwatch: unfit_probes='drop': %d of %d probes do not fit the model's context of %d tokens "
+                       "and are left out (%s); %d probes are scored, and the base cache and the record hold those",
+                       len(drop), len(probes), fit.limit,
+                       ", ".join(f"{s or 'probes'}: {n}" for s, n in sorted(by_suite.items())), len(keep))
+    dropped = {pid: fit.lengths[pid] for pid in probes.ids if pid in drop}
+    kept = ProbeSet(keep, origin=f"{probes.origin} without {len(drop)} probe(s) over the context of {fit.limit} tokens")
+    return kept, dropped
+
+
+def write_dropped(root: str | Path, limit: int | None, kept: int, dropped: dict[str, int]) -> None:
+    """`unfit_probes.json` in a record: the probes left out of the run and their lengths (never raises: the warning
+    said it already, and a full disk must not end a training run)."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with atomic_write(root / "unfit_probes.json") as f:
+            json.dump({"context": limit, "kept": kept, "dropped": [{"id": pid, "tokens": n} for pid, n in dropped.items()]},
+                      f, indent=1)
+    except OSError:
+        logger.exception("forgetwatch: could not write unfit_probes.json into %s", root)
