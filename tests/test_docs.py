@@ -119,3 +119,12 @@ def test_pyproject_ships_the_pages_and_lists_every_package():
     assert tool["package-dir"] == {"forgetwatch._docs": "docs"} and tool["package-data"]["forgetwatch._docs"] == ["*.md"]
     urls = config["project"]["urls"]
     assert urls["Repository"] == REPOSITORY and urls["Documentation"] == f"{REPOSITORY}/tree/main/docs"
+
+
+def test_docs_help_exits_0_and_is_in_the_command_list(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["docs", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: forgetwatch docs")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert re.search(r"^    docs +print a docs page", capsys.readouterr().out, re.M)
