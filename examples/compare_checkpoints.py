@@ -1,6 +1,6 @@
 """Compare two checkpoints probe by probe, without training: the Python API behind `forgetwatch compare`.
 
-    python examples/compare_checkpoints.py --base smollm2 --other outputs/sft-demo/checkpoint-40
+    python examples/compare_checkpoints.py --base smollm2 --other outputs/sft-demo/checkpoint-40   # 85 s measured
     python examples/compare_checkpoints.py                # base vs a noise-perturbed copy; 99 s measured (note below)
 
 The first line compares the checkpoint `python examples/sft_smollm2.py` saves at its last step (with its defaults: 40
