@@ -84,7 +84,8 @@ lock: latest-venv
 
 # The package as users install it: a wheel (dist/), installed into a clean venv (torch first, then the wheel with the
 # locked versions, then the offline benchmark data as the README says), and used from an empty directory away from the
-# repository (tests/wheel_check.py). ~2 minutes.
+# repository (tests/wheel_check.py): the CLI, `forgetwatch docs trainer` (the pages ship as forgetwatch._docs) and scoring.
+# Measured 2026-11-27: about 9 minutes on 2 shared cores, nearly all of it pip building the venv.
 wheel:
 	rm -rf dist
 	$(PY) -m pip wheel -q --no-deps -w dist .

@@ -20,6 +20,7 @@ from transformers.trainer_callback import ExportableState
 from .budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
+from .docs import docs_hint
 from .drift import RiskRule
 from .fit import ProbeFit, drop_unfit, measure_fit, write_dropped
 from .lock import RecordInUseError, acquire
@@ -74,7 +75,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
     Args:
         probes: a `ProbeSet`, a JSONL path, or built-in suite names (a list or "arc_easy,mmlu").
         eval_steps: score every this many optimizer steps (default 50).
-        **options: any other option of `forgetwatch options` (docs/options.md) by its name without the `forgetwatch_`
+        **options: any other option of `forgetwatch options` (`forgetwatch docs options`) by its name without the `forgetwatch_`
             prefix: `per_suite=50`, `mcq_mode="loglik_norm"`, `budget={"forgetting": 0.05}`, `scoring="sidecar"`, ...
             They are listed below. The remedies' options (`anchor_beta`, `replay_mix`, ...) are not the callback's:
             `forgetwatch.remedies` builds them. A name that is not an option is refused, naming the closest.
@@ -104,7 +105,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if remedies:
             raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them from "
                              "ForgetWatchArguments with `forgetwatch.remedies.build_remedies` (replay, the KL anchor, the "
-                             "1→0 penalty: docs/replay.md) or `forgetwatch.remedies.rewind_callback` (docs/rewind.md)")
+                             f"1→0 penalty: {docs_hint('replay')}) or `forgetwatch.remedies.rewind_callback` ({docs_hint('rewind')})")
         o = args.unprefixed()
         probes, eval_steps = o["probes"], o["eval_steps"]
         if probes is None:

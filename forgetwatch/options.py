@@ -3,8 +3,8 @@
 `ForgetWatchArguments` is the one declaration. Everything else derives from it: the callback's keyword arguments
 (`ForgetWatchCallback(probes, eval_steps, **options)`), `ScoringConfig`'s defaults, the CLI flags that share a name
 (`--mcq-mode`, `--batch-size`, ...), the sidecar manifest and the watcher, the Axolotl plugin's pydantic model, the
-LLaMA-Factory key checks, TRL's `--help` in the recipes, `forgetwatch options` and `docs/options.md`. A new option is one
-field here (with `_opt`) and the code that uses it.
+LLaMA-Factory key checks, TRL's `--help` in the recipes, `forgetwatch options` and its reference page (`forgetwatch docs
+options`). A new option is one field here (with `_opt`) and the code that uses it.
 
 "Off" means one thing everywhere: a number that turns something on is off at 0 (`robustness`, `replay_mix`,
 `anchor_beta`, `penalty_beta`); an optional setting is off, or "decide for me", at None (`budget`, `at_risk_drop`).
@@ -28,6 +28,8 @@ import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from .docs import docs_hint, results_url
 
 __all__ = ["ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "add_flag", "describe", "format_options", "options",
            "options_from_kwargs", "options_from_record", "options_markdown"]
@@ -104,7 +106,7 @@ class ForgetWatchArguments:
     """forgetwatch's options, for `TrlParser` / `HfArgumentParser` scripts, YAML recipes and front-end configs.
 
     Field names are the callback's argument names with a `forgetwatch_` prefix, because the trainer's own arguments
-    already have `eval_steps` and `seed`. `forgetwatch options` lists them with their meanings (docs/options.md).
+    already have `eval_steps` and `seed`. `forgetwatch options` lists them with their meanings (`forgetwatch docs options`: the page).
 
     Example:
         >>> from trl import SFTConfig, TrlParser
@@ -167,12 +169,13 @@ class ForgetWatchArguments:
     forgetwatch_wandb_workspace: bool = _opt(
         False, "At train start, when the run logs to W&B online, save a W&B workspace named forgetwatch for its project: "
         "the overview first (forgetting, backward transfer, adjusted, behaviour, budget), then by category. Needs "
-        "wandb-workspaces and a logged-in W&B; offline it is skipped; a failure is a warning (docs/wandb.md).", LOGGING)
+        f"wandb-workspaces and a logged-in W&B; offline it is skipped; a failure is a warning ({docs_hint('wandb')}).",
+        LOGGING)
     forgetwatch_replay: bool = _opt(
         False, "Write the forgotten probes to <output_dir>/forgetwatch/replay.jsonl as training examples.", LOGGING)
     forgetwatch_at_risk_margin: float = _opt(
         2.0, "A probe right at base and still right is at risk when its margin (nats) is below this (chosen on a "
-        "calibration run: benchmarks/RESULTS.md).", LOGGING)
+        f"calibration run: {results_url(7)}).", LOGGING)
     forgetwatch_at_risk_drop: float | None = _opt(
         None, "...or, when set, when its margin has fallen by this many nats since base (null: off; the drop did not "
         "predict flips).", LOGGING)
@@ -207,7 +210,7 @@ class ForgetWatchArguments:
         "<output_dir>/base_outputs.parquet).", REMEDIES)
     forgetwatch_anchor_beta: float = _opt(
         0.0, "KL anchor: the weight of KL(base || model) on the answer tokens of pool conversations (0: off; 5 cut "
-        "held-out forgetting by a third in benchmarks/RESULTS.md).", REMEDIES)
+        f"held-out forgetting by a third in {results_url(18)}).", REMEDIES)
     forgetwatch_anchor_ratio: float = _opt(
         0.1, "KL anchor: pool conversations drawn per training example, in addition to it.", REMEDIES)
     forgetwatch_penalty_beta: float = _opt(
@@ -222,7 +225,7 @@ class ForgetWatchArguments:
     forgetwatch_rewind: bool = _opt(
         False, "Rewind: at the end of training, score the model moved back toward the base, θ(α) = base + α (final − "
         "base), at each α of forgetwatch_rewind_alphas on the monitored probes and the task loss (the trainer's eval "
-        "set, or forgetwatch_rewind_data), pick α by the rule of docs/rewind.md and save that model to "
+        f"set, or forgetwatch_rewind_data), pick α by the rule of {docs_hint('rewind', 'rule')} and save that model to "
         "<output_dir>/rewound/ (the front and the pick: <output_dir>/forgetwatch/rewind.json). Needs a task measure or "
         "forgetwatch_budget. Single-process, inline scoring only (else: `forgetwatch rewind OUTPUT_DIR` after training).",
         REMEDIES)
@@ -232,7 +235,7 @@ class ForgetWatchArguments:
         "cannot give: they carry no language-model labels).", REMEDIES)
     forgetwatch_rewind_alphas: str = _opt(
         "0.5:1:0.1", "Rewind: the α grid (start:stop:step, or a list such as 0.6,0.8,1; 1 is always scored: it must "
-        "reproduce the final evaluation). The default spans where stepping back paid in benchmarks/RESULTS.md (α 0.6–0.8) "
+        f"reproduce the final evaluation). The default spans where stepping back paid in {results_url(18)} (α 0.6–0.8) "
         "for 6 scorings of the probes and the task loss.", REMEDIES)
     forgetwatch_rewind_heldout: str | None = _opt(
         None, "Rewind: held-out probes (suite names or a probe JSONL), scored at the base, the picked α and the final "
@@ -394,7 +397,7 @@ def format_options(group: str | None = None, width: int = 100) -> str:
 
 def options_markdown() -> str:
     """docs/options.md: the reference page, generated (`forgetwatch options --markdown > docs/options.md`)."""
-    out = ["# Options", "",
+    out = ["# Options: every `forgetwatch_*` option, its default and meaning", "",
            "<!-- Generated by `forgetwatch options --markdown > docs/options.md` from forgetwatch/options.py; a test "
            "fails when it is stale. -->",
            "",
@@ -415,7 +418,7 @@ def options_markdown() -> str:
 
 def options_doc(prefixed: bool = True, groups: tuple[str, ...] = GROUPS) -> str:
     """The options' meanings as a docstring section, so that `help(ForgetWatchArguments)` shows them."""
-    lines = ["", "    Options (`forgetwatch options`, docs/options.md):"]
+    lines = ["", "    Options (`forgetwatch options`; the page: `forgetwatch docs options`):"]
     for g in groups:
         lines.append(f"        {g}:")
         for o in options():

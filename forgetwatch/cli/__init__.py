@@ -10,9 +10,10 @@
     forgetwatch llamafactory train config.yaml [key=value ...]   # a LLaMA-Factory YAML with forgetwatch_* keys
     forgetwatch options [--markdown]                             # every forgetwatch_* option and its meaning
     forgetwatch wandb-workspace --entity E --project P --run <output_dir> [--dry-run]   # a W&B workspace, overview first
+    forgetwatch docs [TOPIC [SECTION]]                           # the docs pages (trainer, lora, options, ...)
 
 One module per command group (probes, cache and base-outputs, compare, interpolate, rewind, watch and report,
-llamafactory), options they share in `common`. They parse, call the library, and print; torch and the rest load
+llamafactory, options, docs), options they share in `common`. They parse, call the library, and print; torch and the rest load
 when a command runs.
 """
 
@@ -25,6 +26,7 @@ import sys
 from ..probes import ProbeFormatError
 from .cache import add_base_outputs, add_cache
 from .compare import add_compare
+from .docs import add_docs
 from .interpolate import add_interpolate
 from .llamafactory import add_llamafactory
 from .options import add_options
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
     for add in (add_probes, add_cache, add_base_outputs, add_compare, add_report, add_interpolate, add_rewind, add_watch,
-                add_llamafactory, add_options, add_workspace):
+                add_llamafactory, add_options, add_workspace, add_docs):
         add(sub)
     return p
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .._io import strict_json
 from ..commands import quote
+from ..docs import docs_hint
 from ..options import add_flag
 from ..suites import load_probes
 from .common import (
@@ -30,7 +31,7 @@ def add_interpolate(sub) -> None:
         "base cache, beside a task measure: what stepping back toward the base buys in forgetting and costs on the task",
         description="WiSE-FT without training: for each α of the grid the weights are θ_base + α(θ_ft − θ_base) (a LoRA "
                     "adapter is scaled by α), streamed in slices of a tensor (one model in memory), and scored as `compare` "
-                    "scores a checkpoint. α = 0 is the base, α = 1 the checkpoint. More: docs/cli.md, section `interpolate`.")
+                    f"scores a checkpoint. α = 0 is the base, α = 1 the checkpoint. More: {docs_hint('cli', 'interpolate')}.")
     ip.add_argument("--model", required=True, help="the fine-tuned checkpoint: a model directory (safetensors) or a LoRA adapter directory")
     ip.add_argument("--probes", required=True, help="the probe set of the base cache: a JSONL file or suite names")
     ip.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..docs import docs_hint
+
 
 def add_llamafactory(sub) -> None:
     """`llamafactory` and its command."""
     lf_parser = sub.add_parser("llamafactory", help="run a LLaMA-Factory YAML with forgetwatch_* keys (training needs "
-                                                    "llamafactory 0.9.5 installed; docs/llamafactory.md)")
+                                                    f"llamafactory 0.9.5 installed; {docs_hint('llamafactory')})")
     lf_parser.set_defaults(help_parser=lf_parser)
     lf = lf_parser.add_subparsers(title="llamafactory commands", metavar="COMMAND")
     t = lf.add_parser("train", help="train as `llamafactory-cli train` does, with the forgetwatch callback",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..docs import docs_hint
 from ..options import GROUPS, format_options, options_markdown
 
 
@@ -14,7 +15,8 @@ def add_options(sub) -> None:
                                    "`forgetwatch llamafactory train`, a --forgetwatch_* flag of recipes/*.py, and (without "
                                    "the prefix) a keyword argument of ForgetWatchCallback.")
     o.add_argument("--group", choices=GROUPS, default=None, help="only this group")
-    o.add_argument("--markdown", action="store_true", help="print docs/options.md (the reference page) instead")
+    o.add_argument("--markdown", action="store_true", help=f"print the reference page as markdown instead ({docs_hint('options')} "
+                                                                  "prints it as shipped)")
     o.set_defaults(func=cmd_options)
 
 

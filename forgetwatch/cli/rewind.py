@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from .._io import strict_json
+from ..docs import docs_hint
 from ..options import add_flag, describe
 
 
@@ -16,7 +17,7 @@ def add_rewind(sub) -> None:
         "rewind", help="a finished run's final model stepped back toward its base: θ(α) scored on the run's probes and a "
         "task loss, α picked by a stated rule, the model saved to OUTPUT_DIR/rewound/",
         description="Scores θ_base + α(θ_final − θ_base) at each α of the grid on the run's monitored probes (against its "
-                    "base cache, in its precision) and on a task loss, picks α (docs/rewind.md: the lowest task loss "
+                    f"base cache, in its precision) and on a task loss, picks α ({docs_hint('rewind', 'rule')}: the lowest task loss "
                     "within the run's budget, else the knee of the front), saves that model to OUTPUT_DIR/rewound/ and "
                     "writes the front and the pick to OUTPUT_DIR/forgetwatch/rewind.json (the report shows them). α = 1 "
                     "must give the run's final evaluation: checked, and said loudly when it does not.")

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..docs import docs_hint
 from ..errors import ConfigKeyError
 from ..options import ForgetWatchArguments, read_legacy
 
@@ -87,7 +88,7 @@ def check_keys(config: Mapping[str, Any], *, source: str = "config", lines: Mapp
         close = difflib.get_close_matches(key.lower().replace("-", "_"), KEYS, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else f"forgetwatch's keys are {', '.join(sorted(KEYS))}."
         raise ConfigKeyError(f"{where}: unknown key {key!r}: {hint} (Every key, with its meaning: `forgetwatch options`, "
-                             "or docs/options.md)")
+                             f"or {docs_hint('options')})")
 
 
 def split_keys(config: Mapping[str, Any], *, source: str = "config",

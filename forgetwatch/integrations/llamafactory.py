@@ -5,7 +5,7 @@ and the `key=value` overrides as `llamafactory-cli train` does (OmegaConf: the f
 the `forgetwatch_*` keys out and checks them (`forgetwatch.integrations.config`: a misspelt key or a wrong type is named
 with its file and line before anything is trained), then calls LLaMA-Factory's own
 `llamafactory.train.tuner.run_exp(args=rest, callbacks=[ForgetWatchCallback])`, which hands the callback to every
-stage's trainer. Tested with llamafactory 0.9.5, stages sft and dpo (docs/llamafactory.md).
+stage's trainer. Tested with llamafactory 0.9.5, stages sft and dpo (`forgetwatch docs llamafactory`).
 
 For `stage: sft`, `forgetwatch_anchor_beta: 5` adds the KL anchor to the loss (`forgetwatch_penalty_beta`: the 1→0
 penalty), with the same keys and meanings as the TRL recipes. `run_exp` builds its trainer itself, so for that call
@@ -36,6 +36,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from ..docs import docs_hint
 from .config import ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
 
 __all__ = ["TESTED_VERSION", "check", "launch", "main", "prepare", "read_config", "run", "split_config", "train"]
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 TESTED_VERSION = "0.9.5"
 INSTALL = (f"pip install 'llamafactory=={TESTED_VERSION}' (it pins transformers <= 5.6.0, trl <= 0.24 and datasets <= "
            "4.0.0: give it a venv of its own, then install forgetwatch there from its wheel or its clone, `pip install -e "
-           "/path/to/forgetwatch`; docs/llamafactory.md)")
+           f"/path/to/forgetwatch`; {docs_hint('llamafactory', 'install')})")
 TESTED_STAGES = ("sft", "dpo")
 def _require_llamafactory() -> None:
     if importlib.util.find_spec("llamafactory") is None:

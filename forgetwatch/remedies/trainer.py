@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..docs import results_url
 from .protocols import CheckpointedLossTerm, LossTerm
 
 __all__ = ["REFUSED_TRAINERS", "add_loss_term", "loss_term_of"]
@@ -84,7 +85,7 @@ def add_loss_term(trainer: Any, term: LossTerm) -> Any:
     _check_trainer(trainer)
     if loss_term_of(trainer) is not None:
         raise ValueError(f"this trainer already has a loss term ({type(loss_term_of(trainer)).__name__}): one term at a "
-                         "time (each is measured on its own in benchmarks/RESULTS.md)")
+                         f"time (each is measured on its own: {results_url(18)})")
     setattr(trainer, _ATTR, term)
     from transformers import TrainerCallback
 
