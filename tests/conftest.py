@@ -186,3 +186,28 @@ def penalty_pool():
         items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
     items.append(Probe("pshort0", "short", "What is 5 + 5?", answers=("10",), numeric=True, category="short"))
     return ProbeSet(items)
+
+
+def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
+    """W&B offline into `wandb_dir`, with none of the caller's WANDB_* settings, as for a user who is not logged in."""
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        mp.delenv(key)
+    wandb_dir.mkdir(parents=True, exist_ok=True)
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_DIR", str(wandb_dir))
+    mp.setenv("WANDB_SILENT", "true")
+    mp.setenv("WANDB_CONSOLE", "off")
+    mp.setenv("WANDB_PROJECT", "forgetwatch-tests")
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """The W&B directory of this test's offline runs, with no run left open before or after it."""
+    from wandb_offline import finish_offline_run  # imports wandb: only in the tests that ask for it
+
+    clear_wandb_env(monkeypatch, tmp_path / "wandb")
+    finish_offline_run()
+    try:
+        yield tmp_path / "wandb"
+    finally:
+        finish_offline_run()

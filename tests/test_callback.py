@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 pytest.importorskip("trl")
 wandb = pytest.importorskip("wandb")
 
-from conftest import build_model  # noqa: E402,I001  (tests/ is on sys.path: pytest's "prepend" import mode)
+from conftest import build_model, clear_wandb_env  # noqa: E402,I001  (tests/ is on sys.path: pytest's "prepend" import mode)
 from wandb_offline import (  # noqa: E402
     find_run_file,
     finish_offline_run,
@@ -252,28 +252,7 @@ def expected_logged(groups: dict[str, dict]) -> dict[str, float]:
     return out
 
 
-def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
-    for key in [k for k in os.environ if k.startswith("WANDB_")]:
-        mp.delenv(key)
-    wandb_dir.mkdir(parents=True, exist_ok=True)
-    mp.setenv("WANDB_MODE", "offline")
-    mp.setenv("WANDB_DIR", str(wandb_dir))
-    mp.setenv("WANDB_SILENT", "true")
-    mp.setenv("WANDB_CONSOLE", "off")
-    mp.setenv("WANDB_PROJECT", "forgetwatch-tests")
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture
-def offline_wandb(tmp_path, monkeypatch):
-    clear_wandb_env(monkeypatch, tmp_path / "wandb")
-    finish_offline_run()
-    try:
-        yield tmp_path / "wandb"
-    finally:
-        finish_offline_run()
 
 
 # -- one SFT run, report_to wandb, shared by the tests that read it -------------------------------------------

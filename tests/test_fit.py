@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("wandb")
 
 from conftest import build_model  # noqa: E402,I001
-from test_callback import SCORING, clear_wandb_env, make_probes, sft_trainer  # noqa: E402
+from test_callback import SCORING, make_probes, sft_trainer  # noqa: E402
 from wandb_offline import find_run_file, find_run_files, finish_offline_run, read_config  # noqa: E402
 
 from forgetwatch import BaseCache, Probe, ProbeSet, ProbeSetError, load_record, score_probes  # noqa: E402
@@ -29,16 +29,6 @@ LONG = "the quick brown fox " * 200  # ~800 tokens with the test tokenizer: past
 def with_long(n: int = 1) -> ProbeSet:
     long = [Probe(f"long{i}", "mcq", LONG + str(i), ("a", "b"), 0, category="long", source="longsuite") for i in range(n)]
     return ProbeSet([*make_probes(), *long])
-
-
-@pytest.fixture
-def offline_wandb(tmp_path, monkeypatch):
-    clear_wandb_env(monkeypatch, tmp_path / "wandb")
-    finish_offline_run()
-    try:
-        yield tmp_path / "wandb"
-    finally:
-        finish_offline_run()
 
 
 @pytest.mark.parametrize("config", [
