@@ -14,7 +14,6 @@ from data import (  # recipes/data.py: the script's directory is on sys.path
 from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.models import smollm2_path
 from forgetwatch.remedies import build_remedies, check_remedies
-from forgetwatch.remedies.rewind import read_rewind
 
 
 def resolve_model(model_args, training_args) -> str:
@@ -72,7 +71,5 @@ def finish(trainer, training_args, callbacks: list) -> None:
             wandb.finish()
             if run_dir is not None and os.environ.get("WANDB_MODE") == "offline":
                 print(f"W&B run (offline): {run_dir}\n  upload it with: wandb sync {run_dir}")
-        if callbacks and (rewound := read_rewind(training_args.output_dir)) is not None:
-            print(rewound.line())  # forgetwatch_rewind: the step back, at the checkpoint and at the picked α
     if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers, destroy the process group
         trainer.end()

@@ -216,7 +216,10 @@ def test_sft_script_runs(tiny_model_dir, tmp_path):
     rewind = json.loads((tmp_path / "out" / "forgetwatch" / "rewind.json").read_text())
     assert rewind["task"]["source"] == "the trainer's eval set" and rewind["check_alpha_1"]["equal"] is True
     assert (tmp_path / "out" / "rewound" / "model.safetensors").is_file()
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("rewind: α"))
+    # said once, by the rewind's own console line when training ends (the recipe adds no copy of it)
+    lines = [x for x in proc.stdout.splitlines() if "rewind: α" in x]
+    assert len(lines) == 1 and lines[0].startswith("forgetwatch rewind: α")
+    line = lines[0]
     assert "eval loss" in line and f"model in {tmp_path / 'out' / 'rewound'}" in line
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and f"wandb sync {runs[0]}" in proc.stdout
@@ -249,7 +252,7 @@ def _check_rewind_by_budget(proc: subprocess.CompletedProcess, output_dir: Path)
     rewind = json.loads((output_dir / "forgetwatch" / "rewind.json").read_text())
     assert rewind["task"] is None and rewind["pick"]["case"] in ("largest_within", "least_forgetting")
     assert rewind["check_alpha_1"]["equal"] is True and (output_dir / "rewound" / "model.safetensors").is_file()
-    assert any(line.startswith("rewind: α") for line in proc.stdout.splitlines())
+    assert any(line.startswith("forgetwatch rewind: α") for line in proc.stdout.splitlines())
 
 
 def test_builtin_preference_pairs_prefer_the_questions_own_solution():

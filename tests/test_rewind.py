@@ -5,7 +5,9 @@ rewound model loaded back and scored, `forgetwatch rewind` on a finished run, an
 
 from __future__ import annotations
 
+import contextlib
 import doctest
+import io
 import json
 import math
 import re
@@ -132,15 +134,17 @@ def run(tmp_path_factory):
         clear_wandb_env(mp, root / "wandb")
         finish_offline_run()
         trainer = sft_trainer(base, tok, root / "out", callbacks, report_to="wandb")
+        console = io.StringIO()  # what the user's terminal shows (the console lines go to the current stdout)
         try:
-            trainer.train()
+            with contextlib.redirect_stdout(console):
+                trainer.train()
         finally:
             finish_offline_run()
     trainer.save_model(str(root / "out"))  # the final model, as recipes/common.py's finish() saves it
     out = root / "out"
     return SimpleNamespace(root=root, base=base, out=out, record=out / "forgetwatch", trainer=trainer, before=before,
                            after=after, rewind=read_rewind(out), wandb_file=find_run_file(root / "wandb"),
-                           callback=callbacks[2])
+                           callback=callbacks[2], console=console.getvalue())
 
 
 def test_the_run_writes_the_front_the_rule_and_the_pick(run):
@@ -157,6 +161,9 @@ def test_the_run_writes_the_front_the_rule_and_the_pick(run):
     for p in data["front"]:
         assert p["forgetting"] == p["metrics"][group][metric]
     assert run.callback.result.line().startswith(f"rewind: α {run.rewind.alpha:g} (")
+    # in a user's own script too, the pick is the run's last console line (not only in rewind.json and the report)
+    said = [line for line in run.console.splitlines() if line.startswith("forgetwatch ")]
+    assert said[-1] == f"forgetwatch {run.rewind.line()}" and said[-2].startswith("forgetwatch step ")
     assert "eval loss" in run.rewind.line() and "model in" in run.rewind.line()
 
 

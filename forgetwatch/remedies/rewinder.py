@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..budgets import ROBUST_BUDGETS, Budget, parse_budget
+from ..console import say
 from ..errors import InterpolationError
 from ..options import ForgetWatchArguments, default
 from .rewind import REWOUND, rewind
@@ -64,6 +65,7 @@ class RewindCallback(TrainerCallback, ExportableState):
         force: replace an existing `rewound/` (else a fresh run moves it aside, to `rewound.1`, ...; a resume refuses).
         stage: what the run trains, when the trainer's arguments do not say it (a front-end's `stage: dpo` runs with
             its own argument class): its eval set is a task measure for "sft" only.
+        console: print the pick's line when training ends (`forgetwatch_console`), as each evaluation prints one.
 
     Example:
         >>> callbacks = [ForgetWatchCallback(probes="arc_easy"), RewindCallback(data="held_out.jsonl")]  # doctest: +SKIP
@@ -72,12 +74,12 @@ class RewindCallback(TrainerCallback, ExportableState):
     def __init__(self, data: str | None = None, alphas: str = default("rewind_alphas"), heldout: str | None = None, *,
                  budget: Mapping[str, float] | str | None = None, budget_bound: str = default("budget_bound"),
                  base_cache: str | None = None, config: Any = None, risk_rule: Any = None, force: bool = False,
-                 stage: str | None = None):
+                 stage: str | None = None, console: bool = True):
         from ..suites import load_probes
         from .interpolate import alpha_grid, load_task_data
 
         alpha_grid(alphas)  # refused now, not after training
-        self.data, self.alphas, self.heldout, self.force = data, alphas, heldout, force
+        self.data, self.alphas, self.heldout, self.force, self.console = data, alphas, heldout, force, console
         self.rows = load_task_data(data, max_examples=None) if data is not None else None
         if heldout is not None:
             load_probes(heldout)
@@ -106,7 +108,8 @@ class RewindCallback(TrainerCallback, ExportableState):
         rule = [self.risk_rule.margin_below, self.risk_rule.drop_by] if self.risk_rule is not None else None
         return {"args": {"data": self.data, "alphas": self.alphas, "heldout": self.heldout, "budget": budget,
                          "budget_bound": self.budget_bound, "base_cache": self.base_cache, "config": config,
-                         "risk_rule": rule, "force": self.force, "stage": self.stage}, "attributes": {}}
+                         "risk_rule": rule, "force": self.force, "stage": self.stage,
+                         "console": self.console}, "attributes": {}}
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         if args.world_size > 1:
@@ -185,7 +188,8 @@ class RewindCallback(TrainerCallback, ExportableState):
                                  config=self.config, risk_rule=self.risk_rule, device=str(model_device(model)), force=self.force,
                                  loggers=loggers, step=state.global_step)
             shutil.rmtree(scratch)
-            logger.info("forgetwatch %s", self.result.line())  # the recipes print it; rewind.json keeps it
+            if self.console:  # the run's last console line, as each evaluation's (rewind.json and the report keep it)
+                say(f"forgetwatch {self.result.line()}")
         except Exception:
             kept = f"the final model is kept at {checkpoint}; " if checkpoint.is_dir() else ""
             logger.exception("forgetwatch: the rewind failed; training is done and its model is as trained (%srewind it "
@@ -222,7 +226,7 @@ def rewind_callback(args: ForgetWatchArguments, stage: str | None = None) -> Rew
     config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
     return RewindCallback(args.forgetwatch_rewind_data, args.forgetwatch_rewind_alphas, args.forgetwatch_rewind_heldout,
                           budget=o["budget"], budget_bound=o["budget_bound"], base_cache=o["base_cache"], config=config,
-                          risk_rule=RiskRule(o["at_risk_margin"], o["at_risk_drop"]), stage=stage)
+                          risk_rule=RiskRule(o["at_risk_margin"], o["at_risk_drop"]), stage=stage, console=o["console"])
 
 
 def _free_name(path: Path) -> Path:
