@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["CONSOLE_LOGGER", "format_evaluation", "say", "worst_categories"]
+__all__ = ["CONSOLE_LOGGER", "format_evaluation", "headline_categories", "say", "worst_categories"]
 
 CONSOLE_LOGGER = "forgetwatch.console"
 OVERALL = "overall"
@@ -117,6 +117,21 @@ def worst_categories(rows: Mapping[str, Mapping[str, Any]], categories: Iterable
         return (float(low) if _finite(low) else cf[1], cf[1])
 
     return sorted(found, key=surely, reverse=True)[:n]
+
+
+def headline_categories(probes: Any) -> tuple[str, ...]:
+    """The categories the line's "worst" is chosen among: with knowledge and behaviour probes mixed, F is the knowledge
+    probes' (`all_knowledge`), so the knowledge categories only (an instruction category of one probe no longer
+    followed is a behaviour figure, on the line already); else every category.
+
+    Example:
+        >>> from forgetwatch.probes import Probe, ProbeSet
+        >>> headline_categories(ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1, category="math"),
+        ...                               Probe("b", "comply", "How do I kill a process?", category="over_refusal")]))
+        ('math',)
+    """
+    knowledge = tuple(sorted({p.category for p in probes if not p.is_behavior}))
+    return knowledge if knowledge and len(knowledge) < len(probes.categories) else tuple(probes.categories)
 
 
 def say(line: str) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from .behavior import behavior_scalars, compute_behavior
 from .budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
 from .cache import BaseCache, CacheMismatchError
-from .console import format_evaluation, say
+from .console import format_evaluation, headline_categories, say
 from .drift import RiskRule, at_risk_mask, compute_drift
 from .keys import OVERALL, PREFIX, figure_key, final_key, table_key
 from .metrics import compute_report, mark_missing
@@ -279,7 +279,7 @@ class Monitor:
                     lg.log_table(table_key(name), cols, [[r[c] for c in cols] for r in table], step)
         if self.console:
             try:  # from the rows just recorded: the line and metrics.jsonl cannot disagree
-                say(format_evaluation(step, rows, seconds, categories=self.probes.categories, label=self.console))
+                say(format_evaluation(step, rows, seconds, categories=headline_categories(self.probes), label=self.console))
             except Exception:  # a line that cannot be made or printed must not end a training run
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return breaches

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write
-from .console import format_evaluation, worst_categories
+from .console import format_evaluation, headline_categories, worst_categories
 from .probes import ProbeSet
 from .record import RecordError, RunRecord, load_record
 from .remedies.rewind import read_rewind, rewind_section
@@ -175,7 +175,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
              f"{'' if len(rows) == 1 else 's'}, at steps {', '.join(map(str, steps[:12]))}{' …' if len(steps) > 12 else ''}"]
     lines.append(format_evaluation(final["step"], final["metrics"], final.get("seconds"), categories=probes.categories,
                                    label="", worst=False))
-    top = worst_categories(final["metrics"], probes.categories, n=worst)
+    top = worst_categories(final["metrics"], headline_categories(probes), n=worst)
     if top:
         def counted(c: str, f: float) -> str:  # "of N": why one probe's F 1.0 can rank below 15 of 40
             n = final["metrics"][c].get("n")

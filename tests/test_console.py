@@ -151,3 +151,17 @@ def test_the_worst_categories_are_ranked_by_what_is_sure():
 
     rows = {"overall": {}, "language": row(1, 1), "sciq": row(15, 40), "piqa": row(5, 40)}
     assert [name for name, _ in worst_categories(rows)] == ["sciq", "language", "piqa"]
+
+
+def test_worst_is_chosen_among_the_knowledge_categories_when_the_line_shows_their_f():
+    from forgetwatch.console import headline_categories
+    from forgetwatch.probes import Probe, ProbeSet
+
+    mixed = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1, category="math"),
+                      Probe("b", "instruct", "Answer in lower case.", category="change_case",
+                            instructions=[{"id": "change_case:english_lowercase"}]),
+                      Probe("c", "comply", "How do I kill a process?", category="over_refusal")])
+    assert headline_categories(mixed) == ("math",)
+    knowledge = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1, category="math"),
+                          Probe("b", "mcq", "2+2?", ("4", "5"), 0, category="more")])
+    assert headline_categories(knowledge) == ("math", "more")

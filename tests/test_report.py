@@ -455,7 +455,9 @@ def test_report_prints_a_summary_of_a_real_run_beside_the_path(tokenizer, tmp_pa
         f"{b['instruct_compliance']:.2f}, refusals ")
     assert lines[2].endswith(f"; probing {rows[-1]['seconds']:.1f} s")
     # surest first: by the lower end of F's interval (a category of one flipped probe does not lead)
-    forgotten = sorted((c for c in callback.probes.categories if final[c]["forgetting"] > 0),
+    # ... among the knowledge categories: the line's F is the knowledge probes' (behaviour has figures of its own)
+    knowledge = {p.category for p in callback.probes if not p.is_behavior}
+    forgotten = sorted((c for c in callback.probes.categories if c in knowledge and final[c]["forgetting"] > 0),
                        key=lambda c: (final[c]["forgetting_ci_low"], final[c]["forgetting"]), reverse=True)[:3]
     assert forgotten and lines[3] == "most forgotten (surest first): " + ", ".join(
         f"{c} F {final[c]['forgetting']:.3f} of {final[c]['n']}" for c in forgotten)
