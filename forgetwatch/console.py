@@ -56,7 +56,7 @@ def format_evaluation(step: int, rows: Mapping[str, Mapping[str, Any]], seconds:
         seconds: probing time of this evaluation (left out when None or 0).
         categories: which groups are categories (default: every group but "overall" and the kind groups).
         label: the line's first word ("forgetwatch", "forgetwatch watch"; "": none).
-        worst: name the category with the highest F.
+        worst: name the category that surely forgot most (`worst_categories`).
 
     Example:
         >>> format_evaluation(0, {"overall": {"n": 40, "accuracy_pre": 0.525}})
