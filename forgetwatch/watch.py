@@ -256,6 +256,12 @@ class Watcher:
             n += self.score(step, path, state)
         return n
 
+    def unscored(self) -> list[int]:
+        """The steps whose checkpoint this watcher tried and could not score (damaged, not loadable, untrusted): each is
+        missing from the record, said in a warning when it failed. A later `forgetwatch watch` tries them again."""
+        done = set(self.monitor.evaluated_steps)
+        return sorted(s for s in self._failed if s not in done)
+
     def finished(self) -> bool:
         """Training has ended and every checkpoint up to its last step is scored (or gone)."""
         if not self.manifest.get("finished"):

@@ -536,3 +536,51 @@ def test_compare_refuses_a_checkpoint_that_overflows(tokenizer, tiny_model_dir, 
                 "--device", "cpu"]) == 2
     out = capsys.readouterr()
     assert "32 of 32 probes scored NaN or inf" in out.err and "forgetting" not in out.out.lower()
+
+
+def test_watch_once_that_skipped_a_checkpoint_fails_and_its_advice_completes_the_record(sidecar_run, tmp_path, capsys):
+    """`watch --once` used to exit 0 with steps missing from the record; now it exits 1 naming them, and doing what it
+    says (mend the checkpoints, run the same command again) scores what the record lacks."""
+    from forgetwatch.models import FSDP_SHARDS
+
+    pristine, _, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    for step in (2, 4):
+        ckpt = out / f"checkpoint-{step}"
+        shutil.move(ckpt, tmp_path / f"good-{step}")
+        shutil.copytree(tmp_path / f"good-{step}", ckpt)
+        for f in ckpt.glob("model.safetensors*"):
+            f.unlink()
+        (ckpt / FSDP_SHARDS).mkdir()
+        (ckpt / FSDP_SHARDS / ".metadata").write_bytes(b"not a pickle")
+    command = ["watch", str(out), "--once", "--device", "cpu"]
+    assert cli(command) == 1
+    err = capsys.readouterr().err
+    assert "2 checkpoint(s) could not be scored" in err and "step 2, 4" in err and "run the same command again" in err
+    assert RunRecord(out / "forgetwatch").eval_steps() == [0, 6]
+
+    for step in (2, 4):  # mended: the checkpoints as training wrote them
+        shutil.rmtree(out / f"checkpoint-{step}")
+        shutil.move(tmp_path / f"good-{step}", out / f"checkpoint-{step}")
+    assert cli(command) == 0
+    assert sorted(RunRecord(out / "forgetwatch").eval_steps()) == [0, 2, 4, 6]
+
+
+def test_ctrl_c_stops_watch_with_a_line_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "run").mkdir()  # no manifest yet: the watcher waits for training to start
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "forgetwatch", "watch", str(tmp_path / "run"), "--poll", "0.2"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "waiting for training to start" in proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert "interrupted" in err and "run the same command again" in err

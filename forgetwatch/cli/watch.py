@@ -46,6 +46,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    try:
+        return _watch(args)
+    except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a failure to show as a traceback
+        print("forgetwatch watch: interrupted; the record keeps every evaluation committed before it (an unfinished one "
+              "is set aside and scored again): run the same command again to go on", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
+
+
+def _watch(args: argparse.Namespace) -> int:
     import time
 
     from ..watch import SidecarError, Watcher
@@ -68,4 +77,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
             time.sleep(args.poll)
     n = watcher.run(once=args.once, poll_seconds=args.poll, timeout=args.timeout)
     print(f"forgetwatch watch: scored {n} checkpoint(s); record: {watcher.monitor.record.root}")
+    if skipped := watcher.unscored():
+        # a script that runs `watch --once` must not take a record with holes for a whole one
+        print(f"forgetwatch watch: {len(skipped)} checkpoint(s) could not be scored and are missing from the record "
+              f"(step {', '.join(map(str, skipped))}; why: the warnings above). Mend or replace them and run the same "
+              "command again: it scores what the record lacks", file=sys.stderr)
+        return 1
     return 0
