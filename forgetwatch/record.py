@@ -236,8 +236,18 @@ class RunRecord:
         """The variants of one evaluation (robustness on), or None when it scored none."""
         return VariantOutcomes.from_arrays(self.read_eval(step))
 
-    def read_metrics(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.root / "metrics.jsonl")
+    def read_metrics(self, checked: bool = False) -> list[dict[str, Any]]:
+        """The evaluations' commit lines. With `checked`, every field is type-checked first (what the figures are made
+        from: a report must not stop on a TypeError), and a line forgetwatch could not have written raises
+        `RecordError` naming the file, the line and the field."""
+        if not checked:
+            return _read_jsonl(self.root / "metrics.jsonl")
+        path = self.root / "metrics.jsonl"
+        rows = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")) if path.is_file() else []
+        for lineno, row in rows:
+            if problem := _metrics_line_problem(row):
+                raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
+        return [row for _, row in rows]
 
     def read_flips(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "flips.jsonl")
@@ -459,6 +469,33 @@ def _new_folder(path: Path) -> Path:
     while target.exists():
         target, n = path.with_name(f"{path.stem}.{n}{path.suffix}" if path.suffix == ".npz" else f"{path.name}.{n}"), n + 1
     return target
+
+
+def _metrics_line_problem(row: dict[str, Any]) -> str | None:
+    """What makes a metrics.jsonl line one forgetwatch could not have written, or None: `step` a whole number >= 0,
+    `epoch` and `seconds` numbers, `metrics` an object of groups, each an object of figures that are numbers (NaN
+    included), true/false or a reason (text)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    step = row.get("step")
+    if "step" not in row:
+        return "field `step` is missing"
+    if not number(step) or isinstance(step, float) or step < 0:
+        return f"field `step` must be a whole number >= 0, not {step!r} ({type(step).__name__})"
+    for field in ("epoch", "seconds"):
+        if field in row and not number(row[field]):
+            return f"field `{field}` must be a number, not {row[field]!r} ({type(row[field]).__name__})"
+    groups = row.get("metrics")
+    if not isinstance(groups, dict):
+        return f"field `metrics` must be an object of groups, not {type(groups).__name__}"
+    for name, figures in groups.items():
+        if not isinstance(figures, dict):
+            return f"field `metrics.{name}` must be an object of figures, not {type(figures).__name__}"
+        for key, value in figures.items():
+            if not isinstance(value, (int, float, str)):  # bool is an int; NaN is a float
+                return f"field `metrics.{name}.{key}` must be a number, not {value!r}"
+    return None
 
 
 def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:

@@ -209,7 +209,7 @@ def _load(output_dir: str | os.PathLike, warn: bool = True) -> tuple[RunRecord, 
         record = load_record(output_dir)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e}; {how}") from None
-    rows = sorted(record.read_metrics(), key=lambda r: r["step"])
+    rows = sorted(record.read_metrics(checked=True), key=lambda r: r["step"])
     if not rows:
         raise ValueError(
             f"{record.root}: the record has no evaluation yet ({record.root / 'metrics.jsonl'} is missing or empty); "

@@ -584,3 +584,33 @@ def test_ctrl_c_stops_watch_with_a_line_not_a_traceback(tmp_path):
         proc.kill()
     assert proc.returncode == 130 and "Traceback" not in err
     assert "interrupted" in err and "run the same command again" in err
+
+
+def test_report_names_a_metrics_line_of_the_wrong_types_instead_of_crashing(sidecar_run, tmp_path, capsys):
+    """Valid JSON, wrong types: `report` used to stop on a TypeError, KeyError or AttributeError (issue 44, case 5)."""
+    pristine, _, _ = sidecar_run
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    assert Watcher(out, device="cpu").run(once=True) == 3
+    metrics = out / "forgetwatch" / "metrics.jsonl"
+    whole = metrics.read_text()
+    lines = whole.splitlines()
+
+    def edited(change):
+        row = json.loads(lines[1])
+        change(row)
+        return "\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n"
+
+    cases = {
+        "field `step` must be a whole number": lambda r: r.update(step="2"),
+        "field `step` is missing": lambda r: r.pop("step"),
+        "field `metrics` must be an object of groups, not list": lambda r: r.update(metrics=[r["metrics"]]),
+        "field `metrics.overall.forgetting` must be a number, not None": lambda r: r["metrics"]["overall"].update(forgetting=None),
+    }
+    for said, change in cases.items():
+        metrics.write_text(edited(change))
+        assert cli(["report", str(out)]) == 2, said
+        err = capsys.readouterr().err
+        assert f"{metrics}, line 2: {said}" in err and "Traceback" not in err
+    metrics.write_text(whole)  # restored as written: the report is made
+    assert cli(["report", str(out)]) == 0
