@@ -208,8 +208,11 @@ class RunRecord:
             raise RecordError(f"{path}: no such evaluation file (step {step} is not in this record)") from None
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
             # never "load it with allow_pickle": a forgetwatch evaluation holds no Python objects, and unpickling a file
-            # runs code
-            raise RecordError(f"{path}: not a readable forgetwatch evaluation ({type(e).__name__}: {e}); it is damaged or "
+            # runs code; so numpy's own advice to do so (its message for a file that is not a zip) is not repeated
+            why = f"{type(e).__name__}: {e}"
+            if isinstance(e, ValueError) and "pickle" in str(e):
+                why = ("an array of Python objects" if "Object arrays" in str(e) else "not a NumPy .npz archive")
+            raise RecordError(f"{path}: not a readable forgetwatch evaluation ({why}); it is damaged or "
                               "not forgetwatch's: move it away and score that step again (`forgetwatch watch` does, for "
                               "a sidecar run)") from None
         if "outcome" not in out:

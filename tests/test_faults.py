@@ -369,7 +369,7 @@ def test_damaged_record_files_are_named_with_their_line(sidecar_run, tmp_path):
     np.savez(rec.eval_path(2), outcome=np.array([{"a": 1}], dtype=object))  # an npz that needs unpickling
     with pytest.raises(RecordError, match="not a readable forgetwatch evaluation") as e:
         rec.read_eval(2)
-    assert "allow_pickle" not in str(e.value).split("(")[0]
+    assert "allow_pickle" not in str(e.value) and "an array of Python objects" in str(e.value)
 
 
 def test_a_corrupt_sharded_checkpoint_is_skipped_and_another_users_is_not_unpickled(sidecar_run, tmp_path, caplog):
@@ -614,3 +614,16 @@ def test_report_names_a_metrics_line_of_the_wrong_types_instead_of_crashing(side
         assert f"{metrics}, line 2: {said}" in err and "Traceback" not in err
     metrics.write_text(whole)  # restored as written: the report is made
     assert cli(["report", str(out)]) == 0
+
+
+def test_a_non_zip_npz_is_named_without_numpys_advice_to_unpickle(tmp_path):
+    """numpy reads a file that is not a zip as a pickle and says to load it with `allow_pickle` / `pickle.load()`:
+    advice forgetwatch never follows (unpickling runs code), so it is not passed on (issue 44, case 8)."""
+    record = RunRecord(tmp_path / "forgetwatch")
+    record.eval_path(2).parent.mkdir(parents=True)
+    record.eval_path(2).write_bytes(b"\x80\x04not an archive of arrays")
+    with pytest.raises(RecordError) as e:
+        record.read_eval(2)
+    message = str(e.value)
+    assert str(record.eval_path(2)) in message and "not a NumPy .npz archive" in message
+    assert "allow_pickle" not in message and "pickle.load" not in message
