@@ -10,6 +10,7 @@ never corrupt it and no reader ever sees half a file.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 import os
@@ -25,12 +26,15 @@ from .commands import quote
 from .errors import CacheFormatError, CacheMismatchError
 from .results import ProbeResults
 from .robustness import SEP, is_variant, serves
+from .weights import compare_weights
 
 __all__ = ["BaseCache", "CacheFormatError", "CacheMismatchError", "make_cache_key"]
 
 # 2: every option's score (`option_scores`), which drift and KL need. Older caches are refused with how to rebuild.
 CACHE_FORMAT = 2
 _META_KEY = b"forgetwatch"
+
+logger = logging.getLogger(__name__)
 
 
 _REBUILD = "not a readable forgetwatch cache; delete it and run `forgetwatch cache` again"
@@ -158,7 +162,8 @@ class BaseCache:
             raise CacheFormatError(f"{path}: {len(results)} rows, but it was made for {n} probes: truncated? {_REBUILD}")
         cache = cls(key, results, reference, variants)
         if expect is not None:
-            cache.check(expect, ignore=ignore, path=path)
+            for note in cache.check(expect, ignore=ignore, path=path):
+                logger.warning("forgetwatch: %s", note)
         return cache
 
     def _reference_columns(self) -> dict[str, Any]:
@@ -170,16 +175,35 @@ class BaseCache:
         return {"reference_outcome": np.concatenate([self.reference.outcome, np.full(pad, -1, np.int8)]),
                 "reference_margin": np.concatenate([self.reference.margin, np.full(pad, np.nan, np.float32)])}
 
-    def check(self, expect: dict[str, Any], ignore: tuple[str, ...] = (), path: Any = "cache") -> None:
-        """Raise `CacheMismatchError` listing every difference between this cache's key and `expect`.
+    def check(self, expect: dict[str, Any], ignore: tuple[str, ...] = (), path: Any = "cache") -> list[str]:
+        """Raise `CacheMismatchError` listing every difference between this cache's key and `expect`; else return the
+        notes worth saying (weight files written again with the same bytes, a cache without a weights fingerprint).
 
         A cache that holds variants serves a run that wants none (its probes' own rows are the same), or fewer of them on
-        the same probes (`robustness.serves`): `variants` is compared only when `expect` has it."""
+        the same probes (`robustness.serves`): `variants` is compared only when `expect` has it. The model's weights
+        fingerprint (`forgetwatch.weights`) refuses other bytes at the same path and only notes new file times; a side
+        without one (a cache of an earlier version, a Hub id) is not compared on it, and `weights_sha256` is compared
+        only when `expect` has it (`forgetwatch cache --hash-weights`)."""
         if "variants" not in expect or serves(self.key.get("variants"), expect["variants"]):
             ignore = (*ignore, "variants")
         a = {k: v for k, v in self.key.items() if k not in ignore}
         b = {k: v for k, v in expect.items() if k not in ignore}
-        diffs = diff_keys(b, a)
+        notes: list[str] = []
+        weights_diff = None
+        if isinstance(a.get("model"), dict) and isinstance(b.get("model"), dict):
+            am, bm = dict(a["model"]), dict(b["model"])
+            cached, now = am.pop("weights", None), bm.pop("weights", None)
+            weights_diff, note = compare_weights(cached, now, str(bm.get("name_or_path") or ""))
+            if note:
+                notes.append(f"{path}: {note}")
+            elif cached is None and now is not None:
+                notes.append(f"{path} was made without the weight files' fingerprint (by a forgetwatch before it existed): "
+                             "other weights saved at the same path cannot be told from these; `forgetwatch cache ... "
+                             f"-o {quote(path)} --force` makes it again with one")
+            if "weights_sha256" not in bm:
+                am.pop("weights_sha256", None)
+            a, b = {**a, "model": am}, {**b, "model": bm}
+        diffs = diff_keys(b, a) + ([weights_diff] if weights_diff else [])
         if diffs:
             hint = ""
             if any(d.startswith("variants") for d in diffs):
@@ -191,6 +215,7 @@ class BaseCache:
                 f"{path}: this base cache was made under another key:\n  " + "\n  ".join(diffs) + hint
                 + "\nScore the base model again with these settings (`forgetwatch cache ...`), or use matching settings."
             )
+        return notes
 
     def for_probes(self, ids: Sequence[str], path: Any = "cache") -> BaseCache:
         """This cache's rows for the probes `ids`, in that order (the reference too); refused with `CacheMismatchError`

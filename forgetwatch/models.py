@@ -261,7 +261,9 @@ def _volatile(key: str) -> bool:
 
 
 def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
-    """What identifies a model for the base cache: its name or path, revision and architecture; optionally a weights hash.
+    """What identifies a model for the base cache: its name or path, revision and architecture; for a local directory,
+    its weight files' fingerprint (`forgetwatch.weights`: sizes and about 1 MiB of sampled bytes per file, so that other
+    weights saved at the same path are not taken for these); optionally a hash of every weight.
 
     Everything here is the same on every rank and under any sharding: the architecture is a hash of the model's config
     (a fine-tune keeps it, another model does not), never a count of the parameters a rank happens to hold (under FSDP1
@@ -272,6 +274,8 @@ def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
         >>> model_identity(model)  # doctest: +SKIP
         {'name_or_path': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'revision': None, 'architecture': 'llama-3f2a9c41d0e6'}
     """
+    from .weights import weights_fingerprint
+
     config = getattr(model, "config", None)
     ident: dict[str, Any] = {
         # a local path spelled relative or absolute is one model: the cache key must not depend on the spelling
@@ -279,6 +283,9 @@ def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
         "revision": getattr(config, "_commit_hash", None),
         "architecture": architecture_id(config),
     }
+    # other weights saved at the same path keep the name and the architecture: the files' fingerprint tells them apart
+    if ident["name_or_path"] and (fingerprint := weights_fingerprint(ident["name_or_path"])) is not None:
+        ident["weights"] = fingerprint
     if weights_hash:
         ident["weights_sha256"] = hash_weights(model)
     return ident

@@ -33,7 +33,9 @@ def add_cache(sub) -> None:
                         "model, probes and scoring key) nothing is scored and it is kept (exit 0); any other file is "
                         "refused, saying what differs")
     c.add_argument("--force", action="store_true", help="score again and replace the -o file if it exists")
-    c.add_argument("--hash-weights", action="store_true", help="put a hash of the weights in the cache key (reads every weight)")
+    c.add_argument("--hash-weights", action="store_true",
+                   help="put a hash of every weight in the cache key (reads every weight). Without it the key holds the "
+                        "weight files' sizes and sampled bytes, which tell other weights saved at the same path apart")
     scoring_args(c, defaults=True)
     c.set_defaults(func=cmd_cache)
 
@@ -63,6 +65,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from ..models import check_model_path, local_model_path, model_identity
     from ..noise import NoiseFloor
     from ..scoring import describe_precision
+    from ..weights import weights_fingerprint
 
     exists = check_output(args.output, (".parquet", ".jsonl"), "base.parquet", {"--probes": args.probes}) and not args.force
     probes = read_probes(args)
@@ -75,12 +78,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
     model, tokenizer = open_model(args, dtype)
     identity = model_identity(model, weights_hash=args.hash_weights)
     # the identity as a callback computes it (`model_identity`): a local path resolved, so ./base and /work/base match
-    identity["name_or_path"] = local_model_path(args.model) if args.model != "smollm2" else identity["name_or_path"]
+    if args.model != "smollm2" and identity["name_or_path"] != local_model_path(args.model):
+        identity["name_or_path"] = local_model_path(args.model)
+        identity.pop("weights", None)  # the fingerprint goes with the name: the files of the path given
+        if (fingerprint := weights_fingerprint(identity["name_or_path"])) is not None:
+            identity["weights"] = fingerprint
     identity["revision"] = args.revision or identity["revision"]
     if old is not None:
         # the whole key is known before scoring: the same cache again is kept, anything else is refused
         key = make_cache_key(identity, probes, config.key(tokenizer, describe_precision(model, autocast=autocast)), variants_key)
-        _same_cache_or_refuse(old, key, args.output)
+        for note in _same_cache_or_refuse(old, key, args.output):
+            print(f"forgetwatch: note: {note}", file=sys.stderr)
         print(f"{args.output} already holds this cache (same model, probes and scoring): nothing scored, nothing written; "
               "pass --force to score again and replace it")
         return 0
@@ -133,17 +141,18 @@ def _existing_cache(path: str, probes: ProbeSet):
     return old
 
 
-def _same_cache_or_refuse(old, key: dict[str, Any], path: str) -> None:
+def _same_cache_or_refuse(old, key: dict[str, Any], path: str) -> list[str]:
     from ..cache import CacheMismatchError
 
     try:
-        old.check(key, path=path)
+        notes = old.check(key, path=path)
     except CacheMismatchError as e:
         raise ValueError(f"-o {path} exists and holds a cache made under another key ({_differences(e)}); forgetwatch "
                          "never replaces a file without being asked: choose another -o, or pass --force to replace it") from None
     if old.reference is None and str(key["scoring"].get("precision", "float32")) != "float32":
         raise ValueError(f"-o {path} exists and holds this cache without the fp32 reference (the precision noise floor) "
                          "this command adds; pass --force to score again and replace it")
+    return notes
 
 
 def _differences(e: Exception) -> str:
