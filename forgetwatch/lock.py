@@ -38,7 +38,7 @@ from typing import Any
 from ._io import pid_alive
 from .errors import RecordInUseError
 
-__all__ = ["RecordInUseError", "RecordLock", "acquire", "ROLES"]
+__all__ = ["RecordInUseError", "RecordLock", "acquire", "live_holder", "ROLES"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,30 @@ def acquire(output_dir: str | os.PathLike, role: str, run: str | None = None) ->
             os.register_at_fork(after_in_child=_forget_in_child)
     threading.Thread(target=lock._beat, name=f"forgetwatch-{role}-lock", daemon=True).start()
     return lock
+
+
+def live_holder(output_dir: str | os.PathLike, role: str) -> dict[str, Any] | None:
+    """Who holds the `role` lock of the record in `output_dir` (host, pid, run, since), while it lives; None when nobody
+    does. Read, never taken: a reader (`forgetwatch report`) must not stand in a writer's way, even for an instant, nor
+    need to write where it only reads.
+
+    Example:
+        >>> live_holder("outputs/run", "scoring")  # doctest: +SKIP
+        {'host': 'node1', 'pid': 4242, 'run': 'forgetwatch watch outputs/run', 'role': 'scoring', 'since': ..., 'released': None}
+    """
+    path = Path(output_dir) / f".forgetwatch-{role}.lock"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(65536)
+        info = json.loads(data.decode("utf-8")) if data.strip() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("released"):
+        return None
+    with _HELD_GUARD:
+        if _key(path) in _HELD:  # this very process writes it (a notebook reporting on its own run)
+            return info
+    return info if _maybe_alive(info, path) else None
 
 
 _HELD_AT_FORK: list[bool] = []

@@ -342,9 +342,33 @@ class RunRecord:
                 out.append(f"{folder}/ (unreadable: {e.strerror or e})")
         return out
 
-    def check(self, fingerprint: str | None = None, n: int | None = None) -> list[str]:
+    def being_written(self) -> tuple[int, dict[str, Any]] | None:
+        """The evaluation a live writer is writing now, and who: the latest npz without its `metrics.jsonl` line while
+        the record's scoring lock is held by a live process (`forgetwatch.lock.live_holder`); None otherwise. Its files
+        are not yet part of the record: not in its figures, and not a problem of it."""
+        from .lock import live_holder
+
+        unfinished = [s for s in self._npz_steps() if s not in set(self.committed_steps())]
+        if not unfinished:
+            return None
+        holder = live_holder(self.root.parent if self.root.name == "forgetwatch" else self.root, "scoring")
+        if holder is None:
+            return None
+
+        def written(step: int) -> float:
+            try:
+                return self.eval_path(step).stat().st_mtime
+            except OSError:
+                return 0.0
+
+        # one writer scores one evaluation at a time: the newest file is its; an older one was left by a crash
+        return max(unfinished, key=lambda s: (written(s), s)), holder
+
+    def check(self, fingerprint: str | None = None, n: int | None = None,
+              writing: int | None = None) -> list[str]:
         """What is wrong with this record, for `forgetwatch report`: steps repeated or out of order, evaluations without
-        their commit line or the other way round, npz files of another probe count or probe set. Empty when whole."""
+        their commit line or the other way round, npz files of another probe count or probe set. Empty when whole.
+        `writing`: the step a live writer is writing now (`being_written`), whose missing line is no problem."""
         problems = []
         steps = [r.get("step") for r in self.read_metrics()]
         repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
@@ -354,7 +378,7 @@ class RunRecord:
         if any(isinstance(a, int) and isinstance(b, int) and b < a for a, b in zip(steps, steps[1:], strict=False)):
             problems.append(f"metrics.jsonl's steps are out of order ({', '.join(map(str, steps[:12]))}"
                             f"{', ...' if len(steps) > 12 else ''}): two runs wrote into one record?")
-        files = self._npz_steps()
+        files = [s for s in self._npz_steps() if s != writing or s in steps]  # committed meanwhile: an evaluation
         if missing := sorted({s for s in steps if isinstance(s, int)} - set(files)):
             problems.append(f"step(s) {', '.join(map(str, missing))} have a metrics.jsonl line but no evals/ file")
         if unfinished := [s for s in files if s not in set(steps)]:

@@ -99,7 +99,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     """
     if max_rows < 0:
         raise ValueError(f"`max_rows` must be >= 0, got {max_rows}")
-    record, probes, rows, problems = _load(output_dir)
+    record, probes, rows, problems, writing = _load(output_dir)
     figure_cls, canvas_cls = _matplotlib()  # fail before writing anything
     out = Path(out_dir) if out_dir is not None else record.root / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,8 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
             fig.savefig(f, format="png", dpi=_DPI)
 
     forgotten, learned = _final_flips(record, probes, rows[-1]["step"])
-    page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows, train_source)
+    page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows, train_source,
+                 writing)
     page = page.replace("<!--problems-->", _problems(problems))
     page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
     robust = _robust_section(record, probes, rows, max_rows)
@@ -166,7 +167,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
         step 40: F 0.205 [0.16, 0.26] adj 0.125, BT 0.020 [0.01, 0.05]; probing 28.1 s
         most forgotten (surest first): sciq F 0.260 of 100, arc_easy F 0.150 of 100
     """
-    record, probes, rows, problems = _load(output_dir, warn=False)  # the page's making warns of its problems
+    record, probes, rows, problems, writing = _load(output_dir, warn=False)  # the page's making warns of its problems
     final = rows[-1]
     steps = [r["step"] for r in rows]
     name = record.root.parent.name if record.root.name == "forgetwatch" else record.root.name
@@ -191,6 +192,8 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
         where = f"step {within.get('step')}" + (f" ({within['checkpoint']})" if within.get("checkpoint") else "")
         lines.append(f"budget {limits} (on_budget {budget.get('on_budget')}): {said or 'never exceeded'}; last within "
                      f"budget: {where}")
+    if writing:
+        lines.append(f"being written: {writing}")
     if problems:
         lines.append(f"record problems: {len(problems)} (the page lists them)")
     rewound = read_rewind(record.root)
@@ -200,7 +203,10 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
 
 
 # -- the record ---------------------------------------------------------------------------------------------
-def _load(output_dir: str | os.PathLike, warn: bool = True) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]], list[str]]:
+def _load(output_dir: str | os.PathLike, warn: bool = True
+          ) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]], list[str], str | None]:
+    """The record, its probes, its committed metrics rows in step order, its problems, and the evaluation a live writer is
+    writing now (said, not a problem; None when none)."""
     how = ("run training with `ForgetWatchCallback` (it writes the record under <output_dir>/forgetwatch/), "
            "then pass that output_dir")
     if not Path(output_dir).is_dir():
@@ -216,10 +222,18 @@ def _load(output_dir: str | os.PathLike, warn: bool = True) -> tuple[RunRecord, 
             "the callback writes the first one (the base model, step 0) when training starts"
         )
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
-    problems = record.check(probes.fingerprint, len(probes))
+    # read while a writer scores: its newest evaluation has an npz and no line yet, which is no damage
+    busy = record.being_written()
+    problems = record.check(probes.fingerprint, len(probes), writing=busy[0] if busy else None)
     for problem in problems if warn else []:  # the page shows them too: a figure from a mixed record is not the run's
         logger.warning("forgetwatch report: %s", problem)
-    return record, probes, rows, problems
+    writing = None
+    if busy is not None:
+        step, holder = busy
+        writing = (f"step {step}, by {holder.get('run')} (pid {holder.get('pid')} on {holder.get('host')}), which holds "
+                   "the record's scoring lock: its per-probe file is written and its metrics.jsonl line not yet; not in "
+                   "these figures (report again once it is written)")
+    return record, probes, rows, problems, writing
 
 
 # the trainer's log keys drawn beside the forgetting curves: loss panel, then reward panel (GRPO)
@@ -975,7 +989,8 @@ def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_st
 
 
 def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: list[str], figures: list[str],
-          forgotten: list[dict[str, Any]], learned: list[dict[str, Any]], max_rows: int, train_source: str = "") -> str:
+          forgotten: list[dict[str, Any]], learned: list[dict[str, Any]], max_rows: int, train_source: str = "",
+          writing: str | None = None) -> str:
     from . import __version__
 
     final = rows[-1]
@@ -996,6 +1011,8 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         ("final evaluation", f"step {final['step']}, epoch {float(final.get('epoch') or 0):.2f}"),
         ("trainer log", train_source or "none (kept by the callback from this version on; else a trainer_state.json)"),
     ]
+    if writing:  # an evaluation a live writer has begun: not in these figures until its line is written
+        meta.append(("being written", writing))
     if aside := record.kept_aside():  # what a crash or a resume took out of these figures, kept beside them
         meta.append(("set aside", f"{', '.join(aside)} (in the record; not in these figures: "
                                   "recovered/ holds a crash's unfinished writes, superseded/ what a resume from an earlier "

@@ -26,7 +26,9 @@ from forgetwatch.models import model_identity
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.weights import weights_fingerprint
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
+              pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,3 +123,57 @@ def test_a_cache_made_before_weight_fingerprints_still_serves(capsys, tmp_path, 
     assert code == 0 and KEPT in out and "note" not in err, err
     # a Hub id has no files here to fingerprint: its revision names its weights
     assert weights_fingerprint("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+
+
+# -- case 9: a record read while it is written, or where it cannot be written ----------------------------------------
+@pytest.fixture(scope="module")
+def run_dir(tokenizer, tmp_path_factory) -> Path:
+    """A real inline-scored SFT run of 4 steps: evaluations at steps 0, 2, 4 (read-only for the tests: copy it)."""
+    from test_callback import sft_trainer, watcher
+
+    out = tmp_path_factory.mktemp("second") / "run"
+    with pytest.MonkeyPatch.context():
+        sft_trainer(tokenizer, out, [watcher()], max_steps=4).train()
+    return out
+
+
+def mid_evaluation(run_dir: Path, dest: Path) -> Path:
+    """A copy of the run as a report finds it while step 4 is being written: its npz is there, its line not yet."""
+    shutil.copytree(run_dir, dest)
+    metrics = dest / "forgetwatch" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["step"] == 4 and (dest / "forgetwatch" / "evals" / "step-00000004.npz").is_file()
+    metrics.write_text("".join(lines[:-1]))
+    return dest
+
+
+def hold_lock(output_dir: Path, role: str = "scoring") -> subprocess.Popen:
+    """Another live process holding the record's `role` lock, as `forgetwatch watch` or a training run does."""
+    code = ("import sys, time; from forgetwatch.lock import acquire; "
+            f"acquire(sys.argv[1], {role!r}, run='forgetwatch watch (a test)'); print('held', flush=True); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(output_dir)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_report_read_while_an_evaluation_is_written_says_so_and_finds_no_problem(run_dir, tmp_path, capsys):
+    from forgetwatch.report import summarize_run
+
+    out = mid_evaluation(run_dir, tmp_path / "run")
+    holder = hold_lock(out)
+    try:
+        code, stdout, err = run(capsys, "report", out)
+        assert code == 0, err
+        page = (out / "forgetwatch" / "report" / "report.html").read_text()
+        assert "not consistent" not in page and "record problems" not in stdout, stdout
+        assert "2 evaluations, at steps 0, 2\n" in stdout, stdout
+        said = f"being written: step 4, by forgetwatch watch (a test) (pid {holder.pid} on"
+        assert said in stdout and "not in these figures" in stdout, stdout
+        assert "being written" in page
+    finally:
+        holder.kill()
+        holder.wait()
+    # the writer gone without its line (killed): the same files are an unfinished evaluation, a problem of the record
+    summary = summarize_run(out)
+    assert "being written" not in summary and "record problems: 1" in summary, summary
