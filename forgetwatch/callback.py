@@ -23,7 +23,7 @@ from .distributed import broadcast_from_main, score_distributed
 from .docs import docs_hint
 from .drift import RiskRule
 from .fit import ProbeFit, drop_unfit, measure_fit, write_dropped
-from .lock import RecordInUseError, acquire
+from .lock import RecordInUseError, RecordUnwritableError, acquire
 from .loggers import make_loggers
 from .models import model_identity
 from .monitor import PREFIX, Monitor
@@ -282,7 +282,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # live run's output_dir would move its record away under it and interleave their steps. Refused on every rank.
         busy = broadcast_from_main(self._take_locks(args) if self._is_main else None)
         if busy is not None:
-            raise RecordInUseError(busy)
+            raise busy
         # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
         # see, a cache written while another reads) would score apart and the others wait forever.
         cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
@@ -400,9 +400,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._release_locks()
 
     # -- one writer per record ---------------------------------------------------------------------------------
-    def _take_locks(self, args) -> str | None:
-        """Take the record's training lock (and, scoring inline, its scoring lock); the refusal's text when another live
-        process holds one."""
+    def _take_locks(self, args) -> Exception | None:
+        """Take the record's training lock (and, scoring inline, its scoring lock); the error to raise when another live
+        process holds one (`RecordInUseError`) or the directory cannot be written (`RecordUnwritableError`)."""
         self._release_locks()
         run = f"{args.run_name or Path(args.output_dir).name} (training)"
         try:
@@ -414,7 +414,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 self._locks.pop().release()
         except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
             self._release_locks()
-            return f"{type(e).__name__}: {e}" if not isinstance(e, RecordInUseError) else str(e)
+            # another writer, or a directory nobody can write in (a read-only file system is no writer's fault)
+            return e if isinstance(e, (RecordInUseError, RecordUnwritableError)) else RecordInUseError(f"{type(e).__name__}: {e}")
         return None
 
     def _release_locks(self) -> None:

@@ -12,6 +12,7 @@ The tree (each error also keeps the builtin base it had before the root existed,
   + CacheFormatError        [ValueError]       a damaged base cache file                       (cache)
   + RecordError             [ValueError]       a record file forgetwatch cannot read           (record)
   + RecordInUseError        [BlockingIOError]  another live process writes this record         (lock)
+  + RecordUnwritableError   [OSError]          the record's directory cannot be written        (lock)
   + SidecarError            [ValueError]       an output directory that cannot be watched      (watch)
   + InterpolationError      [ValueError]       models or settings that cannot be interpolated  (interpolate)
   + SamplesFormatError      [ValueError]       a per-sample evaluation file, unknown or broken (samples)
@@ -42,6 +43,7 @@ __all__ = [
     "ProbeSetError",
     "RecordError",
     "RecordInUseError",
+    "RecordUnwritableError",
     "RobustnessError",
     "SamplesFormatError",
     "SidecarError",
@@ -95,6 +97,11 @@ class RecordError(ForgetWatchError, ValueError):
 
 class RecordInUseError(ForgetWatchError, BlockingIOError):
     """Another live process writes this record; the message names it and says what to do."""
+
+
+class RecordUnwritableError(ForgetWatchError, OSError):
+    """The directory a record is to be written in cannot be written (read-only file system, permission denied); the
+    message names it and the way on. Readers (`forgetwatch report`) never raise it."""
 
 
 # -- tools: watch, interpolate, compare ------------------------------------------------------------------------------

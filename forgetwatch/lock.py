@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -36,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ._io import pid_alive
-from .errors import RecordInUseError
+from .errors import RecordInUseError, RecordUnwritableError
 
-__all__ = ["RecordInUseError", "RecordLock", "acquire", "live_holder", "ROLES"]
+__all__ = ["RecordInUseError", "RecordUnwritableError", "RecordLock", "acquire", "live_holder", "ROLES"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +99,19 @@ def acquire(output_dir: str | os.PathLike, role: str, run: str | None = None) ->
     if role not in ROLES:
         raise ValueError(f"lock role must be one of {', '.join(ROLES)}, got {role!r}")
     path = Path(output_dir) / f".forgetwatch-{role}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
     with _HELD_GUARD:
         mine = _HELD.get(_key(path))
     if mine is not None:
         logger.info("forgetwatch: this process held the %s lock of %s already (an earlier run in it); taking it over",
                     role, output_dir)
         mine.release()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno in _UNWRITABLE:  # not another writer: no writer at all can write here
+            raise RecordUnwritableError(unwritable(output_dir, e, role)) from e
+        raise
     try:
         locked = _flock(fd)
         prev = _read_info(fd)  # after the flock: a holder that released meanwhile has said so
@@ -229,6 +235,19 @@ def _describe(info: dict[str, Any] | None) -> str:
     since = info.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
     return f"{info.get('run')!s} (pid {info.get('pid')} on {info.get('host')}, since {when})"
+
+
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def unwritable(output_dir: Any, error: OSError, role: str = "training") -> str:
+    """The refusal of an output_dir that cannot be written: what it is, and the way on."""
+    what = {"training": "the training run's record and its writer lock",
+            "scoring": "the evaluations `forgetwatch watch` scores, and its writer lock"}[role]
+    where = error.filename or output_dir
+    return (f"{output_dir}: cannot write to {where}: {(error.strerror or str(error)).lower()}. forgetwatch writes {what} "
+            "there: give an output_dir you can write (`forgetwatch report` only reads a record, and writes its page where "
+            "it can)")
 
 
 def _refusal(output_dir: Any, role: str, holder: dict[str, Any] | None) -> str:

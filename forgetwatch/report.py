@@ -101,7 +101,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
         raise ValueError(f"`max_rows` must be >= 0, got {max_rows}")
     record, probes, rows, problems, writing = _load(output_dir)
     figure_cls, canvas_cls = _matplotlib()  # fail before writing anything
-    out = Path(out_dir) if out_dir is not None else record.root / "report"
+    out = Path(out_dir) if out_dir is not None else _writable(record.root / "report", output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     names = [c for c in rows[-1]["metrics"] if c != OVERALL]
@@ -234,6 +234,27 @@ def _load(output_dir: str | os.PathLike, warn: bool = True
                    "the record's scoring lock: its per-probe file is written and its metrics.jsonl line not yet; not in "
                    "these figures (report again once it is written)")
     return record, probes, rows, problems, writing
+
+
+def _writable(default: Path, output_dir: Any) -> Path:
+    """The report's folder: `default` (in the record) where it can be written; else, a record on a read-only file system
+    or of another user, a folder of the system's temporary directory named after it (a report only reads the record)."""
+    try:
+        default.mkdir(parents=True, exist_ok=True)
+        if os.access(default, os.W_OK):
+            return default
+        reason = "permission denied"
+    except OSError as e:
+        reason = (e.strerror or str(e)).lower()
+    import hashlib
+    import tempfile
+
+    where = str(default.resolve())
+    name = default.parent.parent.name if default.parent.name == "forgetwatch" else default.parent.name
+    out = Path(tempfile.gettempdir()) / f"forgetwatch-report-{name}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+    logger.warning("forgetwatch report: cannot write to %s (%s): the record is only read, and the page goes to %s "
+                   "(`forgetwatch report %s --output DIR` chooses where)", default, reason, out, output_dir)
+    return out
 
 
 # the trainer's log keys drawn beside the forgetting curves: loss panel, then reward panel (GRPO)

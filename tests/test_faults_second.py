@@ -8,8 +8,10 @@ root, whom `chmod` does not stop), and the long probe is tokenized by a real tok
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from conftest import build_model, build_tokenizer
 
 from forgetwatch.cache import BaseCache, CacheMismatchError, make_cache_key
 from forgetwatch.cli import main
+from forgetwatch.errors import RecordUnwritableError
 from forgetwatch.models import model_identity
 from forgetwatch.probes import Probe, ProbeSet
 from forgetwatch.weights import weights_fingerprint
@@ -177,3 +180,106 @@ def test_a_report_read_while_an_evaluation_is_written_says_so_and_finds_no_probl
     # the writer gone without its line (killed): the same files are an unfinished evaluation, a problem of the record
     summary = summarize_run(out)
     assert "being written" not in summary and "record problems: 1" in summary, summary
+
+
+def in_read_only(path: Path, fn):
+    """`fn()` in a forked child that sees `path` as a read-only bind mount: a mount namespace of its own (nothing else
+    sees the mount, and it ends with the child). Returns `("ok", value)` or `("raised", exception)`.
+
+    As root `chmod` stops no write, and this machine's Python lives under /root, which an unprivileged user cannot run:
+    a read-only file system is the real fault that is left (EROFS stops root too)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+            for cmd in (["mount", "--make-rprivate", "/"], ["mount", "--bind", "-o", "ro", str(path), str(path)]):
+                subprocess.run(cmd, check=True, capture_output=True)
+            try:
+                result = ("ok", fn())
+            except Exception as e:  # noqa: BLE001 - handed to the parent, which asserts on it
+                result = ("raised", e)
+            data = pickle.dumps(result)
+        except BaseException as e:  # noqa: BLE001 - no mount namespace here: the parent skips
+            data = pickle.dumps(("setup", f"{type(e).__name__}: {e}"))
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "setup":
+        pytest.skip(f"a read-only bind mount needs a private mount namespace (root, CAP_SYS_ADMIN): {value}")
+    return kind, value
+
+
+def test_training_into_a_read_only_output_dir_is_refused_as_unwritable_not_in_use(tokenizer, tmp_path):
+    from test_callback import sft_trainer, watcher
+
+    from forgetwatch.lock import acquire
+
+    readonly, elsewhere = tmp_path / "readonly", tmp_path / "elsewhere"
+    readonly.mkdir()
+
+    def train():
+        try:
+            sft_trainer(tokenizer, readonly, [watcher()], max_steps=2).train()
+        except RecordUnwritableError as e:
+            refusal = str(e)
+        # the advice, followed: another output_dir, which can be written
+        sft_trainer(tokenizer, elsewhere, [watcher()], max_steps=2).train()
+        try:
+            acquire(readonly, "scoring", run="forgetwatch watch")  # what `forgetwatch watch` takes first
+        except RecordUnwritableError as e:
+            return refusal, str(e)
+
+    kind, value = in_read_only(readonly, train)
+    assert kind == "ok" and value is not None, value
+    refusal, watching = value
+    assert refusal == (f"{readonly}: cannot write to {readonly / '.forgetwatch-training.lock'}: read-only file system. "
+                       "forgetwatch writes the training run's record and its writer lock there: give an output_dir you "
+                       "can write (`forgetwatch report` only reads a record, and writes its page where it can)")
+    assert "one record takes one writer" not in refusal
+    assert watching.startswith(f"{readonly}: cannot write to {readonly / '.forgetwatch-scoring.lock'}: read-only file "
+                               "system. forgetwatch writes the evaluations `forgetwatch watch` scores")
+    assert [json.loads(line)["step"] for line in (elsewhere / "forgetwatch" / "metrics.jsonl").read_text().splitlines()] == [0, 2]
+    assert list(readonly.iterdir()) == []
+
+
+def test_a_report_of_a_read_only_record_is_made_without_writing_into_it(run_dir, tmp_path):
+    import logging
+
+    from forgetwatch.report import make_report
+
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    chosen = tmp_path / "page"
+
+    def report():
+        said = []
+        handler = logging.Handler()
+        handler.emit = lambda record: said.append(record.getMessage())
+        logging.getLogger("forgetwatch").addHandler(handler)
+        try:
+            page = make_report(out)
+            # the warning's advice, followed: --output names where the page goes
+            assert main(["report", str(out), "--output", str(chosen)]) == 0
+        finally:
+            logging.getLogger("forgetwatch").removeHandler(handler)
+        return str(page), said
+
+    kind, value = in_read_only(out, report)
+    assert kind == "ok", value
+    page, said = value
+    assert Path(page).is_file() and Path(page).parent.name.startswith("forgetwatch-report-run-"), page
+    assert f"forgetwatch report: cannot write to {out / 'forgetwatch' / 'report'} (read-only file system): the record is " \
+           f"only read, and the page goes to {Path(page).parent} (`forgetwatch report {out} --output DIR` chooses where)" in said
+    assert (chosen / "report.html").is_file()
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing written into the record
+    shutil.rmtree(Path(page).parent)
