@@ -31,7 +31,7 @@ from .probes import Probe, ProbeSet
 from .requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest, encode
 from .robustness import SEP as VARIANT_SEP
 
-__all__ = ["ProbeFit", "context_limit", "drop_unfit", "measure_fit", "probe_lengths", "write_dropped"]
+__all__ = ["ProbeFit", "context_limit", "drop_unfit", "measure_fit", "probe_lengths", "screen_long", "write_dropped"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,12 @@ class ProbeFit:
     lengths: dict[str, int]
     limit: int | None
     suites: dict[str, str]  # probe id -> its suite (`source`, else its category)
+    # probes whose question's first characters alone are over the context: their length is a lower bound (`screen_long`)
+    at_least: frozenset[str] = frozenset()
+
+    def tokens(self, pid: str) -> str:
+        """A probe's length as said: `1,653 tokens`, or `over 8,256 tokens` for one only its prefix was measured of."""
+        return f"over {self.lengths[pid]:,} tokens" if pid in self.at_least else f"{self.lengths[pid]:,} tokens"
 
     @property
     def unfit(self) -> list[str]:
@@ -131,7 +137,7 @@ class ProbeFit:
     def refusal(self, option: str = "unfit_probes") -> ProbeSetError:
         """The error that refuses this set: which probes, of which suites, the context, and the ways out."""
         over = self.unfit
-        listed = ", ".join(f"{pid} ({self.lengths[pid]:,} tokens)" for pid in over[:3]) + (" ..." if len(over) > 3 else "")
+        listed = ", ".join(f"{pid} ({self.tokens(pid)})" for pid in over[:3]) + (" ..." if len(over) > 3 else "")
         total: dict[str, int] = {}
         bad: dict[str, int] = {}
         for pid, suite in self.suites.items():
@@ -140,7 +146,9 @@ class ProbeFit:
         for pid in over:
             bad[self.suites.get(pid, "")] = bad.get(self.suites.get(pid, ""), 0) + 1
         longest = self.longest_by_suite()
-        per_suite = "; ".join(f"{s or 'probes'}: {bad.get(s, 0)} of {total[s]} over, longest {longest[s]:,}"
+        lower = {self.suites.get(pid, "") for pid in self.at_least if self.lengths[pid] == longest[self.suites.get(pid, "")]}
+        per_suite = "; ".join(f"{s or 'probes'}: {bad.get(s, 0)} of {total[s]} over, longest "
+                              f"{'over ' if s in lower else ''}{longest[s]:,}"
                               for s in sorted(total, key=lambda s: -bad.get(s, 0)))
         fitting = [s for s in total if s and not bad.get(s)]
         return ProbeSetError(
@@ -162,8 +170,38 @@ def measure_fit(model: Any, tokenizer: Any, probes: Sequence[Probe], config: Any
     limit = context_limit(model)
     probes = list(probes)
     suites = {p.id: p.source or p.category for p in probes}
-    lengths = probe_lengths(tokenizer, probes, config) if limit is not None else {}
-    return ProbeFit(lengths, limit, suites)
+    if limit is None:
+        return ProbeFit({}, limit, suites)
+    over = screen_long(tokenizer, probes, limit)
+    lengths = probe_lengths(tokenizer, [p for p in probes if p.id not in over], config)
+    return ProbeFit({**lengths, **over}, limit, suites, frozenset(over))
+
+
+# A probe is measured whole only when its question's first PREFIX_CHARS_PER_TOKEN * (limit + SLACK) characters fit: a 5 MB
+# question is refused on its first 130 KB (8k context) instead of being tokenized whole (tens of seconds, gigabytes).
+# 16 characters a token is beyond any text's average (English runs 4 to 5); a text of longer tokens is measured whole.
+PREFIX_CHARS_PER_TOKEN = 16
+# tokens the cut at the prefix's end can add (a word split in two) before the count proves anything about the whole
+SLACK = 64
+
+
+def screen_long(tokenizer: Any, probes: Sequence[Probe], limit: int) -> dict[str, int]:
+    """The probes whose question alone, by its first characters, is longer than `limit` tokens, with the tokens counted
+    in that prefix (a lower bound of what scoring them would put before the model); the others are not measured here.
+
+    Example:
+        >>> screen_long(tokenizer, [Probe("q", "short", "word " * 10**6, answers=("a",))], 8192)  # doctest: +SKIP
+        {'q': 26214}
+    """
+    chars = PREFIX_CHARS_PER_TOKEN * (limit + SLACK)
+    over = {}
+    for p in probes:
+        if len(p.question) <= chars:
+            continue
+        n = len(tokenizer(p.question[:chars], add_special_tokens=False)["input_ids"])
+        if n > limit + SLACK:
+            over[p.id] = n - SLACK
+    return over
 
 
 def drop_unfit(probes: ProbeSet, fit: ProbeFit, *, warn: bool = True) -> tuple[ProbeSet, dict[str, int]]:

@@ -94,6 +94,20 @@ def full_precision(model: torch.nn.Module) -> Iterator[bool]:
             model.forward = wrapped
 
 
+def _refuse_long_questions(model: Any, tokenizer: Any, probes: list[Probe]) -> None:
+    """Refuse, as the engine would, the probes whose question alone is over the model's context by its first characters
+    (`fit.screen_long`): a 5 MB probe is refused on its first characters, not after tokenizing it whole."""
+    from .fit import context_limit, screen_long
+
+    limit = context_limit(model)
+    over = screen_long(tokenizer, probes, limit) if limit is not None else {}
+    if over:
+        listed = ", ".join(f"{pid} (over {n:,} tokens)" for pid, n in list(over.items())[:5])
+        raise ProbeSetError(f"{len(over)} probe(s) do not fit the model's context of {limit} tokens with their question "
+                            f"alone: {listed}{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or shorten "
+                            "their text")
+
+
 def score_probes(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -143,6 +157,8 @@ def score_probes(
 
     from tqdm.auto import tqdm
 
+    if engine is None and model is not None and not sync_ranks:  # with sync_ranks the engine decides for every rank
+        _refuse_long_questions(model, tokenizer, probes)
     bar = tqdm(total=len(probes), desc=desc, disable=not progress, unit="probe")
     if engine is None:
         engine = make_engine(config.engine, model, tokenizer, batch_size=config.batch_size,

@@ -283,3 +283,43 @@ def test_a_report_of_a_read_only_record_is_made_without_writing_into_it(run_dir,
     assert (chosen / "report.html").is_file()
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing written into the record
     shutil.rmtree(Path(page).parent)
+
+
+# -- case 9: a probe far longer than the model's context -------------------------------------------------------------
+def test_a_probe_far_over_the_context_is_refused_on_its_first_characters(tokenizer, tiny_model_dir, tmp_path, capsys,
+                                                                          monkeypatch):
+    """A 2 MB question for a context of 512 tokens: refused, named, without the whole text ever being tokenized (the
+    text each tokenizer call gets is recorded; before, measuring it took tens of seconds and gigabytes at 5 MB)."""
+    from transformers import AutoTokenizer
+
+    from forgetwatch import ForgetWatchCallback, ProbeSetError
+
+    longest = []  # the longest text each call of a tokenizer was given (an observer: the call goes through unchanged)
+    for cls in {type(tokenizer), type(AutoTokenizer.from_pretrained(tiny_model_dir))}:
+        def spy(self, text=None, *args, _call=cls.__call__, **kwargs):
+            texts = [text] if isinstance(text, str) else list(text or [])
+            longest.append(max((len(t) for t in texts if isinstance(t, str)), default=0))
+            return _call(self, text, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__call__", spy)
+    text = "the quick brown fox jumps over the lazy dog " * 50_000  # 2.2 MB
+    probes = [Probe("huge", "mcq", text, ("yes", "no"), 0, category="big"),
+              *(Probe(f"q{i}", "mcq", f"Question {i}: which?", ("Paris", "London"), i % 2) for i in range(4))]
+    model = build_model(tokenizer)
+    callback = ForgetWatchCallback(ProbeSet(probes), eval_steps=2)
+    with pytest.raises(ProbeSetError) as refused:
+        callback.fit_probes(model, tokenizer)
+    said = str(refused.value)
+    assert said.startswith("1 of 5 probe(s) do not fit the model's context of 512 tokens"), said
+    assert "huge (over " in said and "big: 1 of 1 over, longest over " in said and "unfit_probes='drop'" in said
+    # the refusal's other way, taken: dropped with a warning, the other probes kept
+    dropping = ForgetWatchCallback(ProbeSet(probes), eval_steps=2, unfit_probes="drop")
+    dropping.fit_probes(model, tokenizer)
+    assert dropping.probes.ids == ["q0", "q1", "q2", "q3"]
+    # the command line, which scores without the callback's measure, refuses it the same way
+    path = tmp_path / "probes.jsonl"
+    ProbeSet(probes).to_jsonl(path)
+    code, _, err = run(capsys, "cache", "--model", tiny_model_dir, "--probes", path, "-o", tmp_path / "base.parquet")
+    assert code == 2 and "do not fit the model's context of 512 tokens" in err and "huge (over " in err, err
+    assert "Remove them from the probe set, or shorten their text" in err
+    assert max(longest) < len(text) // 10, "the whole text was tokenized"
