@@ -12,6 +12,7 @@ The tree (each error also keeps the builtin base it had before the root existed,
   + CacheFormatError        [ValueError]       a damaged base cache file                       (cache)
   + RecordError             [ValueError]       a record file forgetwatch cannot read           (record)
   + RecordInUseError        [BlockingIOError]  another live process writes this record         (lock)
+  + ProbeSetChangedError    [ValueError]       a run's probes are not the record's pinned set  (segments)
   + SidecarError            [ValueError]       an output directory that cannot be watched      (watch)
   + InterpolationError      [ValueError]       models or settings that cannot be interpolated  (interpolate)
   + SamplesFormatError      [ValueError]       a per-sample evaluation file, unknown or broken (samples)
@@ -39,6 +40,7 @@ __all__ = [
     "InstructionFormatError",
     "InterpolationError",
     "ProbeFormatError",
+    "ProbeSetChangedError",
     "ProbeSetError",
     "RecordError",
     "RecordInUseError",
@@ -95,6 +97,11 @@ class RecordError(ForgetWatchError, ValueError):
 
 class RecordInUseError(ForgetWatchError, BlockingIOError):
     """Another live process writes this record; the message names it and says what to do."""
+
+
+class ProbeSetChangedError(ForgetWatchError, ValueError):
+    """A resumed run or a watcher has other probes than the record's evaluations were scored on; the message names the
+    record, what changed, and the two ways on (a new output dir, or a new segment of the record)."""
 
 
 # -- tools: watch, interpolate, compare ------------------------------------------------------------------------------

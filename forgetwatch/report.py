@@ -42,6 +42,7 @@ from .probes import ProbeSet
 from .record import RecordError, RunRecord, load_record
 from .remedies.rewind import read_rewind, rewind_section
 from .robust_metrics import fragile_probes
+from .segments import describe_segments
 
 __all__ = ["make_report", "summarize_run"]
 
@@ -191,6 +192,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
         where = f"step {within.get('step')}" + (f" ({within['checkpoint']})" if within.get("checkpoint") else "")
         lines.append(f"budget {limits} (on_budget {budget.get('on_budget')}): {said or 'never exceeded'}; last within "
                      f"budget: {where}")
+    lines += describe_segments(record.root)  # the probe set changed: where the earlier segment is, how to report it
     if problems:
         lines.append(f"record problems: {len(problems)} (the page lists them)")
     rewound = read_rewind(record.root)
@@ -996,6 +998,8 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
         ("final evaluation", f"step {final['step']}, epoch {float(final.get('epoch') or 0):.2f}"),
         ("trainer log", train_source or "none (kept by the callback from this version on; else a trainer_state.json)"),
     ]
+    if segments := describe_segments(record.root):  # the probe set changed: each segment is a record of its own
+        meta.append(("segments", "; ".join(segments)))
     if aside := record.kept_aside():  # what a crash or a resume took out of these figures, kept beside them
         meta.append(("set aside", f"{', '.join(aside)} (in the record; not in these figures: "
                                   "recovered/ holds a crash's unfinished writes, superseded/ what a resume from an earlier "
