@@ -43,6 +43,7 @@ from .record import RunRecord
 from .results import ProbeResults
 from .robustness import make_plan
 from .scoring import ScoringConfig, describe_precision, full_precision
+from .segments import check_probes, start_segment
 from .sidecar import SidecarManifest
 from .steering import ReplaySteering
 from .suites import load_probes
@@ -171,6 +172,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 cache = BaseCache.load(base_cache)
             except CacheMismatchError:
                 cache = None
+            ids = cache.results.ids if cache is not None else []
+            if cache is not None and set(ids) == set(self.probes.ids) and len(ids) == len(self.probes) and \
+                    ProbeSet([self.probes[i] for i in ids]).fingerprint == cache.key["probes"]["fingerprint"]:
+                return  # these probes in the cache's (and a resumed record's) order: the order is no change
             if cache is not None:
                 expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
                 cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
@@ -283,10 +288,23 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         busy = broadcast_from_main(self._take_locks(args) if self._is_main else None)
         if busy is not None:
             raise busy
+        # The record's probe set is pinned by its evaluations: a resume with other probes is refused here, before any
+        # scoring (or, with probe_change="new_segment", starts a new segment once a base for them is found). Decided on
+        # the main process, which reads the record, and told to every rank, as the refusals around it.
+        change = None
+        if resuming:
+            order, change, error = broadcast_from_main(self._pin(record) if self._is_main else None)
+            if error is not None:
+                self._release_locks()  # refused: the record is free for the run that follows the advice
+                raise error
+            if order is not None:  # the record's probes in another order: scored in the record's (its npz rows)
+                self._use_probes(ProbeSet([self.probes[i] for i in order], origin=self.probes.origin))
+                key = make_cache_key(model_identity(model), self.probes, scoring_key, self.plan.key() if self.plan else None)
         # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
         # see, a cache written while another reads) would score apart and the others wait forever.
         cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
         if error is not None:
+            self._release_locks()
             raise error
         if self._is_main and not resuming and record.set_aside() and cache is not None and cache_path == own_cache:
             cache.save(own_cache)  # the base this run uses, from the record it just set aside
@@ -295,6 +313,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 record.truncate_after(state.global_step, names=("trainer_log.jsonl",), start=self._start_id)
             except Exception:  # the report's loss panel is not worth a run (nor other ranks waiting on this one)
                 logger.exception("forgetwatch: could not cut trainer_log.jsonl back to step %d", state.global_step)
+        if self._is_main and change is not None:  # a base for the new probes was found: the old segment moves aside
+            start_segment(record.root, change, state.global_step, self.probes, start=self._start_id)
+            if cache is not None and not (record.root / "base.parquet").exists():
+                cache.save(record.root / "base.parquet")  # the new segment's base, beside it (its report's picture)
         if cache is None:
             t0 = time.perf_counter()
             base, variants = self._score(model, tokenizer, progress=self._is_main and not args.disable_tqdm,
@@ -452,6 +474,17 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             return score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
                                      desc="forgetwatch: the base in fp32 (noise floor)")
 
+    def _pin(self, record: RunRecord) -> tuple[list[int] | None, Any, Exception | None]:
+        """(the run's probes' positions in the record's order when they are the same probes in another order, the change
+        to start a new segment for, the refusal): `forgetwatch.segments.check_probes`, on the main process."""
+        try:
+            probes, change = check_probes(record.root, self.probes, self.options.forgetwatch_probe_change,
+                                          who="the resumed run")
+        except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
+            return None, None, e
+        order = [self.probes.index_of(p.id) for p in probes] if probes is not self.probes else None
+        return order, change, None
+
     def _find_base(self, key: dict, cache_path: Path, own_cache: Path, step: int) -> tuple[BaseCache | None, Exception | None]:
         """The base cache to use (results in probe order), or None to score the base now; or the error a resume must
         stop with."""
@@ -481,8 +514,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         return None, error(
             f"resuming at step {step} needs the base model's results from the first run (the model has already changed), "
             "and none matches:\n  " + "\n  ".join(problems) + "\nPass `base_cache=` pointing to the cache the first run used"
-            + (f", or, where the resume changed what the cache holds (robustness), one of the base model made with: "
-               f"{self._cache_command(key)}" if mismatched else ".")
+            + (f", or, where the resume changed what the cache holds (robustness, or the probes with "
+               f"probe_change='new_segment'), one of the base model made with: {self._cache_command(key)}"
+               if mismatched else ".")
         )
 
     def _cache_command(self, key: dict) -> str:

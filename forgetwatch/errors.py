@@ -13,6 +13,7 @@ The tree (each error also keeps the builtin base it had before the root existed,
   + RecordError             [ValueError]       a record file forgetwatch cannot read           (record)
   + RecordInUseError        [BlockingIOError]  another live process writes this record         (lock)
   + RecordUnwritableError   [OSError]          the record's directory cannot be written        (lock)
+  + ProbeSetChangedError    [ValueError]       a run's probes are not the record's pinned set  (segments)
   + SidecarError            [ValueError]       an output directory that cannot be watched      (watch)
   + InterpolationError      [ValueError]       models or settings that cannot be interpolated  (interpolate)
   + SamplesFormatError      [ValueError]       a per-sample evaluation file, unknown or broken (samples)
@@ -40,6 +41,7 @@ __all__ = [
     "InstructionFormatError",
     "InterpolationError",
     "ProbeFormatError",
+    "ProbeSetChangedError",
     "ProbeSetError",
     "RecordError",
     "RecordInUseError",
@@ -102,6 +104,11 @@ class RecordInUseError(ForgetWatchError, BlockingIOError):
 class RecordUnwritableError(ForgetWatchError, OSError):
     """The directory a record is to be written in cannot be written (read-only file system, permission denied); the
     message names it and the way on. Readers (`forgetwatch report`) never raise it."""
+
+
+class ProbeSetChangedError(ForgetWatchError, ValueError):
+    """A resumed run or a watcher has other probes than the record's evaluations were scored on; the message names the
+    record, what changed, and the two ways on (a new output dir, or a new segment of the record)."""
 
 
 # -- tools: watch, interpolate, compare ------------------------------------------------------------------------------

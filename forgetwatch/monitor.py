@@ -34,6 +34,7 @@ from .replay import ReplayTracker
 from .results import CORRECT, ProbeResults
 from .robust_metrics import fragile_changes, robust_rows, robust_scalars
 from .robustness import VariantOutcomes, VariantPlan
+from .segments import ProbeSetChangedError, check_probes, segment_start
 
 __all__ = ["PREFIX", "Monitor", "figure_rows", "flip_rows", "fragile_flip_rows", "add_robust_figures", "group_figures", "scalars_of"]
 
@@ -70,6 +71,7 @@ class Monitor:
         self._unjudged_before: set[str] = set()
         self.risk_rule = risk_rule or RiskRule()
         self.evaluated_steps: list[int] = []
+        self.segment_from: int | None = None  # a later segment of the record: the step it starts at (no base row)
         self.record: RunRecord | None = None
         self.output_dir: Path | None = None
         self.base: ProbeResults | None = None
@@ -110,7 +112,17 @@ class Monitor:
                            "by an earlier forgetwatch): the stopping and length figures leave them out; make the cache "
                            "again (`forgetwatch cache`) to include them", unmeasured)
         record.root.mkdir(parents=True, exist_ok=True)
+        # the record's probe set is pinned by its first evaluation: the callers refuse other probes (or start a new
+        # segment, `forgetwatch.segments`) before anything is scored; this is the last guard, never an overwrite
+        pinned, _ = check_probes(record.root, self.probes, "refuse", who=self.console or "this run")
+        if pinned.fingerprint != self.probes.fingerprint:
+            raise ProbeSetChangedError(f"{record.root}: the record's probes are these in another order; score them in "
+                                       "the record's order (`forgetwatch.segments.check_probes`)")
         self.probes.to_jsonl(record.root / "probes.jsonl")
+        # a later segment of the record (the probe set changed at a resume) starts there, without a base row
+        self.segment_from = segment_start(record.root)
+        if resume_step is None and self.segment_from is not None:
+            resume_step = self.segment_from
         record.recover()  # a crash mid-evaluation: its partial files set aside, the step scored again
         record.truncate_after(resume_step if resume_step is not None else -1, start=start)
         self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
@@ -230,6 +242,8 @@ class Monitor:
         Returns the budget limits newly exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
+        # a later segment's first evaluation: no earlier one of these probes, so its flips are counted from the base
+        first_of_segment = self.segment_from is not None and not self.evaluated_steps and step > 0
         prev_robust = self.last_robust if self.last is not None else self.base_robust
         try:
             report, drift, rows = self.figures(results, robust)
@@ -279,7 +293,10 @@ class Monitor:
                     lg.log_table(table_key(name), cols, [[r[c] for c in cols] for r in table], step)
         if self.console:
             try:  # from the rows just recorded: the line and metrics.jsonl cannot disagree
-                say(format_evaluation(step, rows, seconds, categories=headline_categories(self.probes), label=self.console))
+                line = format_evaluation(step, rows, seconds, categories=headline_categories(self.probes), label=self.console)
+                if first_of_segment:
+                    line += f"; new probe set since step {self.segment_from}: flips against the base"
+                say(line)
             except Exception:  # a line that cannot be made or printed must not end a training run
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return breaches

@@ -51,6 +51,7 @@ BUDGET_BOUNDS = ("lower", "point")
 REPLAY_STRATEGIES = ("closed_loop", "uniform")
 REPLAY_TARGETS = ("gold", "base")
 UNFIT_PROBES = ("refuse", "drop")
+PROBE_CHANGES = ("refuse", "new_segment")
 
 # Behaviour probes' answers are checked whole (word counts, sections, JSON, ...) and whether they stop is itself
 # measured, so they get room: SmolLM2-135M-Instruct ends 4 in 5 of the built-in suite's answers within it (84 of 105;
@@ -158,6 +159,11 @@ class ForgetWatchArguments:
         "refuse", "Probes longer than the model's context (prompt and answer, or prompt and the tokens it may generate): "
         "refuse (stop before training starts, naming them and their suites) or drop (score the rest, with a warning; "
         "the record, the base cache and the W&B config then hold the smaller set).", PROBES, UNFIT_PROBES)
+    forgetwatch_probe_change: str = _opt(
+        "refuse", "A resume whose probes are not the ones the record's evaluations were scored on (ids added or removed, "
+        "a probe's content changed; another order is no change): refuse (stop before anything is scored, naming what "
+        "changed) or new_segment (the record so far moves, whole, to forgetwatch/segments/ and goes on with the new probes "
+        "from the resumed step; `forgetwatch report` names both segments).", PROBES, PROBE_CHANGES)
     forgetwatch_scoring: str = _opt(
         "inline", "inline: score in the training process; sidecar: save a checkpoint at each evaluation step and leave "
         "the scoring to `forgetwatch watch OUTPUT_DIR` in another process.", PROBES, SCORING_MODES)

@@ -42,6 +42,7 @@ from .probes import ProbeSet
 from .record import RecordError, RunRecord, load_record
 from .remedies.rewind import read_rewind, rewind_section
 from .robust_metrics import fragile_probes
+from .segments import describe_segments
 
 __all__ = ["make_report", "summarize_run"]
 
@@ -194,6 +195,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
                      f"budget: {where}")
     if writing:
         lines.append(f"being written: {writing}")
+    lines += describe_segments(record.root)  # the probe set changed: where the earlier segment is, how to report it
     if problems:
         lines.append(f"record problems: {len(problems)} (the page lists them)")
     rewound = read_rewind(record.root)
@@ -1034,6 +1036,8 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
     ]
     if writing:  # an evaluation a live writer has begun: not in these figures until its line is written
         meta.append(("being written", writing))
+    if segments := describe_segments(record.root):  # the probe set changed: each segment is a record of its own
+        meta.append(("segments", "; ".join(segments)))
     if aside := record.kept_aside():  # what a crash or a resume took out of these figures, kept beside them
         meta.append(("set aside", f"{', '.join(aside)} (in the record; not in these figures: "
                                   "recovered/ holds a crash's unfinished writes, superseded/ what a resume from an earlier "

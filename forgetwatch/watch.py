@@ -42,7 +42,8 @@ from .probes import ProbeSet
 from .record import MODEL_FILES, RunRecord
 from .robustness import make_plan, serves
 from .scoring import ProbeSetError, ScoringConfig
-from .sidecar import read_manifest
+from .segments import check_probes, start_segment
+from .sidecar import MANIFEST, read_manifest
 
 __all__ = ["Watcher", "SidecarError"]
 
@@ -65,11 +66,13 @@ class Watcher:
         engine: what runs generation, "hf" or "continuous" (default: the callback's).
         robustness, robust_per_suite: score variants (`forgetwatch.robustness`; default: the callback's). The record's
             base cache must hold the same variants: `forgetwatch cache ... --robustness K` makes one.
+        probe_change: the record's probes.jsonl is not the probe set its evaluations were scored on: "refuse" (raise
+            `ProbeSetChangedError` before scoring) or "new_segment" (`forgetwatch.segments`; default: the callback's).
     """
 
     def __init__(self, output_dir: str | os.PathLike, device: str | None = None, report_to: list[str] | None = None,
                  into_trainer_run: bool = False, batch_size: int | None = None, engine: str | None = None,
-                 robustness: int | None = None, robust_per_suite: int | None = None):
+                 robustness: int | None = None, robust_per_suite: int | None = None, probe_change: str | None = None):
         self.output_dir = Path(output_dir)
         record_dir = self.output_dir / PREFIX
         start = ("start training with ForgetWatchCallback(probes, scoring=\"sidecar\") (a recipe: --forgetwatch_scoring "
@@ -86,12 +89,16 @@ class Watcher:
                                "training starts, and the record's evaluations are of exactly those probes: a new probe set "
                                "would not match them). Restore that file, or start the run again")
         self.probes = ProbeSet.from_jsonl(probes_path)
+        opts = options_from_record(self.manifest["callback"]).unprefixed()  # a manifest of any version
+        probe_change = probe_change or opts.get("probe_change") or "refuse"
+        # the record's evaluations pin its probe set: a probes.jsonl replaced after them is refused first (its base
+        # cache was likely replaced with it); a new segment is started below, under the scoring lock
+        check_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")
         cache_path = record_dir / self.manifest["base_cache"]
         cache = BaseCache.load(cache_path)
         # a cache for other probes can never match (as `compare` refuses it)
         cache.check(make_cache_key({}, self.probes, {}), ignore=("format", "model", "scoring"), path=cache_path)
         cache = cache.for_probes(self.probes.ids, cache_path)
-        opts = options_from_record(self.manifest["callback"]).unprefixed()  # a manifest of any version
         budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
                   if opts.get("budget") else None)
         self.eval_steps = int(opts["eval_steps"])
@@ -127,6 +134,11 @@ class Watcher:
         try:
             record = RunRecord(record_dir)
             record.recover()  # killed mid-evaluation: that step's files set aside, and it is pending again
+            _, change = check_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")
+            if change:
+                steps = record.committed_steps()
+                start_segment(record_dir, change, max(steps), self.probes, keep=(MANIFEST, self.manifest["base_cache"],
+                                                                                  "probes.jsonl", MODEL_FILES))
             done = record.eval_steps()
             cut = self._abandoned_after(record)
             loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
@@ -167,7 +179,7 @@ class Watcher:
         done = set(self.monitor.evaluated_steps) | {s for s, n in self._failed.items() if n >= MAX_ATTEMPTS}
         out = []
         for s, p in self.checkpoints().items():
-            if s in done or s <= self.manifest.get("started_at_step", 0) or not self.is_evaluation(s):
+            if s in done or s <= self._first_step() or not self.is_evaluation(s):
                 continue
             if _mtime(p / "trainer_state.json") < self.manifest.get("started_at", 0) - 1:
                 if s not in self._stale:  # an earlier run's, in a reused output_dir: never this run's step
@@ -185,7 +197,7 @@ class Watcher:
         last = max(present, default=0)
         if self.manifest.get("final_step"):
             last = max(last, self.manifest["final_step"])
-        start = self.manifest.get("started_at_step", 0)
+        start = self._first_step()
         expected = set(range(start - start % self.eval_steps + self.eval_steps, last + 1, self.eval_steps))
         if self.manifest.get("finished") and self.manifest.get("final_step"):
             expected.add(self.manifest["final_step"])
@@ -296,6 +308,11 @@ class Watcher:
 
                 trackio.finish()
         return n
+
+    def _first_step(self) -> int:
+        """The last step before this record's evaluations: where the training started, or where this segment of the
+        record starts (`forgetwatch.segments`), whichever is later."""
+        return max(self.manifest.get("started_at_step", 0), self.monitor.segment_from or 0)
 
     def _trainer_alive(self) -> bool:
         """False when the training process ran on this host and no longer exists (elsewhere: assumed alive)."""

@@ -24,6 +24,7 @@ BUILTIN_BASE = {
     "InstructionFormatError": (ValueError, ["instructions"]),
     "InterpolationError": (ValueError, ["remedies.interpolate"]),
     "ProbeFormatError": (ValueError, ["probes"]),
+    "ProbeSetChangedError": (ValueError, ["segments"]),
     "ProbeSetError": (ValueError, ["requests", "scoring"]),
     "RecordError": (ValueError, ["record"]),
     "RecordInUseError": (BlockingIOError, ["lock"]),

@@ -34,6 +34,8 @@ def add_watch(sub) -> None:
     add_flag(w, "robustness", default=None, metavar="K",
              note=" (default: the run's); the record's base cache must hold the same variants")
     add_flag(w, "robust_per_suite", default=None, metavar="N", note=" (default: the run's)")
+    add_flag(w, "probe_change", default=None, note=" (default: the run's). For the watcher: the record's probes.jsonl "
+             "is not the probe set its evaluations were scored on (replaced after them).")
     w.set_defaults(func=cmd_watch)
 
 
@@ -65,7 +67,8 @@ def _watch(args: argparse.Namespace) -> int:
         try:
             watcher = Watcher(args.output_dir, device=args.device, report_to=report_to,
                               into_trainer_run=args.into_trainer_run, batch_size=args.batch_size, engine=args.engine,
-                              robustness=args.robustness, robust_per_suite=args.robust_per_suite)
+                              robustness=args.robustness, robust_per_suite=args.robust_per_suite,
+                              probe_change=args.probe_change)
             break
         except SidecarError as e:
             # started beside a training run that has not written its manifest yet: wait for it (not with --once)
