@@ -12,8 +12,9 @@ def test_all_is_pinned():
     assert sorted(forgetwatch.__all__) == [
         "BaseCache", "Budget", "CacheFormatError", "CacheMismatchError", "ConfigKeyError", "DriftStats",
         "ForgetWatchArguments", "ForgetWatchCallback", "ForgetWatchError", "ForgettingMetrics", "InstructionFormatError",
-        "InterpolationError", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet", "ProbeSetError",
-        "RecordError", "RecordInUseError", "RecordUnwritableError", "RiskRule", "RobustnessError", "SamplesFormatError", "ScoringConfig",
+        "InterpolationError", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet",
+        "ProbeSetChangedError", "ProbeSetError", "RecordError", "RecordInUseError", "RecordUnwritableError", "RiskRule",
+        "RobustnessError", "SamplesFormatError", "ScoringConfig",
         "SidecarError", "compute_drift", "compute_metrics", "compute_report", "load_probes", "load_record",
         "make_cache_key", "score_probes",
     ]
