@@ -19,6 +19,7 @@ import torch
 from . import modes
 from .engines import make_engine
 from .engines.hf import HFEngine  # noqa: F401  (re-exported)
+from .lengths import context_limit, screen_long
 from .modes import (  # noqa: F401  (re-exported: the names modules and tests import from `forgetwatch.scoring`)
     BEHAVIOR_MAX_NEW_TOKENS,
     MAX_ALIASES,
@@ -97,8 +98,6 @@ def full_precision(model: torch.nn.Module) -> Iterator[bool]:
 def _refuse_long_questions(model: Any, tokenizer: Any, probes: list[Probe]) -> None:
     """Refuse, as the engine would, the probes whose question alone is over the model's context by its first characters
     (`fit.screen_long`): a 5 MB probe is refused on its first characters, not after tokenizing it whole."""
-    from .fit import context_limit, screen_long
-
     limit = context_limit(model)
     over = screen_long(tokenizer, probes, limit) if limit is not None else {}
     if over:
