@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import time
 import zipfile
@@ -297,14 +298,18 @@ class RunRecord:
         sidecar run whose checkpoint is there), or how to go on without its per-probe results."""
         run = self.root.parent if self.root.name == "forgetwatch" else self.root
         ckpt = run / f"checkpoint-{step}"
-        without = (f"move the file out of evals/ (`mv {self.eval_path(step)} {self.root / RECOVERED}/`): the step keeps "
-                   "its figures and flips, and only its per-probe results are lost")
         if (self.root / "sidecar.json").is_file() and ckpt.is_dir():
-            return (f"Score it again from {ckpt}: `forgetwatch watch {run} --rescore {step}` (the file is set aside under "
-                    f"{self.root / SUPERSEDED}/, never deleted); or, to go on without it, {without}")
+            return (f"Score it again from {ckpt}: `forgetwatch watch {shlex.quote(str(run))} --rescore {step}` (the file is set aside under "
+                    f"{self.root / SUPERSEDED}/, never deleted); or, to go on without it, {self.without_checkpoint(step)}")
         return (f"Its checkpoint cannot be scored again here ({ckpt} is not there" +
                 ("" if (self.root / "sidecar.json").is_file() else ", or the run was not scored by `forgetwatch watch`") +
-                f"): restore the file from a copy, or {without}")
+                f"): restore the file from a copy, or {self.without_checkpoint(step)}")
+
+    def without_checkpoint(self, step: int) -> str:
+        """How to go on without the damaged evaluation file of `step`."""
+        aside = shlex.quote(str(self.root / RECOVERED))
+        return (f"move the file out of evals/ (`mkdir -p {aside} && mv {shlex.quote(str(self.eval_path(step)))} {aside}/`): "
+                "the step keeps its figures and flips, and only its per-probe results are lost")
 
     def read_results(self, step: int, ids: list[str]) -> ProbeResults:
         """One evaluation as `ProbeResults` (predictions and generations are not kept per step; answer lengths, stops and

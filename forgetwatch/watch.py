@@ -65,11 +65,15 @@ class Watcher:
         engine: what runs generation, "hf" or "continuous" (default: the callback's).
         robustness, robust_per_suite: score variants (`forgetwatch.robustness`; default: the callback's). The record's
             base cache must hold the same variants: `forgetwatch cache ... --robustness K` makes one.
+        rescore: a step already in the record to score again from its checkpoint (its evaluation file damaged): its
+            files and rows are set aside under `superseded/rescore-step-N-<time>/` (never deleted), and the checkpoint
+            is scored into the record in step order. Refused, before anything is touched, when `checkpoint-N` is not
+            there.
     """
 
     def __init__(self, output_dir: str | os.PathLike, device: str | None = None, report_to: list[str] | None = None,
                  into_trainer_run: bool = False, batch_size: int | None = None, engine: str | None = None,
-                 robustness: int | None = None, robust_per_suite: int | None = None):
+                 robustness: int | None = None, robust_per_suite: int | None = None, rescore: int | None = None):
         self.output_dir = Path(output_dir)
         record_dir = self.output_dir / PREFIX
         start = ("start training with ForgetWatchCallback(probes, scoring=\"sidecar\") (a recipe: --forgetwatch_scoring "
@@ -80,6 +84,11 @@ class Watcher:
         if not path.is_file():
             raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
         self.manifest = read_manifest(record_dir)
+        if rescore is not None and not (self.output_dir / f"checkpoint-{rescore}").is_dir():
+            raise SidecarError(
+                f"--rescore {rescore}: {self.output_dir / f'checkpoint-{rescore}'} is not there, so step {rescore} cannot be "
+                f"scored again; nothing was touched and the record keeps step {rescore} as it is. Without the checkpoint, "
+                f"if its evaluation file is damaged, {RunRecord(record_dir).without_checkpoint(rescore)}")
         probes_path = record_dir / str(self.manifest.get("probes", "probes.jsonl"))
         if not probes_path.is_file():
             raise SidecarError(f"{probes_path}: the record's probe set is missing (the training process writes it when "
@@ -127,6 +136,10 @@ class Watcher:
         try:
             record = RunRecord(record_dir)
             record.recover()  # killed mid-evaluation: that step's files set aside, and it is pending again
+            if rescore is not None and rescore in record.committed_steps():
+                aside = record.set_aside_step(rescore)
+                logger.warning("forgetwatch watch: step %d set aside in %s, to be scored again from checkpoint-%d",
+                               rescore, aside, rescore)
             done = record.eval_steps()
             cut = self._abandoned_after(record)
             loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
