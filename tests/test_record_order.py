@@ -140,38 +140,35 @@ def test_a_metrics_line_set_aside_is_rescored_in_step_order(watched, tmp_path, c
     assert [r["step"] for r in kept] == ["2"]  # the changed line, kept
 
 
-def test_a_watcher_killed_while_inserting_a_late_step_leaves_a_record_its_restart_completes(watched, skipped_4,
+# make test: a kill before the npz (the marker written), before the first file rewritten, before the commit line;
+# make test-slow: before and in the middle of every write of the rescoring run from the marker on (~35 s)
+KEY_WRITES = ("step-00000004.npz", "flips.jsonl", "metrics.jsonl")
+
+
+@pytest.mark.parametrize("scope", [pytest.param("key", id="before-key-writes"),
+                                   pytest.param("all", id="every-write", marks=pytest.mark.slow)])
+def test_a_watcher_killed_while_inserting_a_late_step_leaves_a_record_its_restart_completes(watched, skipped_4, scope,
                                                                                             tmp_path):
-    """A kill before every write of the late insertion of step 4 (its marker, npz, flips, at-risk rows, replay, events,
-    budget, commit line, and the writes after), then `watch --once` again: the uninterrupted run's record."""
+    """A kill at the writes of the late insertion of step 4 (its marker, npz, flips, at-risk rows, replay, events,
+    budget, commit line, and the writes after), then `watch --once` again: the uninterrupted run's record, and no
+    marker left. A kill in the middle: an append's last line half written, an atomic write's temporary complete and
+    not renamed."""
     _, reference, _ = watched
     skipped, writes = skipped_4
-    assert {"reordering.json", "step-00000004.npz", "flips.jsonl", "metrics.jsonl"} <= set(writes)
     first = writes.index("reordering.json") + 1
-    for k in range(first, len(writes) + 1):
-        out = tmp_path / f"kill-{k}"
+    assert writes[first - 1:first + 2] == ["reordering.json", "step-00000004.npz", "flips.jsonl"]
+    if scope == "key":
+        points = [(writes.index(name, first - 1) + 1, "before") for name in KEY_WRITES]
+    else:
+        points = [(k, how) for k in range(first, len(writes) + 1) for how in ("before", "mid")]
+    for k, how in points:
+        out = tmp_path / f"kill-{k}-{how}"
         shutil.copytree(skipped, out)
-        in_killed_child(lambda out=out: Watcher(out, device="cpu").run(once=True), k, "before")
+        in_killed_child(lambda out=out: Watcher(out, device="cpu").run(once=True), k, how)
         Watcher(out, device="cpu").run(once=True)
-        assert_same_record(reference, record_state(out / "forgetwatch", out), f"killed before write {k} ({writes[k - 1]})")
-        assert not (out / "forgetwatch" / "reordering.json").exists()
-        shutil.rmtree(out)
-
-
-@pytest.mark.slow
-def test_a_watcher_killed_in_the_middle_of_each_write_of_a_late_step_leaves_a_record_its_restart_completes(
-        watched, skipped_4, tmp_path):
-    """The same, killed in the middle of each write: an append's last line half written, an atomic write's temporary
-    file complete and not renamed (make test-slow)."""
-    _, reference, _ = watched
-    skipped, writes = skipped_4
-    for k in range(writes.index("reordering.json") + 1, len(writes) + 1):
-        out = tmp_path / f"kill-{k}"
-        shutil.copytree(skipped, out)
-        in_killed_child(lambda out=out: Watcher(out, device="cpu").run(once=True), k, "mid")
-        Watcher(out, device="cpu").run(once=True)
-        what = f"killed in the middle of write {k} ({writes[k - 1]}{', an append' if writes[k - 1] in APPENDED else ''})"
+        what = f"killed {how} write {k} ({writes[k - 1]}{', an append' if writes[k - 1] in APPENDED else ''})"
         assert_same_record(reference, record_state(out / "forgetwatch", out), what)
+        assert not (out / "forgetwatch" / "reordering.json").exists(), what
         shutil.rmtree(out)
 
 
