@@ -135,7 +135,7 @@ def repair(monitor: Monitor) -> int | None:
     record holding a step twice (two writers) is left as it is: `forgetwatch report` names it."""
     record = monitor.record
     assert record is not None
-    steps = record.committed_steps()
+    steps = record.committed_steps(file_order=True)
     pending = record.reordering()
     misplaced = [b for a, b in zip(steps, steps[1:], strict=False) if b < a]
     if len(set(steps)) < len(steps) or (pending is None and not misplaced):

@@ -258,10 +258,11 @@ class RunRecord:
             return []
         return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
 
-    def committed_steps(self) -> list[int]:
-        """The evaluations committed, in the order of `metrics.jsonl` (step order, unless an earlier forgetwatch wrote
-        a step scored late after later ones): those with a `metrics.jsonl` line (the commit point)."""
-        return [r["step"] for r in self.read_metrics() if isinstance(r.get("step"), int)]
+    def committed_steps(self, file_order: bool = False) -> list[int]:
+        """The evaluations committed, in step order: those with a `metrics.jsonl` line (the commit point). With
+        `file_order`, in the order of the file (an earlier forgetwatch appended a step scored late after later ones)."""
+        rows = _read_jsonl(self.root / "metrics.jsonl") if file_order else self.read_metrics()
+        return [r["step"] for r in rows if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
 
     def eval_steps(self) -> list[int]:
         """The committed evaluations whose per-probe file is there, in step order (the probe x evaluation matrix)."""
@@ -334,17 +335,17 @@ class RunRecord:
         return VariantOutcomes.from_arrays(self.read_eval(step))
 
     def read_metrics(self, checked: bool = False) -> list[dict[str, Any]]:
-        """The evaluations' commit lines. With `checked`, every field is type-checked first (what the figures are made
+        """The evaluations' commit lines, in step order whatever order the file holds them in. With `checked`, every field is type-checked first (what the figures are made
         from: a report must not stop on a TypeError), and a line forgetwatch could not have written raises
         `RecordError` naming the file, the line and the field."""
         if not checked:
-            return _read_jsonl(self.root / "metrics.jsonl")
+            return sorted(_read_jsonl(self.root / "metrics.jsonl"), key=_step_key)
         path = self.root / "metrics.jsonl"
         rows = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")) if path.is_file() else []
         for lineno, row in rows:
             if problem := _metrics_line_problem(row):
                 raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
-        return [row for _, row in rows]
+        return sorted((row for _, row in rows), key=_step_key)
 
     def read_flips(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "flips.jsonl")
@@ -440,7 +441,7 @@ class RunRecord:
         """What is wrong with this record, for `forgetwatch report`: steps repeated (and out of order), evaluations without
         their commit line or the other way round, npz files of another probe count or probe set. Empty when whole."""
         problems = []
-        steps = [r.get("step") for r in self.read_metrics()]
+        steps = [r.get("step") for r in _read_jsonl(self.root / "metrics.jsonl")]  # in the file's order
         repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
         if repeated:
             problems.append(f"metrics.jsonl holds step(s) {', '.join(map(str, repeated))} more than once (two writers, or "

@@ -84,6 +84,7 @@ class Watcher:
         if not path.is_file():
             raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
         self.manifest = read_manifest(record_dir)
+        self._rescore: int | None = None
         if rescore is not None and not (self.output_dir / f"checkpoint-{rescore}").is_dir():
             raise SidecarError(
                 f"--rescore {rescore}: {self.output_dir / f'checkpoint-{rescore}'} is not there, so step {rescore} cannot be "
@@ -136,7 +137,8 @@ class Watcher:
         try:
             record = RunRecord(record_dir)
             record.recover()  # killed mid-evaluation: that step's files set aside, and it is pending again
-            if rescore is not None and rescore in record.committed_steps():
+            self._rescore = rescore if rescore is not None and rescore in record.committed_steps() else None
+            if self._rescore is not None:
                 aside = record.set_aside_step(rescore)
                 logger.warning("forgetwatch watch: step %d set aside in %s, to be scored again from checkpoint-%d",
                                rescore, aside, rescore)
@@ -180,6 +182,9 @@ class Watcher:
         done = set(self.monitor.evaluated_steps) | {s for s, n in self._failed.items() if n >= MAX_ATTEMPTS}
         out = []
         for s, p in self.checkpoints().items():
+            if s == self._rescore and s not in done:  # the record held it: scored again whatever start wrote it
+                out.append((s, p))
+                continue
             if s in done or s <= self.manifest.get("started_at_step", 0) or not self.is_evaluation(s):
                 continue
             if _mtime(p / "trainer_state.json") < self.manifest.get("started_at", 0) - 1:
