@@ -299,7 +299,6 @@ class Monitor:
         step, newest = late.step, max(self.evaluated_steps)
         bad = self.base.nonfinite_mask() | late.results.nonfinite_mask()
         at_risk = [r for r in self.at_risk(late.results, step) if not bad[self.probes.index_of(r["id"])]]
-        flips: list[dict[str, Any]] = []
         try:
             history = insert_late(self, late, {"step": step, "epoch": epoch, "seconds": round(seconds, 3),
                                                "metrics": late.rows, **(source or {})}, at_risk)
@@ -314,10 +313,11 @@ class Monitor:
         self.last, self.last_robust = history.last, history.last_robust
         bisect.insort(self.evaluated_steps, step)
         after = [s for s in self.evaluated_steps if s > step][0]
+        tabled = [lg.name for lg in self.loggers if not lg.takes_late_steps]
         logger.warning("forgetwatch: step %d was scored late (the record already held steps up to %d): inserted in step "
                        "order, step %d's flips recomputed against it%s", step, newest, after,
-                       "; W&B / trackio, which keep steps in order, get it as a row of the table "
-                       f"{table_key('late_evaluations')} at step {newest}" if self.loggers else "")
+                       f"; {' and '.join(tabled)} (rows kept in the order logged) get it as a row of the table "
+                       f"{table_key('late_evaluations')} at step {newest}" if tabled else "")
         scalars = scalars_of(late.rows, seconds, len(self.budget_state.over) if self.budget is not None else None)
         for lg in self.loggers:
             if lg.takes_late_steps:  # TensorBoard, MLflow: a value at any step, shown in step order
