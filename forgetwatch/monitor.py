@@ -230,7 +230,8 @@ class Monitor:
 
         The record's files of this step are written first and its `metrics.jsonl` line last: that line commits the
         evaluation, so a crash anywhere before it leaves the step unfinished (`RunRecord.recover` sets its files aside
-        and the step is scored again), never half in the record. `robust`: the variants' outcomes (robustness on).
+        and the step is scored again), never half in the record. A step lower than the record's last (a checkpoint
+        scored late) is inserted in step order (`_report_late`). `robust`: the variants' outcomes (robustness on).
         Returns the budget limits newly exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
