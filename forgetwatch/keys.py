@@ -47,7 +47,8 @@ def figure_key(group: str, figure: str) -> str:
 
 
 def table_key(name: str) -> str:
-    """The key of a table logged at each evaluation ("flips", "at_risk_probes")."""
+    """The key of a table logged at each evaluation ("flips", "at_risk_probes"), or for an evaluation scored after a
+    later step ("late_evaluations": its figures, logged at the last step, where W&B and trackio keep them)."""
     return f"{PREFIX}/{name}" if name in _OVERVIEW_TABLES else f"{DETAILS}/{name}"
 
 

@@ -28,6 +28,9 @@ class MetricLogger:
     """One backend. Subclasses implement `_log`, and optionally `_log_table`, `_log_image`, `_summary`, `_alert`, `_close`."""
 
     name = "base"
+    # whether a value logged at a step lower than one already logged is kept and shown in step order (TensorBoard,
+    # MLflow); W&B and trackio keep rows in the order logged, so a step scored late goes to a table instead
+    takes_late_steps = False
 
     def __init__(self) -> None:
         self.broken = False
@@ -116,6 +119,7 @@ class WandbLogger(MetricLogger):
 
 class TensorBoardLogger(MetricLogger):
     name = "tensorboard"
+    takes_late_steps = True
 
     def __init__(self, log_dir: str) -> None:
         super().__init__()
@@ -134,6 +138,7 @@ class TensorBoardLogger(MetricLogger):
 
 class MLflowLogger(MetricLogger):
     name = "mlflow"
+    takes_late_steps = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from .drift import RiskRule, at_risk_mask, compute_drift
 from .keys import OVERALL, PREFIX, figure_key, final_key, table_key
 from .metrics import compute_report, mark_missing
 from .noise import NoiseFloor, noise_floor
+from .ordering import History, Late, insert_late, repair, walk
 from .probes import ProbeSet
 from .record import RunRecord
 from .replay import ReplayTracker
@@ -125,25 +127,27 @@ class Monitor:
             resume_step = self.segment_from
         record.recover()  # a crash mid-evaluation: its partial files set aside, the step scored again
         record.truncate_after(resume_step if resume_step is not None else -1, start=start)
-        self.tracker, self.evaluated_steps, self.last = ReplayTracker(self.probes, self.base.outcome), [], None
-        self.budget_state = BudgetState()
-        last, last_robust = None, None
-        with_files = set(record.eval_steps())
-        for step in record.committed_steps():
-            self.evaluated_steps.append(step)
-            if step not in with_files:  # its npz was removed by hand: the step is done, its probes unknown
-                continue
-            last = record.read_results(step, self.probes.ids)
-            last_robust = self._read_robust(record, step)
-            if step > 0:
-                self.tracker.update(step, last.outcome)
-            if self.budget is not None:  # the budget's state as an uninterrupted run would have it
-                try:
-                    rows = self.figures(last, last_robust)[2]
-                    self.budget_state.update(step, self.budget.check(rows) if step > 0 else [],
-                                             unjudged=self._unjudged(rows) if step > 0 else [])
-                except Exception:  # never end a resumed run over a record it cannot read back
-                    logger.exception("forgetwatch: could not recompute the budget at recorded step %d; training goes on", step)
+        try:  # a step scored late that a killed writer left half inserted, or a record an earlier version wrote out of order
+            repair(self)
+        except Exception:
+            if self.strict:
+                raise
+            logger.exception("forgetwatch: could not put the record's steps in order on opening it; training goes on")
+        # the next evaluation continues as in an uninterrupted run: the replay tracker and the budget as the evaluations
+        # made them, in step order
+        self.last, self._unjudged_before = None, set()
+        try:
+            history = walk(self, start=math.inf)
+        except Exception:  # never end a resumed run over a record it cannot read back
+            if self.strict:
+                raise
+            logger.exception("forgetwatch: could not read back the record's evaluations; the replay file and the budget "
+                             "start again from the next evaluation; training goes on")
+            history = History(ReplayTracker(self.probes, self.base.outcome), steps=sorted(record.committed_steps()))
+        self.tracker, self.budget_state, self.evaluated_steps = history.tracker, history.state, history.steps
+        if self.budget is not None:
+            self._unjudged_before = history.unjudged
+        last, last_robust = history.last, history.last_robust
         if last is not None and self.evaluated_steps[-1] > 0:
             # the next evaluation's flips are against the last one's, as in an uninterrupted run (not against the base)
             try:
@@ -238,7 +242,8 @@ class Monitor:
 
         The record's files of this step are written first and its `metrics.jsonl` line last: that line commits the
         evaluation, so a crash anywhere before it leaves the step unfinished (`RunRecord.recover` sets its files aside
-        and the step is scored again), never half in the record. `robust`: the variants' outcomes (robustness on).
+        and the step is scored again), never half in the record. A step lower than the record's last (a checkpoint
+        scored late) is inserted in step order (`_report_late`). `robust`: the variants' outcomes (robustness on).
         Returns the budget limits newly exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
@@ -250,8 +255,10 @@ class Monitor:
         except Exception:  # a figure that cannot be computed must not end a training run
             logger.exception("forgetwatch: could not compute the figures at step %d; training goes on", step)
             return []
-        self.last_report, self.last_drift, self.last_rows = report, drift, rows
         self._say_missing(rows, step)
+        if self.evaluated_steps and step < max(self.evaluated_steps):  # scored late: inserted in step order
+            return self._report_late(Late(step, results, robust, rows), epoch, seconds, source)
+        self.last_report, self.last_drift, self.last_rows = report, drift, rows
         # A probe scored NaN / inf has no answer: it neither flips nor counts as forgotten for replay, and keeps the
         # outcome it had (argmax over NaN would pick an option as if it were one)
         bad = self.base.nonfinite_mask() | results.nonfinite_mask()
@@ -301,6 +308,55 @@ class Monitor:
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return breaches
 
+    def _report_late(self, late: Late, epoch: float, seconds: float, source: dict[str, Any] | None) -> list[Breach]:
+        """An evaluation at a step lower than the record's last (a checkpoint scored late): inserted in the record in
+        step order (`forgetwatch.ordering`); the loggers that keep one value per step in order (W&B, trackio) get it as a
+        row of the table `forgetwatch_details/late_evaluations` at the record's last step, the others at its own step.
+        The last evaluation (`last`, the figures `finish` logs) stays the newest step's."""
+        assert self.base is not None and self.record is not None
+        step, newest = late.step, max(self.evaluated_steps)
+        bad = self.base.nonfinite_mask() | late.results.nonfinite_mask()
+        at_risk = [r for r in self.at_risk(late.results, step) if not bad[self.probes.index_of(r["id"])]]
+        try:
+            history = insert_late(self, late, {"step": step, "epoch": epoch, "seconds": round(seconds, 3),
+                                               "metrics": late.rows, **(source or {})}, at_risk)
+        except Exception:
+            if self.strict:
+                raise
+            logger.exception("forgetwatch: could not write the local record at step %d (the step is left out of it); "
+                             "training goes on", step)
+            return []
+        flips = [r for r in history.flips if r["step"] == step]
+        self.tracker, self.budget_state, self._unjudged_before = history.tracker, history.state, history.unjudged
+        self.last, self.last_robust = history.last, history.last_robust
+        bisect.insort(self.evaluated_steps, step)
+        after = [s for s in self.evaluated_steps if s > step][0]
+        tabled = [lg.name for lg in self.loggers if not lg.takes_late_steps]
+        logger.warning("forgetwatch: step %d was scored late (the record already held steps up to %d): inserted in step "
+                       "order, step %d's flips recomputed against it%s", step, newest, after,
+                       f"; {' and '.join(tabled)} (rows kept in the order logged) get it as a row of the table "
+                       f"{table_key('late_evaluations')} at step {newest}" if tabled else "")
+        scalars = scalars_of(late.rows, seconds, len(self.budget_state.over) if self.budget is not None else None)
+        for lg in self.loggers:
+            if lg.takes_late_steps:  # TensorBoard, MLflow: a value at any step, shown in step order
+                lg.log(scalars, step)
+                at = step
+            else:
+                cols = ["step", "scored_after_step", *scalars]
+                lg.log_table(table_key("late_evaluations"), cols, [[step, newest, *scalars.values()]], newest)
+                at = newest
+            for name, table in (("flips", flips), ("at_risk_probes", at_risk)):  # their rows carry their step
+                if self.log_table and table:
+                    cols = list(table[0])
+                    lg.log_table(table_key(name), cols, [[r[c] for c in cols] for r in table], at)
+        if self.console:
+            try:
+                say(format_evaluation(step, late.rows, seconds, categories=headline_categories(self.probes),
+                                      label=self.console) + f" (scored late, after step {newest}: inserted in step order)")
+            except Exception:
+                logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
+        return history.breaches
+
     def _say_missing(self, rows: dict[str, dict[str, Any]], step: int) -> None:
         """Once a run: figures are missing because probes scored NaN / inf, and why."""
         for field, what in (("missing", "figures"), ("robust_missing", "robust figures")):
@@ -333,35 +389,46 @@ class Monitor:
         """Compare this evaluation with the budget; alert on each limit newly exceeded. Never raises."""
         assert self.budget is not None and self.record is not None
         try:
-            unjudged = self._unjudged(rows) if step > 0 else []
-            new = self.budget_state.update(step, self.budget.check(rows) if step > 0 else [], unjudged=unjudged)
-            within = self.within_budget()
-            new_unjudged, self._unjudged_before = [k for k in unjudged if k not in self._unjudged_before], set(unjudged)
-            if new_unjudged:  # said when it starts, like a limit exceeded: not at every evaluation it lasts
-                unjudged = new_unjudged
-                groups = {lim.group: lim for lim in self.budget.limits if lim.key in unjudged}
-                reason = next(rows[g].get("missing") or rows[g]["robust_missing"] for g in groups if g in rows)
-                text = (f"Step {step}: cannot judge {', '.join(unjudged)}: {reason}. This step does not count as within "
-                        "budget.")
-                logger.warning("forgetwatch: budget. %s", text)
-                self.record.append_event({"step": step, "event": "budget_cannot_judge", "keys": unjudged,
-                                          "reason": reason, "last_within_budget": within})
-                for lg in self.loggers:
-                    lg.alert("forgetwatch: budget cannot judge", text)
-            for b in new:
-                where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
-                text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
-                logger.warning("forgetwatch: budget exceeded. %s", text)
-                self.record.append_event({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
-                                          "measured": b.measured, "limit": b.limit, "bound": b.bound,
-                                          "action": self.budget.on_budget, "last_within_budget": within})
-                for lg in self.loggers:
-                    lg.alert(f"forgetwatch: {b.key} over budget", text)
+            new, events, self._unjudged_before = self.budget_events(self.budget_state, self._unjudged_before, step, rows)
+            for row, title, text in events:
+                self.say_event(title, text)
+                self.record.append_event(row)
             self.write_budget()
             return new
         except Exception:
             logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
             return []
+
+    def say_event(self, title: str, text: str) -> None:
+        """A budget event's warning, and its alert to every logger."""
+        logger.warning("forgetwatch: budget%s %s", " exceeded." if title.endswith("over budget") else ".", text)
+        for lg in self.loggers:
+            lg.alert(title, text)
+
+    def budget_events(self, state: BudgetState, unjudged_before: set[str], step: int, rows: dict[str, dict[str, Any]]
+                      ) -> tuple[list[Breach], list[tuple[dict[str, Any], str, str]], set[str]]:
+        """One evaluation's turn of the budget: `state` updated in place; returns the limits newly exceeded, the events
+        (row of events.jsonl, alert title, text) and the keys that cannot be judged now (`unjudged_before` next)."""
+        assert self.budget is not None
+        unjudged = self._unjudged(rows) if step > 0 else []
+        new = state.update(step, self.budget.check(rows) if step > 0 else [], unjudged=unjudged)
+        within = self.within_budget(state)
+        events = []
+        new_unjudged = [k for k in unjudged if k not in unjudged_before]
+        if new_unjudged:  # said when it starts, like a limit exceeded: not at every evaluation it lasts
+            groups = {lim.group: lim for lim in self.budget.limits if lim.key in new_unjudged}
+            reason = next(rows[g].get("missing") or rows[g]["robust_missing"] for g in groups if g in rows)
+            text = (f"Step {step}: cannot judge {', '.join(new_unjudged)}: {reason}. This step does not count as within "
+                    "budget.")
+            events.append(({"step": step, "event": "budget_cannot_judge", "keys": new_unjudged, "reason": reason,
+                            "last_within_budget": within}, "forgetwatch: budget cannot judge", text))
+        for b in new:
+            where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
+            text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
+            events.append(({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
+                            "measured": b.measured, "limit": b.limit, "bound": b.bound, "action": self.budget.on_budget,
+                            "last_within_budget": within}, f"forgetwatch: {b.key} over budget", text))
+        return new, events, set(unjudged)
 
     def _unjudged(self, rows: dict[str, dict[str, Any]]) -> list[str]:
         """The budget's keys whose figure is missing at this evaluation (probes, or for robust figures their variants,
@@ -374,16 +441,17 @@ class Monitor:
 
         return [lim.key for lim in self.budget.limits if missing(lim)]
 
-    def within_budget(self) -> dict[str, Any]:
+    def within_budget(self, state: BudgetState | None = None) -> dict[str, Any]:
         """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
-        step = self.budget_state.last_within
+        step = (state if state is not None else self.budget_state).last_within
         ckpt = self.output_dir / f"checkpoint-{step}" if step is not None and self.output_dir is not None else None
         return {"step": step, "checkpoint": str(ckpt) if ckpt is not None and ckpt.is_dir() else None}
 
-    def write_budget(self) -> None:
+    def write_budget(self, state: BudgetState | None = None) -> None:
         assert self.budget is not None and self.record is not None
-        self.record.write_budget({**self.budget.to_dict(), "over": sorted(self.budget_state.over),
-                                  "last_within_budget": self.within_budget()})
+        state = state if state is not None else self.budget_state
+        self.record.write_budget({**self.budget.to_dict(), "over": sorted(state.over),
+                                  "last_within_budget": self.within_budget(state)})
 
     # -- tables -------------------------------------------------------------------------------------------------
     def at_risk(self, results: ProbeResults, step: int) -> list[dict[str, Any]]:

@@ -17,6 +17,9 @@
                           `forgetwatch watch` reads their weights into this model
     replay_mix.json       with `mix_replay`: the ratio, strategy, and from which stream position each evaluation's
                           category weights were drawn (what the closed loop decided; a resume reads it back)
+    reordering.json       while a step scored late (lower than the last committed one) is inserted in step order, or a
+                          step is set aside to be scored again: from which step the rows derived from the order (flips,
+                          budget events) are being recomputed (`forgetwatch.ordering`); gone once that is done
 
 Every file is written atomically or appended a whole line at a time, so a crash leaves a readable record. An
 evaluation is committed by its `metrics.jsonl` line, written last: its npz, flips, at-risk rows, replay file and budget
@@ -24,6 +27,9 @@ events come first, so an evaluation without its line is unfinished, whatever els
 (run when a writer opens the record) sets a line cut short by a crash aside, with the files of unfinished evaluations,
 under `recovered/<time>/`, and the writer scores those steps again. A resume from an earlier checkpoint sets what came
 after it (the abandoned trajectory's evaluations and trainer-log rows) aside under `superseded/after-step-N-<start>/`.
+
+The evaluations are in step order whatever order they were scored in: a step scored late is inserted, and each step's
+flips are against the committed step just before it (`forgetwatch.ordering`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import time
 import zipfile
@@ -62,6 +69,7 @@ _STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events
 _EVAL_LINES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
 RECOVERED = "recovered"  # what `recover` set aside: <record>/recovered/<time>/
 SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/superseded/after-step-N-<start>/
+REORDERING = "reordering.json"  # the marker of a reordering under way (see the module's docstring)
 
 
 _DAMAGED = ("forgetwatch writes whole lines, so the file was changed by hand or by another program: restore it, or move "
@@ -118,12 +126,16 @@ class RunRecord:
         self.evals_dir.mkdir(parents=True, exist_ok=True)
         flat, offsets = pack_ragged(results.option_scores)
         extra = robust.to_arrays() if robust is not None else {}
+        # the answers as text, packed (UTF-8 bytes and offsets): a flip recomputed later (a step scored late lands
+        # before this one) shows the answer this evaluation gave, as the flip written at the time did
+        text, text_offsets = _pack_text(results.prediction)
         with atomic_write(self.eval_path(step), "wb") as f:
             np.savez(f, outcome=results.outcome.astype(np.int8), pred_index=results.pred_index.astype(np.int32),
                      margin=results.margin.astype(np.float32), gold_logprob=results.gold_logprob.astype(np.float32),
                      option_scores=flat, option_offsets=offsets, n_tokens=results.n_tokens.astype(np.int32),
                      stopped=results.stopped.astype(np.int8), detail=np.asarray(results.detail, dtype=str),
-                     nonfinite=results.nonfinite.astype(np.int8), fingerprint=np.asarray(fingerprint), **extra)
+                     nonfinite=results.nonfinite.astype(np.int8), fingerprint=np.asarray(fingerprint),
+                     prediction_utf8=text, prediction_offsets=text_offsets, **extra)
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         """The evaluation's commit point: written after every other file of it."""
@@ -139,6 +151,68 @@ class RunRecord:
 
     def append_at_risk(self, rows: list[dict[str, Any]]) -> None:
         self._append_lines("at_risk.jsonl", rows)
+
+    # -- step order (`forgetwatch.ordering` decides what; these write it) --------------------------------------------
+    def rewrite_steps(self, name: str, steps: set[int], rows: list[dict[str, Any]]) -> None:
+        """Replace the rows of `steps` in the JSON-lines file `name` with `rows`, the file kept in step order (rows of
+        one step in the order given), rewritten whole, atomically."""
+        kept = [r for r in _read_jsonl(self.root / name) if r.get("step") not in steps]
+        ordered = sorted(kept + list(rows), key=_step_key)  # stable: a step's rows keep their order
+        if not ordered and not (self.root / name).is_file():
+            return
+        with atomic_write(self.root / name) as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+
+    def insert_metrics(self, row: dict[str, Any]) -> None:
+        """The commit point of an evaluation scored late: metrics.jsonl rewritten whole (atomically) with its line in
+        step order."""
+        self.rewrite_steps("metrics.jsonl", {row["step"]}, [row])
+
+    def sort_metrics(self) -> None:
+        """metrics.jsonl in step order (a record an earlier forgetwatch wrote with a step scored late)."""
+        self.rewrite_steps("metrics.jsonl", set(), [])
+
+    def begin_reordering(self, step: int) -> None:
+        """Say, before the first write, that the rows derived from the order (flips, budget events) are recomputed from
+        `step` on: a writer killed before it is done leaves this file, and the next one recomputes them
+        (`forgetwatch.ordering.repair`)."""
+        pending = self.reordering()
+        with atomic_write(self.root / REORDERING) as f:
+            f.write(json.dumps({"from_step": step if pending is None else min(step, pending)}) + "\n")
+
+    def reordering(self) -> int | None:
+        """The step from which a reordering left unfinished recomputes, or None."""
+        state = _read_json(self.root / REORDERING) if (self.root / REORDERING).is_file() else None
+        step = (state or {}).get("from_step")
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+    def end_reordering(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / REORDERING).unlink()
+
+    def set_aside_step(self, step: int) -> Path:
+        """Take a committed evaluation out of the record so that it is scored again (`forgetwatch watch --rescore`):
+        its npz, its metrics.jsonl line and its rows of flips.jsonl, at_risk.jsonl and events.jsonl move to
+        `superseded/rescore-step-<step>-<time>/`, never deleted. Its line leaves metrics.jsonl first, after a copy is
+        on disk: a kill part way leaves the step unfinished, and `recover` sets the rest aside. Returns the folder."""
+        aside = _new_folder(self.root / SUPERSEDED / f"rescore-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        aside.mkdir(parents=True)
+        self.begin_reordering(step)  # the step after it has its flips against it: recomputed against the one before
+        names = sorted((n for n in _EVAL_LINES if (self.root / n).is_file()), key=lambda n: n != "metrics.jsonl")
+        for name in names:
+            rows = [r for r in _read_jsonl(self.root / name) if r.get("step") == step]
+            if rows:
+                with open(aside / name, "a", encoding="utf-8") as f:
+                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+                    f.flush()
+                    os.fsync(f.fileno())
+        for name in names:  # metrics.jsonl first: the step is uncommitted before anything else of it goes
+            if any(r.get("step") == step for r in _read_jsonl(self.root / name)):
+                self.rewrite_steps(name, {step}, [])
+        if self.eval_path(step).exists():
+            (aside / "evals").mkdir()
+            shutil.move(self.eval_path(step), aside / "evals" / self.eval_path(step).name)
+        return aside
 
     def append_trainer_log(self, row: dict[str, Any]) -> None:
         # Every logging step, inside the training loop: no fsync (a slow one on network storage would stall the step);
@@ -184,9 +258,11 @@ class RunRecord:
             return []
         return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
 
-    def committed_steps(self) -> list[int]:
-        """The evaluations committed, in the order written: those with a `metrics.jsonl` line (the commit point)."""
-        return [r["step"] for r in self.read_metrics() if isinstance(r.get("step"), int)]
+    def committed_steps(self, file_order: bool = False) -> list[int]:
+        """The evaluations committed, in step order: those with a `metrics.jsonl` line (the commit point). With
+        `file_order`, in the order of the file (an earlier forgetwatch appended a step scored late after later ones)."""
+        rows = _read_jsonl(self.root / "metrics.jsonl") if file_order else self.read_metrics()
+        return [r["step"] for r in rows if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
 
     def eval_steps(self) -> list[int]:
         """The committed evaluations whose per-probe file is there, in step order (the probe x evaluation matrix)."""
@@ -213,11 +289,28 @@ class RunRecord:
             if isinstance(e, ValueError) and "pickle" in str(e):
                 why = ("an array of Python objects" if "Object arrays" in str(e) else "not a NumPy .npz archive")
             raise RecordError(f"{path}: not a readable forgetwatch evaluation ({why}); it is damaged or "
-                              "not forgetwatch's: move it away and score that step again (`forgetwatch watch` does, for "
-                              "a sidecar run)") from None
+                              f"not forgetwatch's. {self.rescore_advice(step)}") from None
         if "outcome" not in out:
             raise RecordError(f"{path}: not a forgetwatch evaluation (no `outcome` array; it holds {sorted(out)})")
         return out
+
+    def rescore_advice(self, step: int) -> str:
+        """What to do about the damaged evaluation file of `step`: the command that scores its checkpoint again (a
+        sidecar run whose checkpoint is there), or how to go on without its per-probe results."""
+        run = self.root.parent if self.root.name == "forgetwatch" else self.root
+        ckpt = run / f"checkpoint-{step}"
+        if (self.root / "sidecar.json").is_file() and ckpt.is_dir():
+            return (f"Score it again from {ckpt}: `forgetwatch watch {shlex.quote(str(run))} --rescore {step}` (the file is set aside under "
+                    f"{self.root / SUPERSEDED}/, never deleted); or, to go on without it, {self.without_checkpoint(step)}")
+        return (f"Its checkpoint cannot be scored again here ({ckpt} is not there" +
+                ("" if (self.root / "sidecar.json").is_file() else ", or the run was not scored by `forgetwatch watch`") +
+                f"): restore the file from a copy, or {self.without_checkpoint(step)}")
+
+    def without_checkpoint(self, step: int) -> str:
+        """How to go on without the damaged evaluation file of `step`."""
+        aside = shlex.quote(str(self.root / RECOVERED))
+        return (f"move the file out of evals/ (`mkdir -p {aside} && mv {shlex.quote(str(self.eval_path(step)))} {aside}/`): "
+                "the step keeps its figures and flips, and only its per-probe results are lost")
 
     def read_results(self, step: int, ids: list[str]) -> ProbeResults:
         """One evaluation as `ProbeResults` (predictions and generations are not kept per step; answer lengths, stops and
@@ -233,6 +326,8 @@ class RunRecord:
             r.n_tokens, r.stopped, r.detail = z["n_tokens"], z["stopped"], [str(d) for d in z["detail"]]
         if "nonfinite" in z:
             r.nonfinite = z["nonfinite"].astype(bool)
+        if "prediction_utf8" in z:  # records written before answers were kept per step have none
+            r.prediction = _unpack_text(z["prediction_utf8"], z["prediction_offsets"])
         return r
 
     def read_robust(self, step: int) -> VariantOutcomes | None:
@@ -240,17 +335,17 @@ class RunRecord:
         return VariantOutcomes.from_arrays(self.read_eval(step))
 
     def read_metrics(self, checked: bool = False) -> list[dict[str, Any]]:
-        """The evaluations' commit lines. With `checked`, every field is type-checked first (what the figures are made
+        """The evaluations' commit lines, in step order whatever order the file holds them in. With `checked`, every field is type-checked first (what the figures are made
         from: a report must not stop on a TypeError), and a line forgetwatch could not have written raises
         `RecordError` naming the file, the line and the field."""
         if not checked:
-            return _read_jsonl(self.root / "metrics.jsonl")
+            return sorted(_read_jsonl(self.root / "metrics.jsonl"), key=_step_key)
         path = self.root / "metrics.jsonl"
         rows = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")) if path.is_file() else []
         for lineno, row in rows:
             if problem := _metrics_line_problem(row):
                 raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
-        return [row for _, row in rows]
+        return sorted((row for _, row in rows), key=_step_key)
 
     def read_flips(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "flips.jsonl")
@@ -366,17 +461,19 @@ class RunRecord:
 
     def check(self, fingerprint: str | None = None, n: int | None = None,
               writing: int | None = None) -> list[str]:
-        """What is wrong with this record, for `forgetwatch report`: steps repeated or out of order, evaluations without
+        """What is wrong with this record, for `forgetwatch report`: steps repeated (and out of order), evaluations without
         their commit line or the other way round, npz files of another probe count or probe set. Empty when whole.
         `writing`: the step a live writer is writing now (`being_written`), whose missing line is no problem."""
         problems = []
-        steps = [r.get("step") for r in self.read_metrics()]
+        steps = [r.get("step") for r in _read_jsonl(self.root / "metrics.jsonl")]  # in the file's order
         repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
         if repeated:
             problems.append(f"metrics.jsonl holds step(s) {', '.join(map(str, repeated))} more than once (two writers, or "
                             "an evaluation written twice): flips and curves count them twice")
-        if any(isinstance(a, int) and isinstance(b, int) and b < a for a, b in zip(steps, steps[1:], strict=False)):
-            problems.append(f"metrics.jsonl's steps are out of order ({', '.join(map(str, steps[:12]))}"
+        # out of order alone is a step scored late by an earlier forgetwatch: read in step order, nothing is wrong. With
+        # a step twice, it is what two writers leave
+        if repeated and any(isinstance(a, int) and isinstance(b, int) and b < a for a, b in zip(steps, steps[1:], strict=False)):
+            problems.append(f"metrics.jsonl's steps are out of order with steps repeated ({', '.join(map(str, steps[:12]))}"
                             f"{', ...' if len(steps) > 12 else ''}): two runs wrote into one record?")
         files = [s for s in self._npz_steps() if s != writing or s in steps]  # committed meanwhile: an evaluation
         if missing := sorted({s for s in steps if isinstance(s, int)} - set(files)):
@@ -487,6 +584,21 @@ class RunRecord:
             numeric = isinstance(at, (int, float)) and not isinstance(at, bool)
             (after if numeric and at > step else kept).append(line)
         return b"".join(kept), b"".join(after), b"".join(unreadable)
+
+
+def _step_key(row: dict[str, Any]) -> float:
+    step = row.get("step")
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else math.inf
+
+
+def _pack_text(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    data = [t.encode("utf-8") for t in texts]
+    return np.frombuffer(b"".join(data), np.uint8), np.cumsum([0] + [len(d) for d in data], dtype=np.int64)
+
+
+def _unpack_text(data: np.ndarray, offsets: np.ndarray) -> list[str]:
+    raw = data.tobytes()
+    return [raw[a:b].decode("utf-8", "replace") for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
 def _new_folder(path: Path) -> Path:

@@ -187,7 +187,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
     budget = record.read_budget()
     if budget is not None:
         limits = ", ".join(f"{k} ≤ {v:g}" for k, v in (budget.get("limits") or {}).items())
-        events = record.read_events()
+        events = _events(record)
         said = "; ".join(_event_text(e) for e in events[:3]) + (f"; … {len(events) - 3} more" if len(events) > 3 else "")
         within = budget.get("last_within_budget") or {}
         where = f"step {within.get('step')}" + (f" ({within['checkpoint']})" if within.get("checkpoint") else "")
@@ -678,7 +678,7 @@ def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
                          + (f'<p class="note">… and {more} more (at_risk.jsonl).</p>' if more > 0 else ""))
         else:
             parts.append(head + '<p class="note">none</p>')
-    events = record.read_events()
+    events = _events(record)
     budget = record.read_budget()
     if budget is not None:
         within = budget.get("last_within_budget") or {}
@@ -688,6 +688,12 @@ def _drift_section(record: RunRecord, rows, max_rows: int) -> str:
                      f"<ul>{lines or '<li>never exceeded</li>'}</ul><p>Last evaluation within budget: step "
                      f"{_e(within.get('step'))}{', checkpoint ' + _e(within['checkpoint']) if within.get('checkpoint') else ''}.</p>")
     return ('<h2 id="drift">Drift, risk and budget</h2>\n' + "\n".join(parts)) if parts else ""
+
+
+def _events(record: RunRecord) -> list[dict[str, Any]]:
+    """The budget events in step order (a record an earlier forgetwatch wrote may hold a step scored late after later
+    ones)."""
+    return sorted(record.read_events(), key=lambda e: e["step"] if isinstance(e.get("step"), (int, float)) else math.inf)
 
 
 def _event(e: dict[str, Any]) -> str:

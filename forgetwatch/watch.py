@@ -68,11 +68,16 @@ class Watcher:
             base cache must hold the same variants: `forgetwatch cache ... --robustness K` makes one.
         probe_change: the record's probes.jsonl is not the probe set its evaluations were scored on: "refuse" (raise
             `ProbeSetChangedError` before scoring) or "new_segment" (`forgetwatch.segments`; default: the callback's).
+        rescore: a step already in the record to score again from its checkpoint (its evaluation file damaged): its
+            files and rows are set aside under `superseded/rescore-step-N-<time>/` (never deleted), and the checkpoint
+            is scored into the record in step order. Refused, before anything is touched, when `checkpoint-N` is not
+            there.
     """
 
     def __init__(self, output_dir: str | os.PathLike, device: str | None = None, report_to: list[str] | None = None,
                  into_trainer_run: bool = False, batch_size: int | None = None, engine: str | None = None,
-                 robustness: int | None = None, robust_per_suite: int | None = None, probe_change: str | None = None):
+                 robustness: int | None = None, robust_per_suite: int | None = None, probe_change: str | None = None,
+                 rescore: int | None = None):
         self.output_dir = Path(output_dir)
         record_dir = self.output_dir / PREFIX
         start = ("start training with ForgetWatchCallback(probes, scoring=\"sidecar\") (a recipe: --forgetwatch_scoring "
@@ -83,6 +88,12 @@ class Watcher:
         if not path.is_file():
             raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
         self.manifest = read_manifest(record_dir)
+        self._rescore: int | None = None
+        if rescore is not None and not (self.output_dir / f"checkpoint-{rescore}").is_dir():
+            raise SidecarError(
+                f"--rescore {rescore}: {self.output_dir / f'checkpoint-{rescore}'} is not there, so step {rescore} cannot be "
+                f"scored again; nothing was touched and the record keeps step {rescore} as it is. Without the checkpoint, "
+                f"if its evaluation file is damaged, {RunRecord(record_dir).without_checkpoint(rescore)}")
         probes_path = record_dir / str(self.manifest.get("probes", "probes.jsonl"))
         if not probes_path.is_file():
             raise SidecarError(f"{probes_path}: the record's probe set is missing (the training process writes it when "
@@ -139,6 +150,11 @@ class Watcher:
                 steps = record.committed_steps()
                 start_segment(record_dir, change, max(steps), self.probes, keep=(MANIFEST, self.manifest["base_cache"],
                                                                                   "probes.jsonl", MODEL_FILES))
+            self._rescore = rescore if rescore is not None and rescore in record.committed_steps() else None
+            if self._rescore is not None:
+                aside = record.set_aside_step(rescore)
+                logger.warning("forgetwatch watch: step %d set aside in %s, to be scored again from checkpoint-%d",
+                               rescore, aside, rescore)
             done = record.eval_steps()
             cut = self._abandoned_after(record)
             loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
@@ -179,6 +195,9 @@ class Watcher:
         done = set(self.monitor.evaluated_steps) | {s for s, n in self._failed.items() if n >= MAX_ATTEMPTS}
         out = []
         for s, p in self.checkpoints().items():
+            if s == self._rescore and s not in done:  # the record held it: scored again whatever start wrote it
+                out.append((s, p))
+                continue
             if s in done or s <= self._first_step() or not self.is_evaluation(s):
                 continue
             if _mtime(p / "trainer_state.json") < self.manifest.get("started_at", 0) - 1:

@@ -29,6 +29,10 @@ def add_watch(sub) -> None:
                    help="comma-separated: wandb, tensorboard, trackio, none (default: the trainer's report_to)")
     w.add_argument("--into-trainer-run", action="store_true",
                    help="after training has ended, log into the trainer's own W&B run instead of a run beside it")
+    w.add_argument("--rescore", type=int, default=None, metavar="STEP",
+                   help="score this step again from its checkpoint (its evaluation file damaged): its files in the record "
+                        "are set aside under forgetwatch/superseded/ (never deleted) and checkpoint-STEP is scored into "
+                        "the record in step order; implies --once; refused, touching nothing, without checkpoint-STEP")
     add_flag(w, "batch_size", default=None, note=" (default: the run's)")
     add_flag(w, "engine", default=None, note=" (default: the run's)")
     add_flag(w, "robustness", default=None, metavar="K",
@@ -68,17 +72,17 @@ def _watch(args: argparse.Namespace) -> int:
             watcher = Watcher(args.output_dir, device=args.device, report_to=report_to,
                               into_trainer_run=args.into_trainer_run, batch_size=args.batch_size, engine=args.engine,
                               robustness=args.robustness, robust_per_suite=args.robust_per_suite,
-                              probe_change=args.probe_change)
+                              probe_change=args.probe_change, rescore=args.rescore)
             break
         except SidecarError as e:
             # started beside a training run that has not written its manifest yet: wait for it (not with --once)
-            if args.once or (args.timeout is not None and time.monotonic() - t0 > args.timeout):
+            if args.once or args.rescore is not None or (args.timeout is not None and time.monotonic() - t0 > args.timeout):
                 raise
             if not said:
                 print(f"forgetwatch watch: waiting for training to start ({e})", file=sys.stderr, flush=True)
                 said = True
             time.sleep(args.poll)
-    n = watcher.run(once=args.once, poll_seconds=args.poll, timeout=args.timeout)
+    n = watcher.run(once=args.once or args.rescore is not None, poll_seconds=args.poll, timeout=args.timeout)
     print(f"forgetwatch watch: scored {n} checkpoint(s); record: {watcher.monitor.record.root}")
     if skipped := watcher.unscored():
         # a script that runs `watch --once` must not take a record with holes for a whole one
