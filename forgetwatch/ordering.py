@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .budgets import Breach, BudgetState
 from .replay import ReplayTracker
 from .results import ProbeResults
 from .robustness import VariantOutcomes
 
-if TYPE_CHECKING:
-    from .monitor import Monitor
+# the functions below take the `forgetwatch.monitor.Monitor` that composes them, typed `Monitor` only in words: it
+# imports this module, and no two modules import each other
+Monitor = Any
 
 __all__ = ["Late", "History", "walk", "insert_late", "repair"]
 
