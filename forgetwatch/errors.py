@@ -12,6 +12,7 @@ The tree (each error also keeps the builtin base it had before the root existed,
   + CacheFormatError        [ValueError]       a damaged base cache file                       (cache)
   + RecordError             [ValueError]       a record file forgetwatch cannot read           (record)
   + RecordInUseError        [BlockingIOError]  another live process writes this record         (lock)
+  + RecordWriteError        [OSError]          an evaluation the record could not hold         (monitor)
   + SidecarError            [ValueError]       an output directory that cannot be watched      (watch)
   + InterpolationError      [ValueError]       models or settings that cannot be interpolated  (interpolate)
   + SamplesFormatError      [ValueError]       a per-sample evaluation file, unknown or broken (samples)
@@ -42,6 +43,7 @@ __all__ = [
     "ProbeSetError",
     "RecordError",
     "RecordInUseError",
+    "RecordWriteError",
     "RobustnessError",
     "SamplesFormatError",
     "SidecarError",
@@ -95,6 +97,11 @@ class RecordError(ForgetWatchError, ValueError):
 
 class RecordInUseError(ForgetWatchError, BlockingIOError):
     """Another live process writes this record; the message names it and says what to do."""
+
+
+class RecordWriteError(ForgetWatchError, OSError):
+    """An evaluation could not be written to the record (a full disk, a folder made read-only or immutable, a link to a
+    disk that went away): the message names the step, the file, the OS error and what to do."""
 
 
 # -- tools: watch, interpolate, compare ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ BUILTIN_BASE = {
     "ProbeSetError": (ValueError, ["requests", "scoring"]),
     "RecordError": (ValueError, ["record"]),
     "RecordInUseError": (BlockingIOError, ["lock"]),
+    "RecordWriteError": (OSError, ["monitor"]),
     "RobustnessError": (ValueError, ["robustness"]),
     "SamplesFormatError": (ValueError, ["samples"]),
     "SidecarError": (ValueError, ["watch"]),

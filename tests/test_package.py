@@ -13,7 +13,7 @@ def test_all_is_pinned():
         "BaseCache", "Budget", "CacheFormatError", "CacheMismatchError", "ConfigKeyError", "DriftStats",
         "ForgetWatchArguments", "ForgetWatchCallback", "ForgetWatchError", "ForgettingMetrics", "InstructionFormatError",
         "InterpolationError", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet", "ProbeSetError",
-        "RecordError", "RecordInUseError", "RiskRule", "RobustnessError", "SamplesFormatError", "ScoringConfig",
+        "RecordError", "RecordInUseError", "RecordWriteError", "RiskRule", "RobustnessError", "SamplesFormatError", "ScoringConfig",
         "SidecarError", "compute_drift", "compute_metrics", "compute_report", "load_probes", "load_record",
         "make_cache_key", "score_probes",
     ]
