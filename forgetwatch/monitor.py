@@ -313,29 +313,32 @@ class Monitor:
             where = f"noted in {noted}, and `forgetwatch report` names it"
         except Exception as e:  # the root itself is out of reach too: the log line, the alert and the summary remain
             where = f"not even noted in {noted} ({type(e).__name__}: {e})"
-        last = f"step {self.evaluated_steps[-1]}" if self.evaluated_steps else "no evaluation"
+        ends = f"ends at step {self.evaluated_steps[-1]}" if self.evaluated_steps else "holds no evaluation"
         folder = path.parent
         if self.strict:
             text = (f"step {step} could not be written to the record: writing {path}: {why}. The watcher stops; the "
-                    f"record ends at {last} ({where}). Make {folder} writable again (free space, restore the folder or "
+                    f"record {ends} ({where}). Make {folder} writable again (free space, restore the folder or "
                     "its permissions), then run `forgetwatch watch` again: it scores step "
                     f"{step} and the checkpoints after it")
         else:
             earlier = _checkpoint_before(self.output_dir, step)
-            how = (f"then resume training from {earlier} (a checkpoint from before step {step}; `trainer.train("
-                   f"resume_from_checkpoint=...)`): the resumed run scores step {step} and the steps after it again"
-                   if earlier is not None else
-                   f"no checkpoint was saved before step {step}, so this run cannot score those steps again")
+            if step == 0:  # the base, as training starts: nothing is lost by starting again but the time
+                how = "then start the training again: this run's probing stopped before its first step"
+            elif earlier is not None:
+                how = (f"then resume training from {earlier} (a checkpoint from before step {step}; `trainer.train("
+                       f"resume_from_checkpoint=...)`): the resumed run scores step {step} and the steps after it again")
+            else:
+                how = f"no checkpoint was saved before step {step}, so this run cannot score those steps again"
             guard = (f"; the budget (on_budget={self.budget.on_budget}) no longer judges this run"
                      if self.budget is not None else "")
             text = (f"step {step} could not be written to the record: writing {path}: {why}. Probing stops here: no "
                     f"later step is scored, training goes on untouched and the trainer's own logs are kept{guard}. The "
-                    f"record ends at {last} ({where}). Make {folder} writable again (free space, restore the folder "
+                    f"record {ends} ({where}). Make {folder} writable again (free space, restore the folder "
                     f"or its permissions); {how}")
-        if isinstance(error, OSError):  # the disk's fault, said in full: a traceback would add nothing
-            logger.error("forgetwatch: %s", text)
-        else:  # a bug of forgetwatch: the traceback says where
+        if not isinstance(error, OSError):  # a bug of forgetwatch: the traceback says where
             logger.exception("forgetwatch: %s", text)
+        elif not self.strict:  # the disk's fault, said in full: a traceback would add nothing (strict: the error says it)
+            logger.error("forgetwatch: %s", text)
         for lg in self.loggers:
             lg.alert("forgetwatch: record not written", text)
             lg.summary({f"{PREFIX}/unwritten_step": step})

@@ -224,9 +224,11 @@ def _load(output_dir: str | os.PathLike, warn: bool = True) -> tuple[RunRecord, 
         raise FileNotFoundError(f"{e}; {how}") from None
     rows = sorted(record.read_metrics(checked=True), key=lambda r: r["step"])
     if not rows:
+        lost = incomplete(record)  # the first evaluation could not be written: say so, not "not yet"
         raise ValueError(
             f"{record.root}: the record has no evaluation yet ({record.root / 'metrics.jsonl'} is missing or empty); "
-            "the callback writes the first one (the base model, step 0) when training starts"
+            + ("; ".join(lost) if lost else
+               "the callback writes the first one (the base model, step 0) when training starts")
         )
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
     problems = record.check(probes.fingerprint, len(probes))

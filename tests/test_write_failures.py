@@ -176,6 +176,7 @@ def test_a_watcher_that_cannot_write_a_step_stops_with_a_clear_error_and_its_adv
     assert cli(command) == 2  # from the command line: one line, no traceback
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("forgetwatch: error: step 2 could not be written") and "Traceback" not in err
+    assert err.count("could not be written") == 1  # said once, not logged and raised both
     assert "record incomplete: step 2 could not be written" in summarize_run(out)
 
     thaw(rec.evals_dir)  # the advice, followed
@@ -290,3 +291,24 @@ def test_an_npz_of_another_probe_set_is_left_out_of_the_matrix_by_name(tmp_path,
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         assert cli(["report", str(tmp_path)]) == 0
     assert "left out" not in caplog.text and rec.outcome_matrix()[0] == [0, 2, 4]
+
+
+def test_a_base_that_cannot_be_written_is_named_by_report(tmp_path, unwritable, caplog, capsys):
+    """The first evaluation (the base, step 0) lost: report says so instead of "no evaluation yet"."""
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.monitor import Monitor
+    from forgetwatch.results import ProbeResults
+
+    freeze, _ = unwritable
+    probes = make_probes()
+    evals = tmp_path / "forgetwatch" / "evals"
+    evals.mkdir(parents=True)
+    freeze(evals)
+    monitor = Monitor(probes)
+    with caplog.at_level(logging.ERROR, logger="forgetwatch"):
+        monitor.open(tmp_path, BaseCache({}, ProbeResults.empty(probes.ids)), "float32", [], resume_step=None)
+    assert monitor.write_failure["step"] == 0
+    assert "The record holds no evaluation" in caplog.text and "start the training again" in caplog.text
+    assert cli(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the record has no evaluation yet" in err and "step 0 could not be written (writing" in err
