@@ -341,6 +341,13 @@ def _validated(path: Path, cols: dict[str, Any], where: Callable[[int], str]) ->
             if not np.isfinite(x).all() and not flagged[i]:
                 j = int(np.argmax(~np.isfinite(x)))
                 raise bad(i, "option_scores", f"holds {x[j]} at option {j} (every option has a finite score)")
+            # a NaN margin means "not scored that way" (a generated answer has no options to rank), but a row with its
+            # options' scores was scored that way: its margin is the gold option's score minus the best other's, so NaN
+            # there is damage (read as "no margin", it would leave the probe out of margin_drop unseen)
+            margin = cols.get("margin")
+            if len(x) >= 2 and not flagged[i] and margin is not None and np.isnan(margin[i]):
+                raise bad(i, "margin", f"is NaN, but the row holds {len(x)} option scores, from which forgetwatch always "
+                                       "computes a margin (the gold option's score minus the best other's)")
     if cols.get("outcome") is None or cols.get("pred_index") is None:
         raise CacheFormatError(f"{path}: no `outcome` or `pred_index` column: {_REBUILD}")
     for name in ("gold_logprob", "margin"):

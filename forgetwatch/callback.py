@@ -141,6 +141,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._progress = True
         self.steering = ReplaySteering()  # replay streams this run steers (`mix_replay`, the anchor's, the penalty's)
         self._locks: list = []  # the record's writer locks (main process), held from train begin to train end
+        self._stopped = False  # probing stopped: an evaluation could not be written (`_probing_stopped`)
 
     @classmethod
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
@@ -272,6 +273,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if getattr(self, "_restored", False):
             self._share_state_with_the_users_object()
         self._started = True
+        self._stopped = False  # a resume, the record mended: probing goes on
         self._start_id = uuid.uuid4().hex  # the main process's goes into the checkpoints and the manifest
         self._is_main = state.is_world_process_zero
         self._progress = not args.disable_tqdm
@@ -380,7 +382,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             if self._is_main:
                 self.steering.write(self._record_root)
             return control
-        if state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps:
+        if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps) and not self._probing_stopped():
             breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
             if self.budget is not None and self.budget.on_budget in ("save", "stop"):
                 # Decided where the gathered results are, then shared: ranks that stopped or saved apart would hang.
@@ -414,7 +416,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 self._sidecar.update(finished=True, final_step=state.global_step)
                 self._release_locks()
             return
-        if self._scored_step != state.global_step:
+        if self._scored_step != state.global_step and not self._probing_stopped():
             self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
         if self._is_main:
             self.steering.write(self._record_root)
@@ -547,6 +549,14 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             users = max(mine, key=lambda cb: cb._serial)
             self.steering = users.steering  # the replay streams it steers are not in the saved state
             users.__dict__ = self.__dict__
+
+    def _probing_stopped(self) -> bool:
+        """Whether an evaluation could not be written to the record, so that probing stopped there (the monitor said so,
+        once, with what to do): the main process knows, every rank is told (a collective, at each evaluation step, so
+        that all ranks skip the scoring together). Training goes on untouched."""
+        if not self._stopped:
+            self._stopped = bool(broadcast_from_main(self.monitor.write_failure is not None if self._is_main else None))
+        return self._stopped
 
     def _evaluate(self, model, processing_class, state) -> list[Breach]:
         """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere)."""

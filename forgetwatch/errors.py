@@ -14,6 +14,7 @@ The tree (each error also keeps the builtin base it had before the root existed,
   + RecordInUseError        [BlockingIOError]  another live process writes this record         (lock)
   + RecordUnwritableError   [OSError]          the record's directory cannot be written        (lock)
   + ProbeSetChangedError    [ValueError]       a run's probes are not the record's pinned set  (segments)
+  + RecordWriteError        [OSError]          an evaluation the record could not hold         (monitor)
   + SidecarError            [ValueError]       an output directory that cannot be watched      (watch)
   + InterpolationError      [ValueError]       models or settings that cannot be interpolated  (interpolate)
   + SamplesFormatError      [ValueError]       a per-sample evaluation file, unknown or broken (samples)
@@ -46,6 +47,7 @@ __all__ = [
     "RecordError",
     "RecordInUseError",
     "RecordUnwritableError",
+    "RecordWriteError",
     "RobustnessError",
     "SamplesFormatError",
     "SidecarError",
@@ -109,6 +111,11 @@ class RecordUnwritableError(ForgetWatchError, OSError):
 class ProbeSetChangedError(ForgetWatchError, ValueError):
     """A resumed run or a watcher has other probes than the record's evaluations were scored on; the message names the
     record, what changed, and the two ways on (a new output dir, or a new segment of the record)."""
+
+
+class RecordWriteError(ForgetWatchError, OSError):
+    """An evaluation could not be written to the record (a full disk, a folder made read-only or immutable, a link to a
+    disk that went away): the message names the step, the file, the OS error and what to do."""
 
 
 # -- tools: watch, interpolate, compare ------------------------------------------------------------------------------

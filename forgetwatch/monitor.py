@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from .budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
 from .cache import BaseCache, CacheMismatchError
 from .console import format_evaluation, headline_categories, say
 from .drift import RiskRule, at_risk_mask, compute_drift
+from .errors import RecordWriteError
 from .keys import OVERALL, PREFIX, figure_key, final_key, table_key
 from .metrics import compute_report, mark_missing
 from .noise import NoiseFloor, noise_floor
@@ -38,7 +41,7 @@ from .robust_metrics import fragile_changes, robust_rows, robust_scalars
 from .robustness import VariantOutcomes, VariantPlan
 from .segments import ProbeSetChangedError, check_probes, segment_start
 
-__all__ = ["PREFIX", "Monitor", "figure_rows", "flip_rows", "fragile_flip_rows", "add_robust_figures", "group_figures", "scalars_of"]
+__all__ = ["PREFIX", "Monitor", "RecordWriteError", "figure_rows", "flip_rows", "fragile_flip_rows", "add_robust_figures", "group_figures", "scalars_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +55,9 @@ class Monitor:
         risk_rule: which probes count as at risk.
         log_table: log the flips and at-risk tables to the loggers that take tables.
         replay: keep `replay.jsonl` (forgotten probes as training examples) up to date.
-        strict: raise when the record cannot be written (the watcher: it can stop and be restarted), instead of saying
-            so and going on (the callback: training must go on).
+        strict: raise `RecordWriteError` when an evaluation cannot be written (the watcher: it can stop and be
+            restarted), instead of saying so and going on (the callback: training goes on, and it stops probing: see
+            `write_failure`).
         plan: with robustness on, which variants are scored (`forgetwatch.robustness.plan_variants`): the robust
             figures, fragile flips and the variants' outcomes in the record.
         console: print one line per evaluation (`forgetwatch.console`) starting with this label ("forgetwatch",
@@ -69,6 +73,10 @@ class Monitor:
         self.base_robust: VariantOutcomes | None = None
         self.last_robust: VariantOutcomes | None = None
         self.strict = strict
+        # the evaluation that could not be written ({"step", "path", "error"}), or None: the record ends before it, so a
+        # writer that goes on must stop scoring (a later step written after a hole would have its flips against the
+        # step before the hole, and nothing would say the hole is there)
+        self.write_failure: dict[str, Any] | None = None
         self._said_missing: set[str] = set()  # which kinds of missing figures were said (once a run)
         self._unjudged_before: set[str] = set()
         self.risk_rule = risk_rule or RiskRule()
@@ -105,6 +113,7 @@ class Monitor:
         empty and the base is reported as step 0."""
         self.output_dir = Path(output_dir)
         self.record = record = RunRecord(self.output_dir / PREFIX)
+        self.write_failure = None
         self.base, self.noise, self.loggers = cache.results, noise_floor(cache, precision), loggers
         self.base_robust = self._base_robust(cache) if self.plan is not None else None
         self.last_robust = None
@@ -269,27 +278,33 @@ class Monitor:
         if step > 0:
             self.tracker.update(step, held.outcome)
         flips, at_risk, breaches = [], [], []
+        root = self.record.root
+        writing = self.record.eval_path(step)  # the file being written, for the message when a write fails
         try:
             self.record.write_eval(step, results, self.probes.fingerprint, robust)
             flips = self.flips(prev, held, step)
             if robust is not None and prev_robust is not None:
                 flips += self.fragile_flips(prev_robust, robust, held, step)
+            writing = root / "flips.jsonl"
             self.record.append_flips(flips)
             at_risk = [r for r in self.at_risk(results, step) if not bad[self.probes.index_of(r["id"])]]
+            writing = root / "at_risk.jsonl"
             self.record.append_at_risk(at_risk)
             if self.replay:
+                writing = root / "replay.jsonl"
                 self.record.write_replay(self.tracker.lines())
+            writing = root / "events.jsonl"
             breaches = self._check_budget(step, rows) if self.budget is not None else []
+            writing = root / "metrics.jsonl"
             self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows,
                                         **(source or {})})
             # committed: the next evaluation's flips are against this one (never against one the record lacks)
             self.last, self.last_robust = held, robust
             self.evaluated_steps.append(step)
-        except Exception:
+        except Exception as e:
+            text = self._write_failed(step, writing, e)
             if self.strict:
-                raise
-            logger.exception("forgetwatch: could not write the local record at step %d (the step is left out of it); "
-                             "training goes on", step)
+                raise RecordWriteError(text) from e
         scalars = scalars_of(rows, seconds, len(self.budget_state.over) if self.budget is not None else None)
         for lg in self.loggers:
             lg.log(scalars, step)
@@ -320,11 +335,10 @@ class Monitor:
         try:
             history = insert_late(self, late, {"step": step, "epoch": epoch, "seconds": round(seconds, 3),
                                                "metrics": late.rows, **(source or {})}, at_risk)
-        except Exception:
+        except Exception as e:  # as an in-order step's: said once, noted, probing stops (the watcher: raised)
+            text = self._write_failed(step, self.record.root, e)
             if self.strict:
-                raise
-            logger.exception("forgetwatch: could not write the local record at step %d (the step is left out of it); "
-                             "training goes on", step)
+                raise RecordWriteError(text) from e
             return []
         flips = [r for r in history.flips if r["step"] == step]
         self.tracker, self.budget_state, self._unjudged_before = history.tracker, history.state, history.unjudged
@@ -357,6 +371,51 @@ class Monitor:
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return history.breaches
 
+    def _write_failed(self, step: int, path: Path, error: Exception) -> str:
+        """An evaluation the record could not hold: said once, as an ERROR naming the step, the file, the OS error and
+        what to do; noted in `unwritten.jsonl` where that can still be written; sent to the loggers (an alert, and
+        `forgetwatch/unwritten_step` in the run summary). Returns the text. Sets `write_failure`: the callback stops
+        probing on it (a record with a hole in it must not go on as if whole)."""
+        assert self.record is not None
+        why = f"{type(error).__name__}: {error}"
+        self.write_failure = {"step": step, "path": str(path), "error": why}
+        noted = self.record.root / "unwritten.jsonl"
+        try:
+            self.record.append_unwritten({**self.write_failure, "time": round(time.time(), 3)})
+            where = f"noted in {noted}, and `forgetwatch report` names it"
+        except Exception as e:  # the root itself is out of reach too: the log line, the alert and the summary remain
+            where = f"not even noted in {noted} ({type(e).__name__}: {e})"
+        ends = f"ends at step {self.evaluated_steps[-1]}" if self.evaluated_steps else "holds no evaluation"
+        folder = path.parent
+        if self.strict:
+            text = (f"step {step} could not be written to the record: writing {path}: {why}. The watcher stops; the "
+                    f"record {ends} ({where}). Make {folder} writable again (free space, restore the folder or "
+                    "its permissions), then run `forgetwatch watch` again: it scores step "
+                    f"{step} and the checkpoints after it")
+        else:
+            earlier = _checkpoint_before(self.output_dir, step)
+            if step == 0:  # the base, as training starts: nothing is lost by starting again but the time
+                how = "then start the training again: this run's probing stopped before its first step"
+            elif earlier is not None:
+                how = (f"then resume training from {earlier} (a checkpoint from before step {step}; `trainer.train("
+                       f"resume_from_checkpoint=...)`): the resumed run scores step {step} and the steps after it again")
+            else:
+                how = f"no checkpoint was saved before step {step}, so this run cannot score those steps again"
+            guard = (f"; the budget (on_budget={self.budget.on_budget}) no longer judges this run"
+                     if self.budget is not None else "")
+            text = (f"step {step} could not be written to the record: writing {path}: {why}. Probing stops here: no "
+                    f"later step is scored, training goes on untouched and the trainer's own logs are kept{guard}. The "
+                    f"record {ends} ({where}). Make {folder} writable again (free space, restore the folder "
+                    f"or its permissions); {how}")
+        if not isinstance(error, OSError):  # a bug of forgetwatch: the traceback says where
+            logger.exception("forgetwatch: %s", text)
+        elif not self.strict:  # the disk's fault, said in full: a traceback would add nothing (strict: the error says it)
+            logger.error("forgetwatch: %s", text)
+        for lg in self.loggers:
+            lg.alert("forgetwatch: record not written", text)
+            lg.summary({f"{PREFIX}/unwritten_step": step})
+        return text
+
     def _say_missing(self, rows: dict[str, dict[str, Any]], step: int) -> None:
         """Once a run: figures are missing because probes scored NaN / inf, and why."""
         for field, what in (("missing", "figures"), ("robust_missing", "robust figures")):
@@ -374,9 +433,15 @@ class Monitor:
             return
         # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_details/kl -> forgetwatch_details/final/kl
         final = {final_key(k): v for k, v in scalars_of(self.last_rows).items()}
+        if self.write_failure is not None:  # these figures are the last written step's, not the end of training's
+            final[f"{PREFIX}/unwritten_step"] = self.write_failure["step"]
         if self.budget is not None:
             within = self.within_budget()
-            self.write_budget()
+            try:
+                self.write_budget()
+            except OSError as e:  # the end of a run whose record broke: the summary still goes out
+                logger.warning("forgetwatch: could not rewrite budget.json at the end of training (%s: %s)",
+                               type(e).__name__, e)
             final.update({f"{PREFIX}/budget/exceeded": len(self.budget_state.over),
                           f"{PREFIX}/budget/last_within_step": within["step"],
                           f"{PREFIX}/budget/last_within_checkpoint": within["checkpoint"] or ""})
@@ -395,6 +460,8 @@ class Monitor:
                 self.record.append_event(row)
             self.write_budget()
             return new
+        except OSError:  # events.jsonl or budget.json could not be written: the step cannot be committed either
+            raise
         except Exception:
             logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
             return []
@@ -622,6 +689,16 @@ def scalars_of(rows: dict[str, dict[str, Any]], seconds: float | None = None, ov
     """
     return {figure_key(group, name): value for group, figs in group_figures(rows, seconds, over_budget).items()
             for name, value in figs.items()}
+
+
+def _checkpoint_before(output_dir: Path | None, step: int) -> Path | None:
+    """The trainer's latest checkpoint directory from before `step` in `output_dir`, or None."""
+    try:
+        found = [(int(m.group(1)), p) for p in output_dir.iterdir()
+                 if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir() and int(m.group(1)) < step]
+    except (OSError, AttributeError):  # no output dir (None), or one that cannot be listed
+        return None
+    return max(found)[1] if found else None
 
 
 def _warn_nothing_to_forget(base_report: dict) -> None:

@@ -9,6 +9,8 @@
     flips.jsonl           the probes whose correctness changed at each evaluation
     at_risk.jsonl         the probes still right but at risk at each evaluation (see `forgetwatch.drift`)
     events.jsonl          budget events: a limit exceeded, at which step, and what was done
+    unwritten.jsonl       the evaluations that could not be written (a full disk, a folder made read-only): the step,
+                          the file, the OS error; probing stopped there, and `forgetwatch report` names them
     budget.json           the budget, the limits over now, and the last evaluation within budget (and its checkpoint)
     trainer_log.jsonl     the trainer's own log rows (loss, learning rate, GRPO reward, ...) as the callback saw them in
                           `on_log`, with their step: the report draws them beside the forgetting curves
@@ -64,9 +66,11 @@ _EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
 MODEL_FILES = "model"  # the record's directory of a sidecar-mode run's config and tokenizer
 # what a resume from step N cuts back to N: the scoring's per-step files (the trainer log is the training process's own:
 # the watcher, which scores beside training, never touches it)
-_STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
+# (unwritten.jsonl too: a resume from before a step that could not be written scores it again)
+_STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl", "unwritten.jsonl")
 # the JSON-lines files an evaluation appends to (its scorer's: the watcher never touches the trainer's log)
 _EVAL_LINES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
+UNWRITTEN = "unwritten.jsonl"  # the evaluations that could not be written (`append_unwritten`)
 RECOVERED = "recovered"  # what `recover` set aside: <record>/recovered/<time>/
 SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/superseded/after-step-N-<start>/
 REORDERING = "reordering.json"  # the marker of a reordering under way (see the module's docstring)
@@ -226,6 +230,19 @@ class RunRecord:
     def append_event(self, row: dict[str, Any]) -> None:
         _append_line(self.root / "events.jsonl", row)
 
+    def append_unwritten(self, row: dict[str, Any]) -> None:
+        """Note an evaluation that could not be written (`step`, `path`, `error`): not one of the evaluation's own files
+        (those are set aside when uncommitted), so that the loss stays said. Its own file at the record's root, which a
+        write failure in `evals/` or a full disk (a short line fits where an npz does not) may spare."""
+        _append_line(self.root / UNWRITTEN, row)
+
+    def unwritten(self) -> list[dict[str, Any]]:
+        """The evaluations that could not be written and are still not in the record (a step scored again later, by a
+        restarted watcher or a resumed run, is no longer missing), in step order."""
+        done = set(self.committed_steps())
+        rows = [r for r in _read_jsonl(self.root / UNWRITTEN) if r.get("step") not in done]
+        return sorted(rows, key=lambda r: r["step"] if isinstance(r.get("step"), int) else -1)
+
     def write_budget(self, state: dict[str, Any]) -> None:
         with atomic_write(self.root / "budget.json") as f:
             f.write(json.dumps(state, ensure_ascii=False, indent=1) + "\n")
@@ -377,12 +394,57 @@ class RunRecord:
                 lines.append(" " * 12 + f"{kind}: " + ", ".join(text))
         return "\n".join(lines)
 
-    def outcome_matrix(self) -> tuple[list[int], np.ndarray]:
-        """(steps, matrix) with matrix[e, i] the outcome of probe i at the e-th evaluation."""
-        steps = self.eval_steps()
+    def outcome_matrix(self, n: int | None = None, fingerprint: str | None = None, *, warn: bool = True
+                       ) -> tuple[list[int], np.ndarray]:
+        """(steps, matrix) with matrix[e, i] the outcome of probe i at the e-th evaluation. A step whose file does not
+        belong in it (unreadable, or of another probe count or probe set than `n` and `fingerprint`, by default those of
+        the record's probes.jsonl) is left out, with a warning naming it (`matrix_steps`), unless `warn` is False."""
+        steps, left_out = self.matrix_steps(n, fingerprint)
+        for why in left_out if warn else []:
+            logger.warning("forgetwatch: %s", why)
         if not steps:
             return [], np.zeros((0, 0), np.int8)
         return steps, np.stack([self.read_eval(s)["outcome"] for s in steps])
+
+    def matrix_steps(self, n: int | None = None, fingerprint: str | None = None) -> tuple[list[int], list[str]]:
+        """The committed evaluations whose file belongs in the probe x evaluation matrix (and every other view made
+        from the evals/ files), in step order, and for each one left out why, naming its file and what to do: a file
+        that cannot be read, or one of another probe count or probe set than the record's (`n` and `fingerprint`; by
+        default its probes.jsonl's). Their curves, from metrics.jsonl, are not affected."""
+        if n is None and fingerprint is None and (self.root / "probes.jsonl").is_file():
+            from .probes import ProbeSet
+
+            probes = ProbeSet.from_jsonl(self.root / "probes.jsonl")
+            n, fingerprint = len(probes), probes.fingerprint
+        keep, left_out = [], []
+        for s in self.eval_steps():
+            try:
+                z = self.read_eval(s)
+            except RecordError as e:
+                left_out.append(f"{e} (left out of the probe x evaluation matrix)")
+                continue
+            if n is None:
+                n = len(z["outcome"])
+            if problem := self._npz_problem(s, z, n, fingerprint):
+                left_out.append(problem)
+            else:
+                keep.append(s)
+        return keep, left_out
+
+    def _npz_problem(self, step: int, z: dict[str, np.ndarray], n: int | None, fingerprint: str | None) -> str | None:
+        """What makes an evaluation's file another probe set's (count or fingerprint) than the record's, or None."""
+        path = self.eval_path(step)
+        found = str(z["fingerprint"]) if "fingerprint" in z else ""
+        if n is not None and len(z["outcome"]) != n:
+            what = f"{path}: {len(z['outcome'])} probes, but the record's probes.jsonl has {n}"
+        elif fingerprint and found and found != fingerprint:
+            what = f"{path}: scored on probe set {found}, but the record's probes.jsonl is {fingerprint}"
+        else:
+            return None
+        return (f"{what}; left out of the probe x evaluation matrix and every view made from the evals/ files (step "
+                f"{step}'s curves, from metrics.jsonl, stand). forgetwatch writes each step's file from the record's "
+                "probes, so this one was replaced or changed after it was written (another run's, copied in?): put step "
+                f"{step}'s own file back if you have it, and the report draws that step again")
 
     # -- faults ---------------------------------------------------------------------------------------------------
     def recover(self) -> list[str]:
@@ -487,12 +549,8 @@ class RunRecord:
             except RecordError as e:
                 problems.append(str(e))
                 continue
-            if n is not None and len(z["outcome"]) != n:
-                problems.append(f"{self.eval_path(s)}: {len(z['outcome'])} probes, but the record's probes.jsonl has {n}")
-            found = str(z["fingerprint"]) if "fingerprint" in z else ""
-            if fingerprint and found and found != fingerprint:
-                problems.append(f"{self.eval_path(s)}: scored on probe set {found}, but the record's probes.jsonl is "
-                                f"{fingerprint}")
+            if problem := self._npz_problem(s, z, n, fingerprint):
+                problems.append(problem)
         return problems
 
     def _read_lines(self, path: Path) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from .remedies.rewind import read_rewind, rewind_section
 from .robust_metrics import fragile_probes
 from .segments import describe_segments
 
-__all__ = ["make_report", "summarize_run"]
+__all__ = ["make_report", "summarize_run", "incomplete"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     forgotten, learned = _final_flips(record, probes, rows[-1]["step"])
     page = _html(output_dir, record, probes, rows, categories, list(figures), forgotten, learned, max_rows, train_source,
                  writing)
-    page = page.replace("<!--problems-->", _problems(problems))
+    page = page.replace("<!--problems-->", _incomplete(incomplete(record)) + _problems(problems))
     page = page.replace("<!--drift-->", _drift_section(record, rows, max_rows))
     robust = _robust_section(record, probes, rows, max_rows)
     page = page.replace("<!--robustness-->", "\n\n" + robust if robust else "")
@@ -198,6 +198,7 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
     lines += describe_segments(record.root)  # the probe set changed: where the earlier segment is, how to report it
     if problems:
         lines.append(f"record problems: {len(problems)} (the page lists them)")
+    lines[1:1] = [f"record incomplete: {text}" for text in incomplete(record)]  # under the run's line: it qualifies it
     rewound = read_rewind(record.root)
     if rewound is not None:  # the run was rewound (forgetwatch_rewind, `forgetwatch rewind`): its line closes the summary
         lines.append(rewound.line())
@@ -205,6 +206,18 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
 
 
 # -- the record ---------------------------------------------------------------------------------------------
+def incomplete(record: RunRecord) -> list[str]:
+    """What the record lacks because it could not be written (`RunRecord.unwritten`), one sentence per step: "step 4
+    could not be written (writing <file>: <OS error>); probing stopped there". Empty when it lacks nothing so.
+
+    Example:
+        >>> incomplete(load_record("outputs/sft-demo"))  # doctest: +SKIP
+        []
+    """
+    return [f"step {r.get('step')} could not be written (writing {r.get('path')}: {r.get('error')}); probing stopped there"
+            for r in record.unwritten()]
+
+
 def _load(output_dir: str | os.PathLike, warn: bool = True
           ) -> tuple[RunRecord, ProbeSet, list[dict[str, Any]], list[str], str | None]:
     """The record, its probes, its committed metrics rows in step order, its problems, and the evaluation a live writer is
@@ -219,9 +232,11 @@ def _load(output_dir: str | os.PathLike, warn: bool = True
         raise FileNotFoundError(f"{e}; {how}") from None
     rows = sorted(record.read_metrics(checked=True), key=lambda r: r["step"])
     if not rows:
+        lost = incomplete(record)  # the first evaluation could not be written: say so, not "not yet"
         raise ValueError(
             f"{record.root}: the record has no evaluation yet ({record.root / 'metrics.jsonl'} is missing or empty); "
-            "the callback writes the first one (the base model, step 0) when training starts"
+            + ("; ".join(lost) if lost else
+               "the callback writes the first one (the base model, step 0) when training starts")
         )
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
     # read while a writer scores: its newest evaluation has an npz and no line yet, which is no damage
@@ -298,7 +313,8 @@ def _states(record: RunRecord, probes: ProbeSet) -> tuple[np.ndarray, np.ndarray
 
     The base is the record's step-0 evaluation, or its base.parquet when the record starts later (a resumed run
     whose earlier record was cut)."""
-    steps, matrix = record.outcome_matrix()
+    # steps whose file is another probe set's are left out (`record.check` said so, with what to do)
+    steps, matrix = record.outcome_matrix(len(probes), probes.fingerprint, warn=False)
     if not steps or matrix.shape[1] != len(probes):
         return None
     if steps[0] == 0:
@@ -343,9 +359,8 @@ def _final_flips(record: RunRecord, probes: ProbeSet, final_step: int) -> tuple[
         if r["step"] <= final_step and r.get("direction") in _CORRECTNESS:
             by_id.setdefault(r["id"], []).append(r)
     pred_index = None
-    if final_step in record.eval_steps():
-        pi = record.read_eval(final_step)["pred_index"]
-        pred_index = pi if len(pi) == len(probes) else None
+    if final_step in record.matrix_steps(len(probes), probes.fingerprint)[0]:  # not another probe set's file
+        pred_index = record.read_eval(final_step)["pred_index"]
 
     forgotten, learned = [], []
     for pid, flips in by_id.items():
@@ -800,6 +815,14 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _incomplete(lost: list[str]) -> str:
+    if not lost:
+        return ""
+    items = "".join(f"<li>{_e(p)}</li>" for p in lost)
+    return (f'<div class="problems incomplete"><p><b>This record is incomplete</b>: its figures end before training did.'
+            f"</p><ul>{items}</ul></div>\n")
+
+
 def _problems(problems: list[str]) -> str:
     if not problems:
         return ""
@@ -956,7 +979,7 @@ def _fragile_now(record: RunRecord, probes: ProbeSet, final_step: int) -> list[d
     Probes with a variant scored NaN / inf either time are left out (such a variant is no answer). The step each first
     became fragile comes from flips.jsonl's robust→fragile rows; a probe that became fragile through a plain flip (wrong
     as asked in between) has none."""
-    steps = record.eval_steps()
+    steps = record.matrix_steps(len(probes), probes.fingerprint)[0]  # not another probe set's files
     if 0 not in steps or final_step not in steps:
         return None
     try:

@@ -452,15 +452,16 @@ def test_malformed_parquet_values_are_refused(tmp_path, column, values, type_, s
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
 def test_nan_scores_are_legitimate(tmp_path, suffix):
-    """NaN (or null) in margin and gold_logprob means "not scored that way": read as NaN, not refused."""
+    """NaN (or null) in margin and gold_logprob means "not scored that way": read as NaN, not refused. (A NaN margin
+    beside option scores, from which a margin is always computed, is refused: tests/test_write_failures.py.)"""
     path, key, results = saved(tmp_path, suffix, n=6)
-    if suffix == ".jsonl":
-        _edit_jsonl(path, 0, margin=None, gold_logprob=None)
-        _edit_jsonl(path, 2, margin=float("nan"))
+    if suffix == ".jsonl":  # row 4 has no option scores (a generated answer); row 2 has
+        _edit_jsonl(path, 4, margin=None, gold_logprob=None)
+        _edit_jsonl(path, 2, gold_logprob=float("nan"))
     back = BaseCache.load(path, expect=key).results
     assert np.isnan(back.margin[1]) and np.isnan(back.gold_logprob[1])  # NaN as saved
     if suffix == ".jsonl":
-        assert np.isnan(back.margin[0]) and np.isnan(back.gold_logprob[0]) and np.isnan(back.margin[2])
+        assert np.isnan(back.margin[4]) and np.isnan(back.gold_logprob[4]) and np.isnan(back.gold_logprob[2])
 
 
 KEY_DAMAGE = [

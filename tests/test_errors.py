@@ -29,6 +29,7 @@ BUILTIN_BASE = {
     "RecordError": (ValueError, ["record"]),
     "RecordInUseError": (BlockingIOError, ["lock"]),
     "RecordUnwritableError": (OSError, ["lock"]),
+    "RecordWriteError": (OSError, ["monitor"]),
     "RobustnessError": (ValueError, ["robustness"]),
     "SamplesFormatError": (ValueError, ["samples"]),
     "SidecarError": (ValueError, ["watch"]),

@@ -44,10 +44,16 @@ def add_watch(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..report import make_report, summarize_run
+    from ..record import load_record
+    from ..report import incomplete, make_report, summarize_run
 
     print(make_report(args.output_dir, args.output))  # the page's path first: `forgetwatch report DIR | head -1`
     print(summarize_run(args.output_dir))  # the rewind's line, when the run has one, last
+    if lost := incomplete(load_record(args.output_dir)):
+        # a script must not take a record that stops short for a whole one
+        print(f"forgetwatch report: the record is incomplete ({len(lost)} step(s) could not be written; the summary "
+              "says which): its figures end before training did", file=sys.stderr)
+        return 1
     return 0
 
 
