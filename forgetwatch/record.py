@@ -37,7 +37,7 @@ import re
 import shutil
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ import numpy as np
 
 from ._io import atomic_write, read_json, read_jsonl, repair_cut_tail, split_cut_tail
 from .errors import RecordError
+from .record_schema import budget_problem, eval_problem, line_problem
 from .results import ProbeResults, pack_ragged, unpack_ragged
 from .robustness import VariantOutcomes
 
@@ -163,7 +164,7 @@ class RunRecord:
         return _read_jsonl(self.root / "at_risk.jsonl")
 
     def read_budget(self) -> dict[str, Any] | None:
-        return _read_json(self.root / "budget.json")
+        return _read_json(self.root / "budget.json", budget_problem)
 
     def write_replay(self, lines: Iterable[str]) -> Path:
         """Replace replay.jsonl with these JSONL lines (`ReplayTracker.lines()`)."""
@@ -217,12 +218,19 @@ class RunRecord:
                               "a sidecar run)") from None
         if "outcome" not in out:
             raise RecordError(f"{path}: not a forgetwatch evaluation (no `outcome` array; it holds {sorted(out)})")
+        if problem := eval_problem(out):
+            raise RecordError(f"{path}: not an evaluation forgetwatch could have written: {problem}; it is damaged or not "
+                              "forgetwatch's: move it away and score that step again (`forgetwatch watch` does, for a "
+                              "sidecar run)")
         return out
 
     def read_results(self, step: int, ids: list[str]) -> ProbeResults:
         """One evaluation as `ProbeResults` (predictions and generations are not kept per step; answer lengths, stops and
         behaviour checks are)."""
         z = self.read_eval(step)
+        if len(z["outcome"]) != len(ids):
+            raise RecordError(f"{self.eval_path(step)}: {len(z['outcome'])} probes, but the record's probe set has "
+                              f"{len(ids)}: an evaluation of another probe set; move it away and score that step again")
         r = ProbeResults.empty(ids)
         r.outcome, r.pred_index, r.margin = z["outcome"], z["pred_index"], z["margin"]
         if "gold_logprob" in z:
@@ -287,7 +295,11 @@ class RunRecord:
         steps = self.eval_steps()
         if not steps:
             return [], np.zeros((0, 0), np.int8)
-        return steps, np.stack([self.read_eval(s)["outcome"] for s in steps])
+        rows = [self.read_eval(s)["outcome"] for s in steps]
+        if odd := [(s, len(r)) for s, r in zip(steps, rows, strict=True) if len(r) != len(rows[0])]:
+            raise RecordError(f"{self.eval_path(odd[0][0])}: {odd[0][1]} probes, but {self.eval_path(steps[0])} has "
+                              f"{len(rows[0])}: evaluations of two probe sets in one record")
+        return steps, np.stack(rows)
 
     # -- faults ---------------------------------------------------------------------------------------------------
     def recover(self) -> list[str]:
@@ -313,16 +325,18 @@ class RunRecord:
             if not path.is_file():
                 continue
             rows = self._read_lines(path)
-            keep = [r for r in rows if r.get("step") in committed]
+            # a step that is no whole number (a metrics line edited by hand) is never committed: set aside with the rest
+            done = [isinstance(r.get("step"), int) and r["step"] in committed for r in rows]
+            keep = [r for r, d in zip(rows, done, strict=True) if d]
             if len(keep) < len(rows):
-                unfinished += [r.get("step") for r in rows if r.get("step") not in committed]
+                unfinished += [r.get("step") for r, d in zip(rows, done, strict=True) if not d]
                 aside.mkdir(parents=True, exist_ok=True)
                 with open(aside / name, "a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows if r.get("step") not in committed))
+                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r, d in zip(rows, done, strict=True) if not d))
                 with atomic_write(path) as f:
                     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
         if unfinished:
-            notes.append(f"step(s) {', '.join(str(s) for s in sorted(set(unfinished), key=str))} were not finished (no "
+            notes.append(f"step(s) {', '.join(sorted({str(s) for s in unfinished}))} were not finished (no "
                          "metrics.jsonl line, its commit point)")
         if notes:
             logger.warning("forgetwatch: %s was left mid-write (a crash or a kill?): %s. Set aside in %s; unfinished steps "
@@ -346,7 +360,7 @@ class RunRecord:
         """What is wrong with this record, for `forgetwatch report`: steps repeated or out of order, evaluations without
         their commit line or the other way round, npz files of another probe count or probe set. Empty when whole."""
         problems = []
-        steps = [r.get("step") for r in self.read_metrics()]
+        steps = [r.get("step") for r in self.read_metrics(checked=True)]  # a line of the wrong types is refused by name
         repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
         if repeated:
             problems.append(f"metrics.jsonl holds step(s) {', '.join(map(str, repeated))} more than once (two writers, or "
@@ -484,7 +498,7 @@ def _metrics_line_problem(row: dict[str, Any]) -> str | None:
     step = row.get("step")
     if "step" not in row:
         return "field `step` is missing"
-    if not number(step) or isinstance(step, float) or step < 0:
+    if not number(step) or isinstance(step, float) or not 0 <= step < 2**53:  # larger: no JSON reader carries it exactly
         return f"field `step` must be a whole number >= 0, not {step!r} ({type(step).__name__})"
     for field in ("epoch", "seconds"):
         if field in row and not number(row[field]):
@@ -508,19 +522,28 @@ def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     if not skip_bad:
-        return [row for _, row in read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")]
-    rows = []
-    for line in path.read_bytes().split(b"\n")[:-1]:  # the part after the last newline is cut
-        with contextlib.suppress(UnicodeDecodeError, ValueError):
-            row = json.loads(line.decode("utf-8")) if line.strip() else None
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
+        numbered = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip"))
+    else:
+        numbered = []
+        for lineno, line in enumerate(path.read_bytes().split(b"\n")[:-1], 1):  # the part after the last newline is cut
+            with contextlib.suppress(UnicodeDecodeError, ValueError):
+                row = json.loads(line.decode("utf-8")) if line.strip() else None
+                if isinstance(row, dict):
+                    numbered.append((lineno, row))
+    # every field the readers use, type-checked: a report must say which line is wrong, not stop on a TypeError
+    for lineno, row in numbered:
+        if problem := line_problem(path.name, row):
+            raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
+    return [row for _, row in numbered]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A record's JSON file (written whole, atomically), or None when absent; damage raises `RecordError` with the line."""
-    return read_json(path, "a forgetwatch record file", RecordError, objects=True) if path.is_file() else None
+def _read_json(path: Path, check: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any] | None:
+    """A record's JSON file (written whole, atomically), or None when absent; damage raises `RecordError` with the line,
+    and a field `check` finds wrong with the field."""
+    doc = read_json(path, "a forgetwatch record file", RecordError, objects=True) if path.is_file() else None
+    if doc is not None and check is not None and (problem := check(doc)):
+        raise RecordError(f"{path}: {problem}; {_DAMAGED}")
+    return doc
 
 
 def load_record(output_dir: str | os.PathLike) -> RunRecord:

@@ -211,7 +211,7 @@ def _load(output_dir: str | os.PathLike, warn: bool = True) -> tuple[RunRecord, 
         raise FileNotFoundError(f"{e}; {how}") from None
     rows = sorted(record.read_metrics(checked=True), key=lambda r: r["step"])
     if not rows:
-        raise ValueError(
+        raise RecordError(
             f"{record.root}: the record has no evaluation yet ({record.root / 'metrics.jsonl'} is missing or empty); "
             "the callback writes the first one (the base model, step 0) when training starts"
         )
