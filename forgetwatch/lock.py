@@ -201,7 +201,8 @@ def _maybe_alive(prev: dict[str, Any], path: Path) -> bool:
     """Whether an unreleased holder might still run, although its flock is free (a file system that keeps no locks)."""
     if prev.get("host") == socket.gethostname():
         pid = prev.get("pid")
-        if not isinstance(pid, int) or pid == os.getpid() or not pid_alive(pid):
+        # a lock file is anyone's to garble: a pid no process can have is no holder (and never reaches os.kill)
+        if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2**31 or pid == os.getpid() or not pid_alive(pid):
             return False
         # a live pid and no flock to ask: the pid was reused by another program, or it is the holder; the heartbeat
         # tells them apart
@@ -233,7 +234,10 @@ def _describe(info: dict[str, Any] | None) -> str:
     if not info:
         return "another process (it did not say which)"
     since = info.get("since")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    try:  # a garbled file's time (NaN, 1e300, text) is said as unknown
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    except (ValueError, OverflowError, OSError):
+        when = "?"
     return f"{info.get('run')!s} (pid {info.get('pid')} on {info.get('host')}, since {when})"
 
 

@@ -46,7 +46,7 @@ import shlex
 import shutil
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ import numpy as np
 
 from ._io import atomic_write, read_json, read_jsonl, repair_cut_tail, split_cut_tail
 from .errors import RecordError
+from .record_schema import budget_problem, eval_problem, line_problem
 from .results import ProbeResults, pack_ragged, unpack_ragged
 from .robustness import VariantOutcomes
 
@@ -254,7 +255,7 @@ class RunRecord:
         return _read_jsonl(self.root / "at_risk.jsonl")
 
     def read_budget(self) -> dict[str, Any] | None:
-        return _read_json(self.root / "budget.json")
+        return _read_json(self.root / "budget.json", budget_problem)
 
     def write_replay(self, lines: Iterable[str]) -> Path:
         """Replace replay.jsonl with these JSONL lines (`ReplayTracker.lines()`)."""
@@ -309,6 +310,9 @@ class RunRecord:
                               f"not forgetwatch's. {self.rescore_advice(step)}") from None
         if "outcome" not in out:
             raise RecordError(f"{path}: not a forgetwatch evaluation (no `outcome` array; it holds {sorted(out)})")
+        if problem := eval_problem(out):
+            raise RecordError(f"{path}: not an evaluation forgetwatch could have written: {problem}; it is damaged or not "
+                              f"forgetwatch's. {self.rescore_advice(step)}")
         return out
 
     def rescore_advice(self, step: int) -> str:
@@ -333,6 +337,9 @@ class RunRecord:
         """One evaluation as `ProbeResults` (predictions and generations are not kept per step; answer lengths, stops and
         behaviour checks are)."""
         z = self.read_eval(step)
+        if len(z["outcome"]) != len(ids):
+            raise RecordError(f"{self.eval_path(step)}: {len(z['outcome'])} probes, but the record's probe set has "
+                              f"{len(ids)}: an evaluation of another probe set. {self.rescore_advice(step)}")
         r = ProbeResults.empty(ids)
         r.outcome, r.pred_index, r.margin = z["outcome"], z["pred_index"], z["margin"]
         if "gold_logprob" in z:
@@ -351,18 +358,20 @@ class RunRecord:
         """The variants of one evaluation (robustness on), or None when it scored none."""
         return VariantOutcomes.from_arrays(self.read_eval(step))
 
-    def read_metrics(self, checked: bool = False) -> list[dict[str, Any]]:
-        """The evaluations' commit lines, in step order whatever order the file holds them in. With `checked`, every field is type-checked first (what the figures are made
-        from: a report must not stop on a TypeError), and a line forgetwatch could not have written raises
-        `RecordError` naming the file, the line and the field."""
+    def read_metrics(self, checked: bool = False, file_order: bool = False) -> list[dict[str, Any]]:
+        """The evaluations' commit lines, in step order whatever order the file holds them in (`file_order`: as the file
+        holds them). With `checked`, every field is type-checked first (what the figures are made from: a report must not
+        stop on a TypeError), and a line forgetwatch could not have written raises `RecordError` naming the file, the line
+        and the field."""
+        order = (lambda rows: list(rows)) if file_order else (lambda rows: sorted(rows, key=_step_key))
         if not checked:
-            return sorted(_read_jsonl(self.root / "metrics.jsonl"), key=_step_key)
+            return order(_read_jsonl(self.root / "metrics.jsonl"))
         path = self.root / "metrics.jsonl"
         rows = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")) if path.is_file() else []
         for lineno, row in rows:
             if problem := _metrics_line_problem(row):
                 raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
-        return sorted((row for _, row in rows), key=_step_key)
+        return order(row for _, row in rows)
 
     def read_flips(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.root / "flips.jsonl")
@@ -404,7 +413,11 @@ class RunRecord:
             logger.warning("forgetwatch: %s", why)
         if not steps:
             return [], np.zeros((0, 0), np.int8)
-        return steps, np.stack([self.read_eval(s)["outcome"] for s in steps])
+        rows = [self.read_eval(s)["outcome"] for s in steps]
+        if odd := [(s, len(r)) for s, r in zip(steps, rows, strict=True) if len(r) != len(rows[0])]:
+            raise RecordError(f"{self.eval_path(odd[0][0])}: {odd[0][1]} probes, but {self.eval_path(steps[0])} has "
+                              f"{len(rows[0])}: evaluations of two probe sets in one record")
+        return steps, np.stack(rows)
 
     def matrix_steps(self, n: int | None = None, fingerprint: str | None = None) -> tuple[list[int], list[str]]:
         """The committed evaluations whose file belongs in the probe x evaluation matrix (and every other view made
@@ -470,16 +483,18 @@ class RunRecord:
             if not path.is_file():
                 continue
             rows = self._read_lines(path)
-            keep = [r for r in rows if r.get("step") in committed]
+            # a step that is no whole number (a metrics line edited by hand) is never committed: set aside with the rest
+            done = [isinstance(r.get("step"), int) and r["step"] in committed for r in rows]
+            keep = [r for r, d in zip(rows, done, strict=True) if d]
             if len(keep) < len(rows):
-                unfinished += [r.get("step") for r in rows if r.get("step") not in committed]
+                unfinished += [r.get("step") for r, d in zip(rows, done, strict=True) if not d]
                 aside.mkdir(parents=True, exist_ok=True)
                 with open(aside / name, "a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows if r.get("step") not in committed))
+                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r, d in zip(rows, done, strict=True) if not d))
                 with atomic_write(path) as f:
                     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
         if unfinished:
-            notes.append(f"step(s) {', '.join(str(s) for s in sorted(set(unfinished), key=str))} were not finished (no "
+            notes.append(f"step(s) {', '.join(sorted({str(s) for s in unfinished}))} were not finished (no "
                          "metrics.jsonl line, its commit point)")
         if notes:
             logger.warning("forgetwatch: %s was left mid-write (a crash or a kill?): %s. Set aside in %s; unfinished steps "
@@ -527,7 +542,7 @@ class RunRecord:
         their commit line or the other way round, npz files of another probe count or probe set. Empty when whole.
         `writing`: the step a live writer is writing now (`being_written`), whose missing line is no problem."""
         problems = []
-        steps = [r.get("step") for r in _read_jsonl(self.root / "metrics.jsonl")]  # in the file's order
+        steps = [r.get("step") for r in self.read_metrics(checked=True, file_order=True)]  # refused by name if damaged
         repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
         if repeated:
             problems.append(f"metrics.jsonl holds step(s) {', '.join(map(str, repeated))} more than once (two writers, or "
@@ -678,7 +693,7 @@ def _metrics_line_problem(row: dict[str, Any]) -> str | None:
     step = row.get("step")
     if "step" not in row:
         return "field `step` is missing"
-    if not number(step) or isinstance(step, float) or step < 0:
+    if not number(step) or isinstance(step, float) or not 0 <= step < 2**53:  # larger: no JSON reader carries it exactly
         return f"field `step` must be a whole number >= 0, not {step!r} ({type(step).__name__})"
     for field in ("epoch", "seconds"):
         if field in row and not number(row[field]):
@@ -702,19 +717,28 @@ def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     if not skip_bad:
-        return [row for _, row in read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")]
-    rows = []
-    for line in path.read_bytes().split(b"\n")[:-1]:  # the part after the last newline is cut
-        with contextlib.suppress(UnicodeDecodeError, ValueError):
-            row = json.loads(line.decode("utf-8")) if line.strip() else None
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
+        numbered = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip"))
+    else:
+        numbered = []
+        for lineno, line in enumerate(path.read_bytes().split(b"\n")[:-1], 1):  # the part after the last newline is cut
+            with contextlib.suppress(UnicodeDecodeError, ValueError):
+                row = json.loads(line.decode("utf-8")) if line.strip() else None
+                if isinstance(row, dict):
+                    numbered.append((lineno, row))
+    # every field the readers use, type-checked: a report must say which line is wrong, not stop on a TypeError
+    for lineno, row in numbered:
+        if problem := line_problem(path.name, row):
+            raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
+    return [row for _, row in numbered]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A record's JSON file (written whole, atomically), or None when absent; damage raises `RecordError` with the line."""
-    return read_json(path, "a forgetwatch record file", RecordError, objects=True) if path.is_file() else None
+def _read_json(path: Path, check: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any] | None:
+    """A record's JSON file (written whole, atomically), or None when absent; damage raises `RecordError` with the line,
+    and a field `check` finds wrong with the field."""
+    doc = read_json(path, "a forgetwatch record file", RecordError, objects=True) if path.is_file() else None
+    if doc is not None and check is not None and (problem := check(doc)):
+        raise RecordError(f"{path}: {problem}; {_DAMAGED}")
+    return doc
 
 
 def load_record(output_dir: str | os.PathLike) -> RunRecord:

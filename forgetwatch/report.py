@@ -233,7 +233,7 @@ def _load(output_dir: str | os.PathLike, warn: bool = True
     rows = sorted(record.read_metrics(checked=True), key=lambda r: r["step"])
     if not rows:
         lost = incomplete(record)  # the first evaluation could not be written: say so, not "not yet"
-        raise ValueError(
+        raise RecordError(
             f"{record.root}: the record has no evaluation yet ({record.root / 'metrics.jsonl'} is missing or empty); "
             + ("; ".join(lost) if lost else
                "the callback writes the first one (the base model, step 0) when training starts")

@@ -27,6 +27,7 @@ from ._io import atomic_write, read_json, read_json_or_none
 from .cache import read_key
 from .errors import SidecarError
 from .record import MODEL_FILES
+from .record_schema import manifest_problem
 
 __all__ = ["MANIFEST", "SidecarManifest", "read_manifest"]
 
@@ -99,8 +100,13 @@ class SidecarManifest:
 
 
 def read_manifest(record_dir: str | os.PathLike, error: type[Exception] = SidecarError) -> dict[str, Any]:
-    """The manifest of a record (`<output_dir>/forgetwatch`); unreadable or not an object raises `error` naming it."""
-    return read_json(Path(record_dir) / MANIFEST, "a forgetwatch sidecar manifest", error)
+    """The manifest of a record (`<output_dir>/forgetwatch`); unreadable, not an object, or a field of the wrong type
+    (`forgetwatch.record_schema.manifest_problem`) raises `error` naming it (and the field)."""
+    path = Path(record_dir) / MANIFEST
+    manifest = read_json(path, "a forgetwatch sidecar manifest", error)
+    if problem := manifest_problem(manifest):
+        raise error(f"{path}: {problem}; the training process writes this file whole: restore it, or start the run again")
+    return manifest
 
 
 def _save_model_files(model, tokenizer, target: Path) -> None:

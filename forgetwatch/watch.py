@@ -33,7 +33,7 @@ from ._io import pid_alive, read_json_or_none
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, diff_keys, make_cache_key
 from .drift import RiskRule
-from .errors import SidecarError
+from .errors import ForgetWatchError, SidecarError
 from .lock import acquire
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
 from .monitor import PREFIX, Monitor
@@ -100,7 +100,13 @@ class Watcher:
                                "training starts, and the record's evaluations are of exactly those probes: a new probe set "
                                "would not match them). Restore that file, or start the run again")
         self.probes = ProbeSet.from_jsonl(probes_path)
-        opts = options_from_record(self.manifest["callback"]).unprefixed()  # a manifest of any version
+        try:  # the options as the training process wrote them: one it could not have written is named, not a TypeError
+            opts = options_from_record(self.manifest["callback"]).unprefixed()  # a manifest of any version
+        except ForgetWatchError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise SidecarError(f"{path}: field `callback` holds options forgetwatch could not have written ({e}); the "
+                               "training process writes this file whole: restore it, or start the run again") from None
         probe_change = probe_change or opts.get("probe_change") or "refuse"
         # the record's evaluations pin its probe set: a probes.jsonl replaced after them is refused first (its base
         # cache was likely replaced with it); a new segment is started below, under the scoring lock
@@ -110,11 +116,22 @@ class Watcher:
         # a cache for other probes can never match (as `compare` refuses it)
         cache.check(make_cache_key({}, self.probes, {}), ignore=("format", "model", "scoring"), path=cache_path)
         cache = cache.for_probes(self.probes.ids, cache_path)
-        budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
-                  if opts.get("budget") else None)
-        self.eval_steps = int(opts["eval_steps"])
-        given = {"batch_size": batch_size, "engine": engine}
-        self.config = ScoringConfig(**{**self.manifest["scoring_config"], **{k: v for k, v in given.items() if v}})
+        try:  # the options as the training process wrote them: one it could not have written is named, not a TypeError
+            budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
+                      if opts.get("budget") else None)
+            every = opts["eval_steps"]
+            if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+                raise ValueError(f"`eval_steps` must be a whole number >= 1, not {every!r}")
+            self.eval_steps = every
+            given = {"batch_size": batch_size, "engine": engine}
+            self.config = ScoringConfig(**{**self.manifest["scoring_config"], **{k: v for k, v in given.items() if v}})
+            risk = RiskRule(opts["at_risk_margin"], opts["at_risk_drop"])
+        except ForgetWatchError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise SidecarError(f"{path}: field `callback` or `scoring_config` holds options forgetwatch could not have "
+                               f"written ({e}); the training process writes this file whole: restore it, or start the run "
+                               "again") from None
         self.precision = self.manifest["precision"]
         self.device = device
         if robustness is None:  # the callback's, unless given
@@ -134,7 +151,7 @@ class Watcher:
                 f"--robustness {robustness}{f' --robust-per-suite {robust_per_suite}' if robust_per_suite else ''} "
                 f"-o {cache_path} --force` (the scoring options as in sidecar.json), or watch without --robustness")
         # strict: a record the watcher cannot write stops it (restarted, it scores that step again)
-        self.monitor = Monitor(self.probes, budget, RiskRule(opts["at_risk_margin"], opts["at_risk_drop"]),
+        self.monitor = Monitor(self.probes, budget, risk,
                                log_table=opts["log_table"], replay=opts["replay"], strict=True, plan=self.plan,
                                console="forgetwatch watch")
         if into_trainer_run and not self.manifest.get("finished"):
