@@ -69,7 +69,8 @@ def walk(monitor: Monitor, start: int, late: Late | None = None) -> History:
     budget. Steps whose npz is gone (removed by hand) keep their flips and pass their turn."""
     record, base = monitor.record, monitor.base
     assert record is not None and base is not None
-    lines = {r["step"]: r["metrics"] for r in record.read_metrics() if isinstance(r.get("step"), int)}
+    # type-checked: a line forgetwatch could not have written is refused by name, not a KeyError mid-replay
+    lines = {r["step"]: r["metrics"] for r in record.read_metrics(checked=True)}
     if late is not None:
         lines[late.step] = late.rows
     with_files = set(record.eval_steps())

@@ -52,6 +52,11 @@ def number(v: Any) -> str | None:
     return None
 
 
+def optional_number(v: Any) -> str | None:
+    """A number, or null: the callback writes a NaN or infinite trainer figure as null (strict JSON)."""
+    return None if v is None else number(v)
+
+
 def finite(v: Any) -> str | None:
     if number(v) or not math.isfinite(v):
         return f"must be a finite number, not {_shown(v)} ({type(v).__name__})"
@@ -102,8 +107,8 @@ _LINES: dict[str, dict[str, tuple[Check, bool]]] = {
                      "bound": (text, False), "action": (text, False), "reason": (text, False),
                      "last_within_budget": (_within, False)},
     # the trainer's own rows: only what the report reads (the step, and the figures it draws) is forgetwatch's to check
-    "trainer_log.jsonl": {"step": (step, True), "loss": (number, False), "eval_loss": (number, False),
-                          "reward": (number, False)},
+    "trainer_log.jsonl": {"step": (step, True), "loss": (optional_number, False), "eval_loss": (optional_number, False),
+                          "reward": (optional_number, False)},
 }
 
 
@@ -215,6 +220,16 @@ def eval_problem(z: dict[str, np.ndarray]) -> str | None:
                 or offsets[-1] != len(scores) or (np.diff(offsets) < 0).any()):
             return (f"array `option_offsets` must be {n + 1} rising whole numbers from 0 to {len(scores)} (where each "
                     f"probe's option scores start), not {offsets.dtype} {_shown(offsets.tolist())}")
+    if ("prediction_utf8" in z) != ("prediction_offsets" in z):
+        return "arrays `prediction_utf8` and `prediction_offsets` come together, and only one is here"
+    if "prediction_utf8" in z:  # each probe's answer as UTF-8 bytes, packed in a row
+        data, offsets = z["prediction_utf8"], z["prediction_offsets"]
+        if data.ndim != 1 or data.dtype != np.uint8:
+            return f"array `prediction_utf8` must be bytes in a row, not {data.dtype} of shape {data.shape}"
+        if (offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) != n + 1 or offsets[0] != 0
+                or offsets[-1] != len(data) or (np.diff(offsets) < 0).any()):
+            return (f"array `prediction_offsets` must be {n + 1} rising whole numbers from 0 to {len(data)} (where each "
+                    f"probe's answer starts), not {offsets.dtype} {_shown(offsets.tolist())}")
     if "fingerprint" in z and (z["fingerprint"].ndim != 0 or z["fingerprint"].dtype.kind != "U"):
         return f"array `fingerprint` must be one text, not {z['fingerprint'].dtype} of shape {z['fingerprint'].shape}"
     return None

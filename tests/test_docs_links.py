@@ -92,3 +92,15 @@ def test_the_checker_sees_a_broken_anchor_and_a_missing_file(tmp_path):
 def test_the_readme_is_a_short_path():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) < 150, f"README.md has {len(lines)} lines: move detail to docs/ (the issue's limit is 150)"
+
+
+def test_every_test_the_guarantees_name_exists():
+    """docs/guarantees.md holds each promise to a named test: a renamed or removed test must not leave a promise that
+    no test keeps."""
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    named = set(re.findall(r"\b(test_\w+)\b", text)) - {f.stem for f in (ROOT / "tests").glob("test_*.py")}
+    defined = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        defined.update(re.findall(r"^\s*def (test_\w+)\(", path.read_text(), re.M))
+    assert named, "docs/guarantees.md names no test"
+    assert not sorted(named - defined), f"docs/guarantees.md names tests that do not exist: {sorted(named - defined)}"

@@ -59,7 +59,7 @@ def run(tokenizer, tmp_path_factory):
 
 def _report_reads(out: Path) -> None:
     """Everything `forgetwatch report` reads, in process and without drawing (the plots take only what these return)."""
-    record, probes, rows, _ = report._load(out, warn=False)
+    record, probes, rows, _, _ = report._load(out, warn=False)
     report._trainer_log(record, [r["step"] for r in rows])
     report._states(record, probes)
     report._final_flips(record, probes, rows[-1]["step"])
@@ -167,7 +167,7 @@ RULES = {  # field: (legal value, may be left out)
                      "measured": (_num, True), "limit": (_num, True), "bound": (_text, True), "action": (_text, True),
                      "last_within_budget": (lambda v: v is None or (isinstance(v, dict) and _whole(v.get("step"))
                                                                     or v == {"step": None, "checkpoint": None}), True)},
-    "trainer_log.jsonl": {"step": (_whole, False), "loss": (_num, True), "epoch": (lambda v: True, True),
+    "trainer_log.jsonl": {"step": (_whole, False), "loss": (lambda v: v is None or _num(v), True),  # NaN: written null "epoch": (lambda v: True, True),
                           "learning_rate": (lambda v: True, True)},
 }
 

@@ -271,6 +271,10 @@ def test_an_npz_of_another_probe_set_is_left_out_of_the_matrix_by_name(tmp_path,
     if foreign == "probe count":  # another run's file, of 31 probes
         z = {k: (v[:31] if k in ("outcome", "pred_index", "margin", "gold_logprob", "n_tokens", "stopped", "detail",
                                  "nonfinite") else v) for k, v in z.items()}
+        for flat, offsets in (("option_scores", "option_offsets"), ("prediction_utf8", "prediction_offsets")):
+            if offsets in z:  # packed rows: the first 31 probes' (a whole file of another probe set)
+                z[offsets] = z[offsets][:32]
+                z[flat] = z[flat][: int(z[offsets][-1])]
         said = f"{rec.eval_path(2)}: 31 probes, but the record's probes.jsonl has 32"
     else:
         z["fingerprint"] = np.asarray("0123456789abcdef")
