@@ -298,3 +298,23 @@ def test_every_output_option_follows_a_link_to_its_target(tmp_path, monkeypatch,
         _refused(argv, capsys, message)
     assert mine.read_text() == "my own file\n" and (tmp_path / "mine.parquet").read_bytes() == b"mine"
     assert all(os.path.islink(tmp_path / n) for n in ("link.jsonl", "out.parquet", "plot.png", "saved", "cache.parquet"))
+
+
+def test_a_link_inside_the_report_folder_is_replaced_never_written_through(tmp_path):
+    """The files forgetwatch rewrites in folders of its own (the report's, the record's) go through `atomic_write`,
+    whose rename replaces a link itself: a link planted there never leads a write outside the folder, and the file it
+    pointed to is left as it was (unlike `-o`, a name the user chose for one file, these names are forgetwatch's)."""
+    from test_report import build_record
+
+    from forgetwatch.report import make_report
+
+    run = tmp_path / "run"
+    build_record(run)
+    out = tmp_path / "report"
+    out.mkdir()
+    mine = tmp_path / "mine.html"
+    mine.write_text("my own page\n")
+    (out / "report.html").symlink_to(mine)
+    path = make_report(run / "forgetwatch", out)
+    assert mine.read_text() == "my own page\n"
+    assert not path.is_symlink() and "<html" in path.read_text(encoding="utf-8").lower()
