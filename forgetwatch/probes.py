@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write, read_jsonl
-from .answers import extract_number
+from .answers import _gold_math, extract_number, normalize_answer
 from .errors import ProbeFormatError
 
 __all__ = ["Probe", "ProbeSet", "ProbeFormatError"]
@@ -59,6 +60,50 @@ BEHAVIOR_KINDS = ("instruct", "comply")
 _FIELDS = ("id", "kind", "question", "choices", "gold", "answers", "numeric", "instructions", "kwargs", "category", "source")
 # IFEval's own fields: a line with them (and no `kind`) is an instruct probe
 _IFEVAL_FIELDS = ("key", "prompt", "instruction_id_list", "kwargs")
+
+
+class NeverFlipsError(ProbeFormatError):
+    """A probe that is well-formed but always scores the same whatever the model does (duplicate options, answers
+    the checker can never match): it would only dilute the forgetting rate. The built-in suites leave such rows out."""
+
+
+def invisible_char(text: str) -> str | None:
+    """The first character of `text` that no report shows (a control or format character such as U+200B ZERO WIDTH
+    SPACE, or whitespace other than a plain space), described as "U+200B ZERO WIDTH SPACE at character 5"; or None."""
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") or (ch.isspace() and ch != " "):
+            return f"U+{ord(ch):04X} {unicodedata.name(ch, 'a control character')} at character {i + 1}"
+    return None
+
+
+def visible_text(text: str) -> str:
+    """`text` as a reader sees it: Unicode NFC (a composed "é" and an "e" + combining accent are one), format
+    characters (zero-width spaces, joiners, byte-order marks) dropped, runs of whitespace one space, no space at the
+    ends. Two options, or two ids, with the same visible text cannot be told apart in a prompt or a report.
+
+    Example:
+        >>> visible_text(" Caf\u0065\u0301\u200b  au lait\t") == visible_text("Café au lait")
+        True
+    """
+    text = "".join(ch for ch in unicodedata.normalize("NFC", text) if unicodedata.category(ch) != "Cf")
+    return " ".join(text.split())
+
+
+def id_lookalike_key(pid: str) -> str:
+    """Ids with the same key look alike in a report or a flip table: `visible_text` under NFKC (a full-width "ａ",
+    a ligature "ﬁ", a no-break space read as their plain forms). Case is kept: every id lookup (the record, the
+    base cache, the loggers' tables) is case-sensitive, and "Q1" and "q1" are told apart on sight."""
+    return visible_text(unicodedata.normalize("NFKC", pid))
+
+
+def _duplicate_choice(choices: Sequence[str]) -> tuple[int, int] | None:
+    seen: dict[str, int] = {}
+    for i, c in enumerate(choices):
+        key = visible_text(c)
+        if key in seen:
+            return seen[key], i
+        seen[key] = i
+    return None
 
 
 @dataclass(frozen=True)
@@ -130,6 +175,7 @@ class Probe:
             # IFEval's fields without its list of instructions: say that, not that `key` is an unknown probe field
             raise fail("instruction_id_list", "missing (an IFEval line needs `prompt` and `instruction_id_list`; a probe "
                                               "of forgetwatch's own format needs `kind`)")
+        from_key = ifeval and "id" not in record  # the id is made from IFEval's `key`: name the field the user wrote
         if ifeval:
             record = _from_ifeval(record, where)
         unknown = set(record) - set(_FIELDS)
@@ -143,6 +189,15 @@ class Probe:
             pid = str(pid)
         if not isinstance(pid, str) or not pid.strip():
             raise fail("id", f"must be a non-empty string, got {pid!r}")
+        # an id that looks like another is refused (`ProbeSet`); one that holds what no report shows is refused here
+        id_field = "key" if from_key else "id"
+        if pid != pid.strip():
+            raise fail(id_field, f"{pid!r} begins or ends with whitespace, which no report or flip table shows (an id "
+                                 "with it looks like one without); remove it")
+        hidden = invisible_char(pid)
+        if hidden is not None:
+            raise fail(id_field, f"{pid!r} holds {hidden}, which no report or flip table shows (an id with it looks "
+                                 "like one without); remove it")
         kind = record["kind"]
         if kind not in KINDS:
             raise fail("kind", f"must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
@@ -197,6 +252,17 @@ class Probe:
                 raise fail("gold", f"must be an integer index, got {gold!r}")
             if not 0 <= gold < len(choices):
                 raise fail("gold", f"index {gold} is out of range for {len(choices)} choices (0..{len(choices) - 1})")
+            twins = _duplicate_choice(choices)
+            if twins is not None:
+                i, j = twins
+                same = ("the same text" if choices[i] == choices[j] else
+                        f"the same text once Unicode forms, spaces and invisible characters are set aside ({choices[i]!r} "
+                        f"and {choices[j]!r})")
+                hurt = ("; one of them is the gold option, so a model that knows the answer is scored by which twin "
+                        "wins a tie" if gold in twins else "; the chance level (1 in k) is then wrong")
+                raise NeverFlipsError(
+                    f"{where}: field `choices` of probe {pid!r}: options {i} and {j} are {same}: the model cannot tell them apart{hurt}. "
+                    f"Remove option {j} (and renumber `gold`)")
             return cls(pid, kind, question, tuple(choices), gold, (), False, category, source)
 
         for name in ("choices", "gold"):
@@ -217,6 +283,20 @@ class Probe:
         if numeric and all(extract_number(a) is None for a in answers):
             raise fail("answers", f"{list(answers)!r} holds no number, but `numeric` is true; give the answer as a number "
                                   "(e.g. \"72\") or set `numeric: false`")
+        if numeric and not any(_gold_math(a) for a in answers):
+            # extract_number found a number, but numeric answers are judged by math-verify (`is_correct_short`): a
+            # gold it cannot read makes every scoring of this probe fail
+            raise NeverFlipsError(
+                f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: the checker that judges numeric answers (math-verify) "
+                "reads no number in it, so no answer could ever be judged; write the answer as a plain number (e.g. "
+                "\"72\", \"-3.5\", \"3/4\") or set `numeric: false`")
+        if not numeric and not any(normalize_answer(a) for a in answers):
+            # is_correct_short compares normalised forms and skips an alias that normalises to nothing
+            raise NeverFlipsError(
+                f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: every answer is empty once articles, punctuation and "
+                "spaces are set aside (the comparison short answers are judged by), so no answer can match and the probe "
+                "is always wrong; give an answer with a word or a number in it, or make it a multiple-choice probe "
+                "(`kind: mcq`)")
         return cls(pid, kind, question, (), None, tuple(answers), numeric, category, source)
 
 
@@ -271,6 +351,7 @@ class ProbeSet:
         if not probes:
             raise ProbeFormatError(f"{origin}: the probe set is empty; add at least one probe")
         index: dict[str, int] = {}
+        looks: dict[str, int] = {}
         for i, p in enumerate(probes):
             if not isinstance(p, Probe):
                 raise TypeError(f"{origin}: item {i} is a {type(p).__name__}, not a Probe")
@@ -278,6 +359,10 @@ class ProbeSet:
                 raise ProbeFormatError(
                     f"{origin}: duplicate probe id {p.id!r} (items {index[p.id]} and {i}); ids must be unique"
                 )
+            first = looks.setdefault(id_lookalike_key(p.id), i)
+            if first != i:
+                raise ProbeFormatError(f"{origin}: probe ids {probes[first].id!r} (item {first}) and {p.id!r} (item {i}) "
+                                       f"{_LOOK_ALIKE}")
             index[p.id] = i
         object.__setattr__(self, "probes", probes)
         object.__setattr__(self, "origin", origin)
@@ -349,6 +434,7 @@ class ProbeSet:
             raise FileNotFoundError(f"{path}: probe file not found; build one with `forgetwatch probes build`")
         probes: list[Probe] = []
         seen: dict[str, int] = {}
+        looks: dict[str, tuple[int, str]] = {}
         for lineno, record in read_jsonl(path, ProbeFormatError, hint="a probe file holds one probe, a JSON object, per line"):
             where = f"{path} line {lineno}"
             probe = Probe.from_dict(record, where)
@@ -356,6 +442,9 @@ class ProbeSet:
                 raise ProbeFormatError(
                     f"{where}: field `id`: duplicate id {probe.id!r} (first on line {seen[probe.id]}); ids must be unique"
                 )
+            first, first_id = looks.setdefault(id_lookalike_key(probe.id), (lineno, probe.id))
+            if first != lineno:
+                raise ProbeFormatError(f"{where}: field `id`: {probe.id!r} and {first_id!r} (line {first}) {_LOOK_ALIKE}")
             seen[probe.id] = lineno
             probes.append(probe)
         if not probes:
@@ -460,6 +549,10 @@ class ProbeSet:
 
     def filter(self, predicate) -> ProbeSet:
         return ProbeSet([p for p in self.probes if predicate(p)], origin=f"{self.origin} (filtered)")
+
+
+_LOOK_ALIKE = ("look alike: they differ only by Unicode form (a composed \"é\" or \"e\" + accent, a full-width or "
+               "ligature letter) or by spaces, so a report or flip table would show one id twice; rename one of them")
 
 
 def _fingerprint(probes: Sequence[Probe]) -> str:

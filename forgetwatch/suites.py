@@ -11,16 +11,16 @@ Suites (size = probes in the full suite, k = options per multiple-choice probe):
     name            kind   size    k     split       category
     arc_easy        mcq      570   3-5   validation  arc_easy
     arc_challenge   mcq      299   3-5   validation  arc_challenge
-    mmlu            mcq   14,042   4     test        mmlu_stem (3,153), mmlu_humanities (4,705),
+    mmlu            mcq   14,042   3-4   test        mmlu_stem (3,153), mmlu_humanities (4,705),
                                                      mmlu_social_sciences (3,077), mmlu_other (3,107)
-    sciq            mcq    1,000   4     validation  sciq
-    commonsense_qa  mcq    1,221   5     validation  commonsense_qa
+    sciq            mcq    1,000   3-4   validation  sciq
+    commonsense_qa  mcq    1,221   4-5   validation  commonsense_qa
     openbookqa      mcq      500   4     validation  openbookqa
     piqa            mcq    1,838   2     validation  piqa
     hellaswag       mcq   10,042   4     validation  hellaswag
     boolq           mcq    3,270   2     validation  boolq
     triviaqa        short  7,993   -     validation  triviaqa   (rc.wikipedia.nocontext, answer aliases)
-    nq_open         short  3,610   -     validation  nq_open
+    nq_open         short  3,608   -     validation  nq_open    (2 of 3,610 rows left out, see below)
     gsm8k           short  1,319   -     test        gsm8k      (numeric answers)
 
 Probe ids are `<suite>/<upstream id>` where the upstream data has a unique id (ARC, CommonsenseQA,
@@ -35,6 +35,10 @@ Notes on the mapping:
     - SciQ's choices are its three distractors with the correct answer inserted at a position derived
       from a hash of the question (fixed, but not always last). The support passage is not included.
     - GSM8K's answer is the final number (after `####`), commas removed.
+    - No probe that no model could flip is kept (`probes.NeverFlipsError`): an option given twice (24 CommonsenseQA,
+      9 MMLU and 2 SciQ rows: "indestructible" as options 0 and 3) keeps its first copy and `gold` moves onto it;
+      a row whose every answer normalises to nothing (nq_open rows 290 and 363: "---", ")") is left out. Each load
+      says how many at log level INFO (`forgetwatch -v`).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from ._io import read_jsonl
-from .probes import Probe, ProbeFormatError, ProbeSet
+from .probes import NeverFlipsError, Probe, ProbeFormatError, ProbeSet, visible_text
 
 __all__ = ["SUITES", "SuiteSpec", "from_suites", "list_suites", "load_probes", "load_suite"]
 
@@ -537,6 +541,22 @@ def list_suites() -> list[str]:
     return sorted([*SUITES, *BUILT_SUITES])
 
 
+def _merge_twin_choices(record: Record) -> bool:
+    """Remove the repeats of an option that appears twice (upstream CommonsenseQA, MMLU and SciQ rows have some:
+    "indestructible" as options 0 and 3), keeping the first and moving `gold` onto it; whether any was removed.
+    A probe with twin options cannot be flipped by what the model knows (`Probe.from_dict` refuses them in a file)."""
+    choices, gold = record.get("choices"), record.get("gold")
+    if not isinstance(choices, list) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+        return False  # Probe.from_dict names what is wrong
+    keys = [visible_text(str(c)) for c in choices]
+    keep = [i for i, k in enumerate(keys) if keys.index(k) == i]
+    if len(keep) == len(choices):
+        return False
+    record["gold"] = keep.index(keys.index(keys[gold]))
+    record["choices"] = [choices[i] for i in keep]
+    return True
+
+
 def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
     """Load a built-in suite as a `ProbeSet`, optionally subsampled.
 
@@ -572,6 +592,7 @@ def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
     spec = _spec(name)
     rows, origin = _load_rows(name, spec)
     probes: list[Probe] = []
+    merged, dropped = [], []
     for i, row in enumerate(rows):
         where = f"suite {name} row {i}"
         try:
@@ -583,7 +604,17 @@ def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
         record["id"] = f"{name}/{record['id']}"
         record.setdefault("category", name)
         record["source"] = name
-        probes.append(Probe.from_dict(record, where=where))
+        if record.get("kind") == "mcq" and _merge_twin_choices(record):
+            merged.append(record["id"])
+        try:
+            probes.append(Probe.from_dict(record, where=where))
+        except NeverFlipsError:  # an upstream row no model could flip (nq_open's answer "---"): it would only dilute
+            dropped.append(record["id"])
+    if merged or dropped:
+        # said once per load; the probe counts in the module's table are after this
+        logger.info("suite %s: %d probe(s) had an option twice, the repeat removed (%s); %d probe(s) left out, whose "
+                    "answers no model could ever be judged right on (%s)", name, len(merged), ", ".join(merged[:3]) or "-",
+                    len(dropped), ", ".join(dropped[:3]) or "-")
     ps = ProbeSet(probes, origin=f"suite {name} ({origin})")
     logger.debug("suite %s: %d probes from %s", name, len(ps), origin)
     return ps if n is None else ps.subsample(n, seed=seed)

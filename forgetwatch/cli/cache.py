@@ -12,6 +12,7 @@ from ..probes import ProbeSet
 from .common import (
     check_output,
     first_ids,
+    follow_link,
     model_args,
     open_model,
     read_probes,
@@ -67,6 +68,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from ..scoring import describe_precision
     from ..weights import weights_fingerprint
 
+    args.output = follow_link(args.output)
     exists = check_output(args.output, (".parquet", ".jsonl"), "base.parquet", {"--probes": args.probes}) and not args.force
     probes = read_probes(args)
     if args.model != "smollm2":
@@ -184,6 +186,7 @@ def cmd_base_outputs(args: argparse.Namespace) -> int:
     from ..models import load_model
     from ..remedies.base_outputs import make_base_outputs
 
+    args.output = follow_link(args.output)
     if Path(args.output).exists():
         raise ValueError(f"{args.output} exists: base outputs are never overwritten; remove it or choose another path")
     exclude = _excluded(args) if args.exclude else None

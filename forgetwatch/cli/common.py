@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -122,6 +123,29 @@ def robust_plan(probes: ProbeSet, robustness: int | None, per_suite: int | None,
         for name, flag in (("robust_per_suite", "--robust-per-suite"), ("robustness", "--robustness")):
             text = text.replace(f"`{name}`", flag).replace(f"{name}=", f"{flag} ")
         raise type(e)(text) from None
+
+
+def follow_link(path: str, option: str = "-o") -> str:
+    """The path an output option names, to write to: the target of a symbolic link, or the path itself.
+
+    A link is the user's, and so is the file it points to: the link is kept and the target is written, as a shell's
+    `>` would, so an existing target is "a file you wrote" (replaced only with --force) and a dangling link's target is
+    created. Writing a new file in the link's place (what a rename onto the link does) would silently drop the link and
+    leave its target stale. A link that loops, or whose target's directory is missing, is refused naming both.
+    """
+    if not os.path.islink(path):
+        return path
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{option} {path} is a symbolic link that leads back to itself ({os.readlink(path)}); "
+                             f"remove it or choose another {option}") from None
+    target = os.path.realpath(path)
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ValueError(f"{option} {path} is a symbolic link to {target}, whose directory does not exist: create "
+                         f"{quote(os.path.dirname(target))}, remove the link, or choose another {option}")
+    return target
 
 
 def check_output(path: str, suffixes: tuple[str, ...], example: str, inputs: dict[str, str | None] | None = None,

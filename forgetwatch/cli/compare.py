@@ -16,6 +16,7 @@ from .common import (
     check_output,
     exists_error,
     first_ids,
+    follow_link,
     model_args,
     read_base,
     read_probes,
@@ -71,6 +72,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..monitor import flip_rows
 
     if args.output is not None:
+        args.output = follow_link(args.output)
         inputs = {"--base": args.base, "--probes": args.probes}
         if check_output(args.output, (".parquet", ".jsonl"), "checkpoint.parquet", inputs) and not args.force:
             raise exists_error(args.output, "per-probe results")

@@ -16,6 +16,7 @@ from ..suites import load_probes
 from .common import (
     check_output,
     exists_error,
+    follow_link,
     read_base,
     read_probes,
     same_file,
@@ -85,13 +86,14 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
         if len(at) != 1:
             raise InterpolationError(f"--save-at {args.save_at[0]}: give one α to save the model at (e.g. --save-at 0.5 "
                                      "OUT), not a grid")
-        save_at = (at[0], Path(args.save_at[1]))
+        save_at = (at[0], Path(follow_link(args.save_at[1], "--save-at ALPHA")))
         _check_save_at(save_at[1], {"--model": args.model, "--probes": args.probes, "--base": args.base,
                                     "--task-data": args.task_data, "--task-probes": args.task_probes,
                                     "--base-model": args.base_model})
         if save_at[1].exists() and not args.force:
             raise exists_error(str(save_at[1]), "a directory or file", "--save-at ALPHA")
     if args.plot:
+        args.plot = follow_link(args.plot, "--plot")
         try:
             import matplotlib  # noqa: F401  (an extra: known missing now, not after the scoring)
         except ImportError as e:

@@ -8,7 +8,7 @@ from collections import Counter
 
 from ..probes import ProbeSet
 from ..suites import from_suites
-from .common import check_output, exists_error
+from .common import check_output, exists_error, follow_link
 
 
 def add_probes(sub) -> None:
@@ -32,6 +32,7 @@ def add_probes(sub) -> None:
 
 
 def cmd_probes_build(args: argparse.Namespace) -> int:
+    args.output = follow_link(args.output)
     if check_output(args.output, (".jsonl",), "probes.jsonl") and not args.force:
         raise exists_error(args.output, "a probe file")
     probes = from_suites(args.suites, per_suite=args.per_suite, seed=args.seed)
