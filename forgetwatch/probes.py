@@ -62,7 +62,7 @@ _FIELDS = ("id", "kind", "question", "choices", "gold", "answers", "numeric", "i
 _IFEVAL_FIELDS = ("key", "prompt", "instruction_id_list", "kwargs")
 
 
-class NeverFlipsError(ProbeFormatError):
+class _NeverFlips(ProbeFormatError):  # raised as a ProbeFormatError: users catch that; the suites tell it apart
     """A probe that is well-formed but always scores the same whatever the model does (duplicate options, answers
     the checker can never match): it would only dilute the forgetting rate. The built-in suites leave such rows out."""
 
@@ -260,7 +260,7 @@ class Probe:
                         f"and {choices[j]!r})")
                 hurt = ("; one of them is the gold option, so a model that knows the answer is scored by which twin "
                         "wins a tie" if gold in twins else "; the chance level (1 in k) is then wrong")
-                raise NeverFlipsError(
+                raise _NeverFlips(
                     f"{where}: field `choices` of probe {pid!r}: options {i} and {j} are {same}: the model cannot tell them apart{hurt}. "
                     f"Remove option {j} (and renumber `gold`)")
             return cls(pid, kind, question, tuple(choices), gold, (), False, category, source)
@@ -286,13 +286,13 @@ class Probe:
         if numeric and not any(_gold_math(a) for a in answers):
             # extract_number found a number, but numeric answers are judged by math-verify (`is_correct_short`): a
             # gold it cannot read makes every scoring of this probe fail
-            raise NeverFlipsError(
+            raise _NeverFlips(
                 f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: the checker that judges numeric answers (math-verify) "
                 "reads no number in it, so no answer could ever be judged; write the answer as a plain number (e.g. "
                 "\"72\", \"-3.5\", \"3/4\") or set `numeric: false`")
         if not numeric and not any(normalize_answer(a) for a in answers):
             # is_correct_short compares normalised forms and skips an alias that normalises to nothing
-            raise NeverFlipsError(
+            raise _NeverFlips(
                 f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: every answer is empty once articles, punctuation and "
                 "spaces are set aside (the comparison short answers are judged by), so no answer can match and the probe "
                 "is always wrong; give an answer with a word or a number in it, or make it a multiple-choice probe "

@@ -35,7 +35,7 @@ Notes on the mapping:
     - SciQ's choices are its three distractors with the correct answer inserted at a position derived
       from a hash of the question (fixed, but not always last). The support passage is not included.
     - GSM8K's answer is the final number (after `####`), commas removed.
-    - No probe that no model could flip is kept (`probes.NeverFlipsError`): an option given twice (24 CommonsenseQA,
+    - No probe that no model could flip is kept (refused in a probe file as a `ProbeFormatError`): an option given twice (24 CommonsenseQA,
       9 MMLU and 2 SciQ rows: "indestructible" as options 0 and 3) keeps its first copy and `gold` moves onto it;
       a row whose every answer normalises to nothing (nq_open rows 290 and 363: "---", ")") is left out. Each load
       says how many at log level INFO (`forgetwatch -v`).
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from ._io import read_jsonl
-from .probes import NeverFlipsError, Probe, ProbeFormatError, ProbeSet, visible_text
+from .probes import Probe, ProbeFormatError, ProbeSet, _NeverFlips, visible_text
 
 __all__ = ["SUITES", "SuiteSpec", "from_suites", "list_suites", "load_probes", "load_suite"]
 
@@ -608,7 +608,7 @@ def load_suite(name: str, n: int | None = None, seed: int = 0) -> ProbeSet:
             merged.append(record["id"])
         try:
             probes.append(Probe.from_dict(record, where=where))
-        except NeverFlipsError:  # an upstream row no model could flip (nq_open's answer "---"): it would only dilute
+        except _NeverFlips:  # an upstream row no model could flip (nq_open's answer "---"): it would only dilute
             dropped.append(record["id"])
     if merged or dropped:
         # said once per load; the probe counts in the module's table are after this
