@@ -268,13 +268,8 @@ class Monitor:
         if self.evaluated_steps and step < max(self.evaluated_steps):  # scored late: inserted in step order
             return self._report_late(Late(step, results, robust, rows), epoch, seconds, source)
         self.last_report, self.last_drift, self.last_rows = report, drift, rows
-        # A probe scored NaN / inf has no answer: it neither flips nor counts as forgotten for replay, and keeps the
-        # outcome it had (argmax over NaN would pick an option as if it were one)
-        bad = self.base.nonfinite_mask() | results.nonfinite_mask()
-        held = results
-        if bad.any():
-            held = results.take(range(len(results)))
-            held.outcome[bad] = prev.outcome[bad]
+        # a probe scored NaN / inf keeps the outcome it had: it neither flips nor counts as forgotten for replay
+        held, bad = results.held(self.base, prev)
         if step > 0:
             self.tracker.update(step, held.outcome)
         flips, at_risk, breaches = [], [], []

@@ -86,11 +86,7 @@ def walk(monitor: Monitor, start: int, late: Late | None = None) -> History:
         if results is not None:
             before = prev if prev is not None else base
             before_robust = prev_robust if prev is not None else monitor.base_robust
-            bad = base.nonfinite_mask() | results.nonfinite_mask()
-            held = results
-            if bad.any():
-                held = results.take(range(len(results)))
-                held.outcome[bad] = before.outcome[bad]
+            held, _ = results.held(base, before)
             if step > 0:
                 h.tracker.update(step, held.outcome)
             if step >= start:

@@ -815,20 +815,21 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _incomplete(lost: list[str]) -> str:
-    if not lost:
+def _box(css: str, headline: str, items: list[str]) -> str:
+    """A warning box at the top of the page: a headline over a list; nothing when there is nothing to say."""
+    if not items:
         return ""
-    items = "".join(f"<li>{_e(p)}</li>" for p in lost)
-    return (f'<div class="problems incomplete"><p><b>This record is incomplete</b>: its figures end before training did.'
-            f"</p><ul>{items}</ul></div>\n")
+    listed = "".join(f"<li>{_e(p)}</li>" for p in items)
+    return f'<div class="{css}"><p>{headline}</p><ul>{listed}</ul></div>\n'
+
+
+def _incomplete(lost: list[str]) -> str:
+    return _box("problems incomplete", "<b>This record is incomplete</b>: its figures end before training did.", lost)
 
 
 def _problems(problems: list[str]) -> str:
-    if not problems:
-        return ""
-    items = "".join(f"<li>{_e(p)}</li>" for p in problems)
-    return (f'<div class="problems"><p><b>This record is not consistent</b>: its figures may count steps twice or mix '
-            f"runs.</p><ul>{items}</ul></div>\n")
+    return _box("problems", "<b>This record is not consistent</b>: its figures may count steps twice or mix runs.",
+                problems)
 
 
 def _f(value: float) -> str:

@@ -160,6 +160,24 @@ class ProbeResults:
         except KeyError as e:
             raise KeyError(f"no result for probe id {e.args[0]!r}") from None
 
+    def held(self, base: ProbeResults, before: ProbeResults) -> tuple[ProbeResults, np.ndarray]:
+        """These results with every probe scored NaN / inf (here or in `base`) keeping its outcome in `before`, and that
+        mask: such a probe has no answer, so it neither flips nor counts as forgotten (argmax over NaN would pick an
+        option as if it were one).
+
+        Example:
+            >>> now, was = ProbeResults.empty(["a"]), ProbeResults.empty(["a"]); now.margin[0] = float("nan")
+            >>> now.nonfinite[0] = True; was.outcome[0] = 1
+            >>> now.held(was, was)[0].outcome.tolist()
+            [1]
+        """
+        bad = base.nonfinite_mask() | self.nonfinite_mask()
+        if not bad.any():
+            return self, bad
+        held = self.take(range(len(self)))
+        held.outcome[bad] = before.outcome[bad]
+        return held, bad
+
     def take(self, positions: Sequence[int]) -> ProbeResults:
         """The rows at these positions, in that order."""
         idx = np.asarray(positions, dtype=np.int64)

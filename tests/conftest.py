@@ -211,3 +211,14 @@ def offline_wandb(tmp_path, monkeypatch):
         yield tmp_path / "wandb"
     finally:
         finish_offline_run()
+
+
+@pytest.fixture(scope="module")
+def probe_file(tmp_path_factory) -> Path:
+    """Six small multiple-choice probes in a file, of 2 and 3 options (for the CLI's file-level faults)."""
+    from forgetwatch import Probe, ProbeSet
+
+    path = tmp_path_factory.mktemp("probes") / "probes.jsonl"
+    ProbeSet(Probe(f"q{i}", "mcq", f"Question {i}: which?", ("Paris", "London", "fox")[: 2 + i % 2], i % 2)
+             for i in range(6)).to_jsonl(path)
+    return path

@@ -19,7 +19,7 @@ import pytest
 
 from forgetwatch.cache import BaseCache
 from forgetwatch.cli import build_parser, main
-from forgetwatch.probes import Probe, ProbeSet
+from forgetwatch.probes import ProbeSet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,14 +38,6 @@ def refused(code: int, err: str, *words: str) -> None:
     for w in words:
         assert w in err, (w, err)
     assert SCORED not in err, "refused only after scoring"
-
-
-@pytest.fixture(scope="module")
-def probe_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("probes") / "probes.jsonl"
-    ProbeSet(Probe(f"q{i}", "mcq", f"Question {i}: which?", ("Paris", "London", "fox")[: 2 + i % 2], i % 2)
-             for i in range(6)).to_jsonl(path)
-    return path
 
 
 @pytest.fixture(scope="module")

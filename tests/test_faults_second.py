@@ -42,14 +42,6 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.fixture(scope="module")
-def probe_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("probes") / "probes.jsonl"
-    ProbeSet(Probe(f"q{i}", "mcq", f"Question {i}: which?", ("Paris", "London", "fox")[: 2 + i % 2], i % 2)
-             for i in range(6)).to_jsonl(path)
-    return path
-
-
 def save_model(path: Path, seed: int) -> None:
     tok = build_tokenizer()
     build_model(tok, seed=seed).save_pretrained(path)

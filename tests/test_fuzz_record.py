@@ -244,6 +244,19 @@ BUDGET_RULES = {"limits": (lambda v: isinstance(v, dict) and all(_num(x) and abs
                     v["step"] is None or _whole(v["step"]))), True)}
 
 
+def _with(doc: dict, path: tuple[str, ...], value) -> dict:
+    """A copy of `doc` with the field at `path` set to `value`, or removed (`MISSING`)."""
+    changed = json.loads(json.dumps(doc))
+    inner = changed
+    for k in path[:-1]:
+        inner = inner[k]
+    if value is MISSING:
+        del inner[path[-1]]
+    else:
+        inner[path[-1]] = value
+    return changed
+
+
 @pytest.mark.slow
 def test_every_field_of_budget_json_of_every_type(inputs):
     doc = json.loads(inputs.file("budget.json").read_text())
@@ -251,14 +264,7 @@ def test_every_field_of_budget_json_of_every_type(inputs):
                                     ("last_within_budget", "checkpoint")]
     for path in fields:
         for value in [MISSING, *VALUES]:
-            changed = json.loads(json.dumps(doc))
-            inner = changed
-            for k in path[:-1]:
-                inner = inner[k]
-            if value is MISSING:
-                del inner[path[-1]]
-            else:
-                inner[path[-1]] = value
+            changed = _with(doc, path, value)
             said, message = inputs.run("budget.json", "budget.json",
                                        lambda p, c=changed: p.write_text(json.dumps(c)), watch=False)["report"]
             top = path[0]
@@ -289,14 +295,7 @@ def test_every_field_of_the_sidecar_manifest_of_every_type(inputs):
     accepted = 0
     for path in MANIFEST_FIELDS:
         for value in [MISSING, *VALUES]:
-            changed = json.loads(json.dumps(doc))
-            inner = changed
-            for k in path[:-1]:
-                inner = inner[k]
-            if value is MISSING:
-                inner.pop(path[-1])
-            else:
-                inner[path[-1]] = value
+            changed = _with(doc, path, value)
             got = inputs.run("sidecar.json", "sidecar.json", lambda p, c=changed: p.write_text(json.dumps(c)))
             said, message = got["watch"]
             if said == "refused" and "no base cache here" in message:  # another file name: said, with how to make it
