@@ -22,6 +22,7 @@ from .cache import BaseCache, CacheMismatchError, make_cache_key
 from .distributed import broadcast_from_main, score_distributed
 from .docs import docs_hint
 from .drift import RiskRule
+from .errors import EngineUnavailableError
 from .fit import ProbeFit, drop_unfit, measure_fit, write_dropped
 from .lock import RecordInUseError, RecordUnwritableError, acquire
 from .loggers import make_loggers
@@ -121,6 +122,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
                              "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
                              "scoring='inline'")
+        if scoring == "inline" and self.config.engine == "vllm":
+            raise EngineUnavailableError("engine='vllm' loads a model from its directory and cannot score the model in "
+                                         "training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
+                                         "vllm` beside training (it scores each saved checkpoint), or use engine='hf'")
         self.scoring = scoring
         self.unfit_probes = o["unfit_probes"]
         self._fit: ProbeFit | None = None  # how the probes fit the model's context (`fit_probes`), once measured

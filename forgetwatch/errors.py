@@ -7,6 +7,7 @@ The tree (each error also keeps the builtin base it had before the root existed,
   + ProbeFormatError        [ValueError]       a probe file or record is malformed             (probes)
   + InstructionFormatError  [ValueError]       a probe's instruction ids or arguments          (instructions)
   + ProbeSetError           [ValueError]       the probe set cannot be scored with this model  (requests, scoring)
+  + EngineUnavailableError  [ValueError]       the engine asked for cannot serve this model     (engines.vllm)
   + RobustnessError         [ValueError]       a robustness setting these probes cannot take   (robustness)
   + CacheMismatchError      [ValueError]       the base cache was made for something else      (cache)
   + CacheFormatError        [ValueError]       a damaged base cache file                       (cache)
@@ -38,6 +39,7 @@ __all__ = [
     "CacheFormatError",
     "CacheMismatchError",
     "ConfigKeyError",
+    "EngineUnavailableError",
     "ForgetWatchError",
     "InstructionFormatError",
     "InterpolationError",
@@ -75,6 +77,11 @@ class InstructionFormatError(ForgetWatchError, ValueError):
 
 class ProbeSetError(ForgetWatchError, ValueError):
     """The probe set cannot be scored with this model at all (not one checkpoint's problem)."""
+
+
+class EngineUnavailableError(ForgetWatchError, ValueError):
+    """The engine asked for (`engine="vllm"`) cannot serve here: not installed, or a model it cannot load (an unmerged
+    LoRA adapter, a model in memory only, autocast); the message says what to do instead."""
 
 
 class RobustnessError(ForgetWatchError, ValueError):

@@ -83,8 +83,9 @@ class ScoringConfig:
             reaches it without ending its turn counts as a runaway. Default 256.
         engine: what runs generation (`forgetwatch.engines`): `"hf"` (default: the model in this process, finished
             answers leaving a refilling batch) or `"continuous"` (transformers' continuous batching, where it is
-            faster: RESULTS §14; where it cannot run it falls back to `"hf"` with a warning saying why). The same
-            greedy answers either way, up to near-ties in the last bits.
+            faster: RESULTS §14; where it cannot run it falls back to `"hf"` with a warning saying why) or `"vllm"`
+            (vLLM loads the model's directory: commands and the sidecar watcher, not in-loop scoring; needs vllm
+            installed, `forgetwatch.engines.vllm`). The same greedy answers either way, up to near-ties in the last bits.
 
     Example:
         >>> ScoringConfig(mcq_mode="loglik_norm").key()["mcq_mode"]

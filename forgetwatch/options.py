@@ -44,7 +44,7 @@ GROUPS = (PROBES, LOGGING, BUDGETS, REMEDIES)
 MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
 SHORT_MODES = ("generate", "greedy_match")
 SHORT_MATCHES = ("exact", "contains")
-ENGINES = ("hf", "continuous")
+ENGINES = ("hf", "continuous", "vllm")
 SCORING_MODES = ("inline", "sidecar")
 ON_BUDGET = ("alert", "save", "stop")
 BUDGET_BOUNDS = ("lower", "point")
@@ -145,8 +145,10 @@ class ForgetWatchArguments:
         "without ending its turn is a runaway.", PROBES)
     forgetwatch_batch_size: int = _opt(16, "Questions per forward pass (halved on out-of-memory).", PROBES)
     forgetwatch_engine: str = _opt(
-        "hf", "What runs generation: hf (the model in this process, a refilling batch) or continuous (transformers' "
-        "continuous batching; falls back to hf with a warning where it cannot run). The same answers either way.",
+        "hf", "What runs the model: hf (the model in this process, a refilling batch), continuous (transformers' "
+        "continuous batching for generation; falls back to hf with a warning where it cannot run), or vllm (vLLM loads "
+        "the model's directory itself: for `forgetwatch cache`, `compare` and `watch`, not in-loop scoring; needs "
+        "vllm installed). The same answers up to near-ties in the last bits.",
         PROBES, ENGINES)
     forgetwatch_robustness: int = _opt(
         0, "Score this many variants of each knowledge probe besides itself (option orders, question frames, lower "

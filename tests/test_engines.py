@@ -246,8 +246,8 @@ def test_scoring_config_engine_scores_every_mode_alike(tokenizer, monkeypatch):
     assert_same_results(score_probes(model, tokenizer, probes, continuous), score_probes(model, tokenizer, probes, config), atol=0)
     assert sessions == [4, 3]  # the multiple-choice mode's requests, then the short answers'
     assert continuous.key() == config.key()
-    with pytest.raises(ValueError, match="`engine` must be one of hf, continuous, got 'vllm'"):
-        ScoringConfig(engine="vllm")
+    with pytest.raises(ValueError, match="`engine` must be one of hf, continuous, vllm, got 'tgi'"):
+        ScoringConfig(engine="tgi")
 
 
 def test_continuous_batching_where_it_cannot_run_says_why(tokenizer, caplog):

@@ -21,6 +21,7 @@ BUILTIN_BASE = {
     "CacheFormatError": (ValueError, ["cache"]),
     "CacheMismatchError": (ValueError, ["cache"]),
     "ConfigKeyError": (ValueError, ["integrations.config"]),
+    "EngineUnavailableError": (ValueError, []),
     "InstructionFormatError": (ValueError, ["instructions"]),
     "InterpolationError": (ValueError, ["remedies.interpolate"]),
     "ProbeFormatError": (ValueError, ["probes"]),

@@ -10,7 +10,7 @@ import forgetwatch
 
 def test_all_is_pinned():
     assert sorted(forgetwatch.__all__) == [
-        "BaseCache", "Budget", "CacheFormatError", "CacheMismatchError", "ConfigKeyError", "DriftStats",
+        "BaseCache", "Budget", "CacheFormatError", "CacheMismatchError", "ConfigKeyError", "DriftStats", "EngineUnavailableError",
         "ForgetWatchArguments", "ForgetWatchCallback", "ForgetWatchError", "ForgettingMetrics", "InstructionFormatError",
         "InterpolationError", "NoiseFloor", "Probe", "ProbeFormatError", "ProbeResults", "ProbeSet",
         "ProbeSetChangedError", "ProbeSetError", "RecordError", "RecordInUseError", "RecordUnwritableError",

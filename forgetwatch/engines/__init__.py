@@ -1,6 +1,6 @@
 """Engines: what runs scoring requests with a model. The scoring modes (`forgetwatch.modes`) build the requests and
 judge the results; an engine only runs them, so a new way of running a model (transformers' continuous batching,
-vLLM) is one new module here implementing `Engine`.
+vLLM) is one new module here implementing `Engine` (`vllm.py`: vLLM, imported only when `make_engine("vllm", ...)` runs).
 
 Example:
     >>> from forgetwatch.engines import HFEngine
@@ -69,8 +69,10 @@ class Engine(Protocol):
 
 def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
                 sync_ranks: bool = False) -> Engine:
-    """The engine `ScoringConfig.engine` names: `"hf"` (`HFEngine`) or `"continuous"` (`ContinuousBatchingEngine`,
-    which falls back to the HF engine's generation with a warning where it cannot run).
+    """The engine `ScoringConfig.engine` names: `"hf"` (`HFEngine`), `"continuous"` (`ContinuousBatchingEngine`,
+    which falls back to the HF engine's generation with a warning where it cannot run), or `"vllm"` (`VLLMEngine` on
+    the directory `model` was loaded from, in its dtype; vLLM is imported only here, and what it cannot serve is
+    refused with `EngineUnavailableError`: `forgetwatch.engines.vllm.engine_for_model`).
 
     Example:
         >>> engine = make_engine("continuous", model, tokenizer, batch_size=16)  # doctest: +SKIP
@@ -80,4 +82,8 @@ def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = defa
     if name == "continuous":
         return ContinuousBatchingEngine(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices,
                                         sync_ranks=sync_ranks)
-    raise ValueError(f"unknown engine {name!r}: use 'hf' or 'continuous'")
+    if name == "vllm":
+        from .vllm import engine_for_model  # vLLM itself is imported only when an engine is built
+
+        return engine_for_model(model, tokenizer, sync_ranks=sync_ranks)
+    raise ValueError(f"unknown engine {name!r}: use 'hf', 'continuous' or 'vllm'")
