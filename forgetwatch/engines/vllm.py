@@ -224,8 +224,7 @@ class VLLMEngine:
         answers = []
         for r, o in zip(requests, outputs, strict=True):
             c = o.outputs[0]
-            bad = any(not math.isfinite(lp.logprob) for step in (c.logprobs or []) for t, lp in step.items()
-                      if t in (c.token_ids or []))
+            bad = any(not math.isfinite(lp.logprob) for step in (c.logprobs or []) for lp in step.values())
             answers.append(_answer(tokenizer, list(c.token_ids), eos, pad, r.max_new_tokens, list(r.stops), bad))
         if bar is not None:
             bar.update(len(requests))
@@ -284,8 +283,10 @@ def engine_for_model(model: Any, tokenizer: Any, *, sync_ranks: bool = False, **
         raise EngineUnavailableError(_IN_MEMORY + " (it is in training)")
     param = next(model.parameters())
     if torch.is_autocast_enabled(param.device.type):
-        raise EngineUnavailableError("engine='vllm' runs the weights in their own dtype and cannot autocast: pass --dtype "
-                                     "bfloat16 (or float16) instead of --autocast, or use engine='hf'")
+        raise EngineUnavailableError("engine='vllm' runs the weights in their own dtype and cannot autocast: for `cache` "
+                                     "and `compare` pass --dtype bfloat16 (or float16) instead of --autocast; a run trained "
+                                     "under autocast (bf16=True), which `watch` scores in the trainer's precision, cannot "
+                                     "be scored by vLLM yet: use engine='hf'")
     config = getattr(model, "config", None)
     path = Path(str(getattr(model, "name_or_path", "") or getattr(config, "_name_or_path", "") or "")).expanduser()
     if not str(path) or not (path / "config.json").is_file():
