@@ -211,6 +211,11 @@ class BaseCache:
                 hint = ("\nIts robustness variants differ: score the base with the same variants (`forgetwatch cache ... "
                         f"--robustness {want['k']}`" + (f" --robust-per-suite {want['per_suite']}" if want.get("per_suite") else "")
                         + ")" if isinstance(want, dict) else "")
+            if any(d.startswith("scoring.runtime") for d in diffs):
+                hint += ("\nOne side was scored by vLLM and the other by transformers: their kernels differ in the last "
+                         "bits, and a near-tie that comes out otherwise would count as a flip. Score both with one engine: "
+                         "the base again with `forgetwatch cache ... --engine vllm` (or --engine hf), or this side with "
+                         "the cache's engine")
             raise CacheMismatchError(
                 f"{path}: this base cache was made under another key:\n  " + "\n  ".join(diffs) + hint
                 + "\nScore the base model again with these settings (`forgetwatch cache ...`), or use matching settings."

@@ -126,6 +126,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             raise EngineUnavailableError("engine='vllm' loads a model from its directory and cannot score the model in "
                                          "training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
                                          "vllm` beside training (it scores each saved checkpoint), or use engine='hf'")
+        if self.config.engine == "vllm":
+            # vLLM is the watcher's (the options say so); this process scores only the base, with transformers, and
+            # never starts a vLLM beside training's memory. The watcher scores the base again with vLLM
+            # (`forgetwatch.engine_base`), so both sides of each flip come from one engine
+            self.config = dataclasses.replace(self.config, engine="hf")
         self.scoring = scoring
         self.unfit_probes = o["unfit_probes"]
         self._fit: ProbeFit | None = None  # how the probes fit the model's context (`fit_probes`), once measured

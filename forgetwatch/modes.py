@@ -50,7 +50,8 @@ NOT_IN_KEY = ("batch_size", "pack_choices", "engine")
 @dataclass(frozen=True)
 class ScoringConfig:
     """How probes are scored. Every field but `batch_size`, `pack_choices` and `engine` changes results, so it is
-    part of the cache key.
+    part of the cache key; of the engines, vLLM's other kernels are keyed (`runtime: "vllm"`), as near-ties can come
+    out otherwise there.
 
     Args:
         mcq_mode: `"loglik"` (log-likelihood of each option's text), `"loglik_norm"` (divided by its length in
@@ -146,6 +147,10 @@ class ScoringConfig:
         d["max_new_tokens"] = self.new_tokens
         d["short_mode"] = self.short_scoring
         d["prompt_version"] = PROMPT_VERSION
+        if self.engine == "vllm":
+            # other kernels than transformers': near-ties come out otherwise, so a cache says so and `compare` refuses
+            # one of the other engine (`forgetwatch.engine_base`). Absent for transformers: earlier caches keep their key
+            d["runtime"] = "vllm"
         if tokenizer is not None:
             # what the `chat_template` option resolved to for this tokenizer
             d["chat"] = {

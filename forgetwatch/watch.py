@@ -33,7 +33,8 @@ from ._io import pid_alive, read_json_or_none
 from .budgets import Budget, parse_budget
 from .cache import BaseCache, diff_keys, make_cache_key
 from .drift import RiskRule
-from .errors import ForgetWatchError, SidecarError
+from .engine_base import base_for_engine
+from .errors import EngineUnavailableError, ForgetWatchError, SidecarError
 from .lock import acquire
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
 from .monitor import PREFIX, Monitor
@@ -63,7 +64,9 @@ class Watcher:
             trainer's (same project and group, named `<run>-forgetwatch`, the trainer's step on the x-axis).
         into_trainer_run: after training has ended, append to the trainer's own W&B run instead.
         batch_size: probes per forward (default: the callback's).
-        engine: what runs generation, "hf" or "continuous" (default: the callback's).
+        engine: what runs the model, "hf", "continuous" or "vllm" (default: the callback's). With "vllm" each checkpoint
+            is loaded into one running vLLM (`forgetwatch.engines.vllm.engine_for_checkpoint`), and the base is scored
+            by vLLM too when the training process scored it with transformers (`forgetwatch.engine_base`).
         robustness, robust_per_suite: score variants (`forgetwatch.robustness`; default: the callback's). The record's
             base cache must hold the same variants: `forgetwatch cache ... --robustness K` makes one.
         probe_change: the record's probes.jsonl is not the probe set its evaluations were scored on: "refuse" (raise
@@ -123,7 +126,9 @@ class Watcher:
             if not isinstance(every, int) or isinstance(every, bool) or every < 1:
                 raise ValueError(f"`eval_steps` must be a whole number >= 1, not {every!r}")
             self.eval_steps = every
-            given = {"batch_size": batch_size, "engine": engine}
+            # the callback's engine="vllm" (scoring="sidecar") is for this watcher: the training process scored its
+            # base with transformers (`forgetwatch.engine_base`)
+            given = {"batch_size": batch_size, "engine": engine or (opts.get("engine") if opts.get("engine") == "vllm" else None)}
             self.config = ScoringConfig(**{**self.manifest["scoring_config"], **{k: v for k, v in given.items() if v}})
             risk = RiskRule(opts["at_risk_margin"], opts["at_risk_drop"])
         except ForgetWatchError:
@@ -172,6 +177,8 @@ class Watcher:
                 aside = record.set_aside_step(rescore)
                 logger.warning("forgetwatch watch: step %d set aside in %s, to be scored again from checkpoint-%d",
                                rescore, aside, rescore)
+            # the base scored by this watcher's engine: vLLM scores it again when transformers scored base.parquet
+            cache = base_for_engine(record_dir, cache, self.config, self.precision, self.probes, self.plan)
             done = record.eval_steps()
             cut = self._abandoned_after(record)
             loggers = self._loggers(report_to if report_to is not None else self.manifest.get("report_to", []),
@@ -254,12 +261,20 @@ class Watcher:
         model = None
         try:
             _check_trusted(path)
-            model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device,
-                                               model_files=self.output_dir / PREFIX / MODEL_FILES)
-            with precision_context(model, self.precision):
-                scored = self.plan.scored() if self.plan is not None else self.probes
-                results = score_probes(model, tokenizer, scored, self.config, desc=f"forgetwatch watch: {path.name}")
-        except (KeyboardInterrupt, SystemExit, ProbeSetError):
+            scored = self.plan.scored() if self.plan is not None else self.probes
+            desc = f"forgetwatch watch: {path.name}"
+            if self.config.engine == "vllm":  # vLLM loads the checkpoint itself: not in this process too
+                from .engines.vllm import engine_for_checkpoint
+
+                engine, tokenizer = engine_for_checkpoint(path, self.precision.split("+")[0],
+                                                          tokenizer_dir=self.output_dir / PREFIX / MODEL_FILES)
+                results = score_probes(None, tokenizer, scored, self.config, desc=desc, engine=engine)
+            else:
+                model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device,
+                                                   model_files=self.output_dir / PREFIX / MODEL_FILES)
+                with precision_context(model, self.precision):
+                    results = score_probes(model, tokenizer, scored, self.config, desc=desc)
+        except (KeyboardInterrupt, SystemExit, ProbeSetError, EngineUnavailableError):
             raise  # a probe set that cannot be scored fails on every checkpoint: said once, not retried
         # not loadable (yet), deleted meanwhile, out of memory, untrusted: skip it, keep watching. BaseException: torch's
         # CheckpointException (a corrupt sharded checkpoint) is not an Exception

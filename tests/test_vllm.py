@@ -270,3 +270,156 @@ def test_interpolate_with_vllm_is_refused_before_loading(tmp_path, capsys):
                  "--engine", "vllm"])
     assert code == 2
     assert "θ(α) is built in memory" in capsys.readouterr().err
+
+
+# -- one vLLM for many checkpoints ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def perturbed_dir(smollm_dir, tmp_path_factory):
+    """SmolLM2 with every weight moved by 2% of its tensor's spread (the tied embedding / lm_head too): another
+    checkpoint of the same model, as training would leave it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("perturbed")
+    model = AutoModelForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02 * p.float().std())
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(smollm_dir).save_pretrained(out)
+    return out
+
+
+@needs_vllm
+def test_a_checkpoint_is_loaded_into_the_running_vllm(vllm_engine, smollm_dir, perturbed_dir):
+    """Another checkpoint of the model goes into the same vLLM (no second start-up) and scores as a vLLM started on it
+    would: as the HF engine on those weights, the tied lm_head included (vLLM's own `reload_weights` left it at the old
+    weights: scores 0.15 nats off); loading the first back gives its scores bit for bit."""
+    from forgetwatch.engines import vllm as engines_vllm
+    from forgetwatch.models import load_model
+
+    probes = _mcq(10)
+    config = ScoringConfig(mcq_mode="loglik")
+    model, tok = load_model(str(smollm_dir), dtype=DTYPE)
+    before = score_probes(None, tok, probes, config, engine=vllm_engine)
+    engine, took = _timed(lambda: engines_vllm._open(str(perturbed_dir), tok, DTYPE, {}))
+    assert engine is vllm_engine and engine.model_path == str(perturbed_dir)
+    pert_model, _ = load_model(str(perturbed_dir), dtype=DTYPE)
+    ours = score_probes(None, tok, probes, config, engine=engine)
+    ref = score_probes(pert_model, tok, probes, config)
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.option_scores, ref.option_scores, strict=True))
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(ours.option_scores, before.option_scores, strict=True))
+    print(f"\ncheckpoint loaded into the running vLLM in {took:.2f} s; its option scores vs HF's on it: {worst:.1e} apart "
+          f"(vs the first checkpoint's: {moved:.2f})", file=sys.stderr)
+    assert moved > 0.05  # the weights did change
+    assert worst < 1e-3 and (ours.pred_index == ref.pred_index).mean() >= 0.99
+    engines_vllm._open(str(smollm_dir), tok, DTYPE, {})
+    again = score_probes(None, tok, probes, config, engine=vllm_engine)
+    assert all(np.array_equal(a, b) for a, b in zip(again.option_scores, before.option_scores, strict=True))
+
+
+@needs_vllm
+def test_another_architecture_starts_another_vllm_and_a_partial_checkpoint_is_refused(vllm_engine, smollm_dir, tmp_path):
+    import json
+    import shutil
+
+    (tmp_path / "other").mkdir()
+    config = json.loads((smollm_dir / "config.json").read_text())
+    (tmp_path / "other" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    assert not vllm_engine.can_load(tmp_path / "other")  # another architecture: _open would start a new vLLM
+    part = tmp_path / "part"
+    shutil.copytree(smollm_dir, part)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(part / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if "layers.3." not in k}, part / "model.safetensors", metadata={"format": "pt"})
+    assert vllm_engine.can_load(part)
+    with pytest.raises(EngineUnavailableError, match=r"lacks \d+: model\.layers\.3\..*vLLM keeps"):
+        vllm_engine.load(part)
+    # refused before anything was loaded: it scores as before
+    probes = _mcq(4)
+    from forgetwatch.models import load_model
+
+    model, tok = load_model(str(smollm_dir), dtype=DTYPE)
+    ours, ref = score_probes(None, tok, probes, engine=vllm_engine), score_probes(model, tok, probes)
+    np.testing.assert_allclose(np.concatenate(ours.option_scores), np.concatenate(ref.option_scores), atol=1e-3)
+
+
+# -- a whole sidecar run --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sidecar_run(smollm_dir, tmp_path_factory):
+    """A real Trainer run of SmolLM2 (4 steps, checkpoints at 2 and 4) with the callback in sidecar mode and
+    engine="vllm": the training process scores only the base, with transformers, and writes the manifest."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    from forgetwatch import ForgetWatchCallback
+    from forgetwatch.probes import ProbeSet
+    from forgetwatch.suites import load_probes
+
+    out = tmp_path_factory.mktemp("sidecar") / "run"
+    tok = AutoTokenizer.from_pretrained(smollm_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32)
+    texts = [f"Note {i}: the tide tables for harbour {i} are printed on blue paper every spring." for i in range(16)]
+    data = [{"input_ids": ids, "labels": ids} for ids in (tok(t)["input_ids"] for t in texts)]
+    probes = ProbeSet(list(load_probes("arc_easy,mmlu,triviaqa", per_suite=20, seed=1)))
+    args = TrainingArguments(str(out), max_steps=4, per_device_train_batch_size=4, learning_rate=3e-4, save_steps=2,
+                             logging_steps=1, report_to=[], use_cpu=True, seed=0, disable_tqdm=True)
+    callback = ForgetWatchCallback(probes=probes, eval_steps=2, scoring="sidecar", engine="vllm")
+    from transformers import DataCollatorForSeq2Seq
+
+    Trainer(model=model, args=args, train_dataset=data, processing_class=tok, callbacks=[callback],
+            data_collator=DataCollatorForSeq2Seq(tok, padding=True)).train()
+    return out
+
+
+@needs_vllm
+def test_watch_engine_vllm_gives_the_record_the_hf_engine_gives(vllm_engine, sidecar_run, tmp_path, capsys):
+    """`forgetwatch watch --engine vllm` (the callback's engine="vllm" chose it) on a recorded run: the base scored again
+    by vLLM beside the training process's base.parquet, both checkpoints loaded into one vLLM, and per probe and step
+    the record `watch --engine hf` writes, but for near-ties inside the engines' difference."""
+    import hashlib
+    import shutil
+
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.cli import main
+    from forgetwatch.record import RunRecord
+
+    runs = {name: tmp_path / name for name in ("hf", "vllm")}
+    for d in runs.values():
+        shutil.copytree(sidecar_run, d)
+    base_bytes = hashlib.sha256((runs["vllm"] / "forgetwatch" / "base.parquet").read_bytes()).hexdigest()
+    took = {}
+    _, took["hf"] = _timed(lambda: main(["watch", str(runs["hf"]), "--once", "--engine", "hf"]))
+    code, took["vllm"] = _timed(lambda: main(["watch", str(runs["vllm"]), "--once"]))  # the callback's vllm
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "scoring the base model" in err and "with vLLM too" in err
+    assert hashlib.sha256((runs["vllm"] / "forgetwatch" / "base.parquet").read_bytes()).hexdigest() == base_bytes
+    assert BaseCache.load(runs["vllm"] / "forgetwatch" / "base-vllm.parquet").key["scoring"]["runtime"] == "vllm"
+    records = {k: RunRecord(d / "forgetwatch") for k, d in runs.items()}
+    assert records["hf"].committed_steps() == records["vllm"].committed_steps() == [0, 2, 4]
+    differ = []
+    for step in (0, 2, 4):
+        a, b = records["hf"].read_eval(step), records["vllm"].read_eval(step)
+        for i in np.flatnonzero(a["outcome"] != b["outcome"]):
+            differ.append((step, i, float(a["margin"][i]), float(b["margin"][i])))
+        n = len(a["outcome"])
+    with capsys.disabled():
+        print(f"\nwatch on 3 steps x {n} probes: HF {took['hf']:.1f} s, vLLM {took['vllm']:.1f} s (its base included); "
+              f"outcomes differing (step, probe, HF margin, vLLM margin): {differ}", file=sys.stderr)
+    assert len(differ) <= max(1, 3 * n // 100)
+    assert all(min(abs(m1), abs(m2)) < 1e-2 for *_, m1, m2 in differ)
+    hf_rows, vllm_rows = records["hf"].read_metrics(), records["vllm"].read_metrics()
+    if not differ:  # the same outcomes: the same flips at every step
+        for key in ("forgetting", "learning"):
+            assert [r.get(key) for r in hf_rows] == [r.get(key) for r in vllm_rows], key
+    # one engine per record: the other is refused
+    capsys.readouterr()
+    assert main(["watch", str(runs["vllm"]), "--once", "--engine", "hf"]) != 0
+    assert "were scored by vLLM" in capsys.readouterr().err
