@@ -251,7 +251,8 @@ def test_instruction_answers_equal_hf_whole_suite(vllm_engine, hf_model):
 @needs_vllm
 def test_the_cache_command_scores_with_vllm_as_with_hf(vllm_engine, smollm_dir, tmp_path, capsys):
     """`forgetwatch cache --engine vllm` loads the model, hands its directory to vLLM (the session's engine here), and
-    writes the cache the HF engine writes (the engine is not in the key)."""
+    writes the cache the HF engine writes, its key saying vLLM scored it (`runtime`), which `compare` with the other
+    engine refuses."""
     from forgetwatch.cache import BaseCache
     from forgetwatch.cli import main
 
@@ -259,17 +260,43 @@ def test_the_cache_command_scores_with_vllm_as_with_hf(vllm_engine, smollm_dir, 
     assert main([*common, "-o", str(tmp_path / "v.parquet"), "--engine", "vllm"]) == 0
     assert main([*common, "-o", str(tmp_path / "h.parquet")]) == 0
     v, h = BaseCache.load(tmp_path / "v.parquet"), BaseCache.load(tmp_path / "h.parquet")
+    assert v.key["scoring"].pop("runtime") == "vllm" and "runtime" not in h.key["scoring"]
     assert v.key == h.key
     assert list(v.results.pred_index) == list(h.results.pred_index)
+    capsys.readouterr()
+    assert main(["compare", "--model", str(smollm_dir), "--probes", "arc_easy", "--per-suite", "12", "--dtype", DTYPE,
+                 "--base", str(tmp_path / "h.parquet"), "--engine", "vllm"]) != 0
+    assert "scoring.runtime" in capsys.readouterr().err
 
 
-def test_interpolate_with_vllm_is_refused_before_loading(tmp_path, capsys):
+@needs_vllm
+def test_interpolate_engine_vllm_scores_each_alpha_as_hf(vllm_engine, smollm_dir, perturbed_dir, tmp_path, capsys):
+    """`interpolate --engine vllm`: each θ(α) written beside the checkpoint and loaded into the running vLLM (then
+    deleted), against a base cache vLLM scored (the HF engine's cache refused, saying so); the figures at every α
+    those of the HF engine's sweep."""
+    import json
+
     from forgetwatch.cli import main
 
-    code = main(["interpolate", "--model", str(tmp_path / "ft"), "--probes", "arc_easy", "--base", str(tmp_path / "c.parquet"),
-                 "--engine", "vllm"])
-    assert code == 2
-    assert "θ(α) is built in memory" in capsys.readouterr().err
+    common = ["--probes", "arc_easy,sciq", "--per-suite", "15", "--dtype", DTYPE]
+    caches = {e: tmp_path / f"{e}.parquet" for e in ("hf", "vllm")}
+    for e, c in caches.items():
+        assert main(["cache", "--model", str(smollm_dir), *common, "-o", str(c), "--engine", e]) == 0
+    sweep = ["interpolate", "--model", str(perturbed_dir), "--alphas", "0,0.5,1", "--json", *common]
+    capsys.readouterr()
+    assert main([*sweep, "--base", str(caches["hf"]), "--engine", "vllm"]) != 0  # a cache of the other engine
+    assert "scored by vLLM and the other by transformers" in capsys.readouterr().err
+    out = {}
+    for e, c in caches.items():
+        assert main([*sweep, "--base", str(c), "--engine", e]) == 0
+        out[e] = json.loads(capsys.readouterr().out)
+    assert not list(perturbed_dir.parent.glob(".forgetwatch-theta-*"))  # θ(α) deleted after each α
+    for a, b in zip(out["hf"]["alphas"], out["vllm"]["alphas"], strict=True):
+        assert a["alpha"] == b["alpha"]
+        ra, rb = a["metrics"]["overall"], b["metrics"]["overall"]
+        assert ra["forgetting"] == rb["forgetting"], (a["alpha"], ra, rb)
+    assert out["hf"]["alphas"][-1]["metrics"]["overall"]["n"] == 30
+
 
 
 # -- one vLLM for many checkpoints ----------------------------------------------------------------------------------

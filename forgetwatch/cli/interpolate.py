@@ -76,14 +76,6 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
     )
 
     # everything that can be refused is refused before a model is loaded
-    if args.engine == "vllm":
-        from ..errors import EngineUnavailableError
-
-        # θ(α) is built in memory, and vLLM loads a directory: loading each θ(α)'s weights into one running vLLM is
-        # issue 45's second part, not built yet
-        raise EngineUnavailableError("interpolate --engine vllm: each θ(α) is built in memory, and vLLM loads a model from "
-                                     "its directory, so the sweep cannot score with vLLM yet: use --engine hf (or "
-                                     "--save-at ALPHA DIR, then `forgetwatch compare --model DIR --engine vllm`)")
     alphas = alpha_grid(args.alphas, args.extrapolate)
     save_at = None
     if args.save_at:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,12 @@ class InterpolationSweep:
                                                                                     task_max_length, task_source)
         self.task_loss, self.risk_rule = task_loss, risk_rule
         self.task_kind = "accuracy" if task_probes is not None else "loss" if task_rows is not None or task_loss else None
+        self.dtype = dtype
+        if getattr(config, "engine", None) == "vllm" and autocast:
+            from ..errors import EngineUnavailableError
+
+            raise EngineUnavailableError("engine='vllm' runs the weights in their own dtype and cannot autocast: pass "
+                                         "--dtype bfloat16 (or float16) instead of --autocast, or use --engine hf")
         self.model, self.tokenizer, self._inner, self.tuned_dir = _load(self.name, self.base_dir, dtype, device, base_name)
         built, now = cache.key.get("model", {}).get("architecture"), model_identity(self.model)["architecture"]
         if built and now and built != now and not allow_other_model:
@@ -134,11 +141,31 @@ class InterpolationSweep:
 
     def score(self, alpha: float, probes: ProbeSet) -> Any:
         """The `ProbeResults` of `probes` (any probe set: held-out ones, say) at θ(α), in the sweep's scoring settings."""
-        from ..scoring import score_with_key
-
         self.set(alpha)
-        return score_with_key(self.model, self.tokenizer, probes, self.config, self.autocast,
-                              desc=f"scoring {self.name} at α = {alpha:g}")[0]
+        return self._score_at(alpha, probes, f"scoring {self.name} at α = {alpha:g}")[0]
+
+    def _score_at(self, alpha: float, probes: ProbeSet, desc: str) -> tuple[Any, dict[str, Any]]:
+        """`score_with_key` at θ(α) (the model already set to it). With engine="vllm", θ(α) is written beside the
+        checkpoint (`save_interpolated`, one at a time, deleted after) and loaded into one running vLLM
+        (`forgetwatch.engines.vllm.engine_for_checkpoint`): vLLM loads directories, not a model in memory."""
+        from ..scoring import describe_precision, score_probes, score_with_key
+
+        if self.config.engine != "vllm":
+            return score_with_key(self.model, self.tokenizer, probes, self.config, self.autocast, desc=desc)
+        from ..engines.vllm import engine_for_checkpoint
+        from .interpolate import save_interpolated, save_lora_merged
+
+        parent = Path(self.tuned_dir).parent
+        with tempfile.TemporaryDirectory(prefix=".forgetwatch-theta-", dir=parent) as tmp:
+            theta = Path(tmp) / f"alpha-{alpha:g}"
+            if _is_lora(self._inner):
+                save_lora_merged(self.base_dir, self.tuned_dir, alpha, theta)
+            else:
+                save_interpolated(self.base_dir, self.tuned_dir, alpha, theta)
+            self.tokenizer.save_pretrained(theta)
+            engine, _ = engine_for_checkpoint(theta, self.dtype)
+            results = score_probes(None, self.tokenizer, probes, self.config, progress=True, desc=desc, engine=engine)
+        return results, self.config.key(self.tokenizer, describe_precision(self.model))
 
     def run(self, alphas: Sequence[float], progress: Callable[[float, int, int], None] | None = None
             ) -> list[dict[str, Any]]:
@@ -150,7 +177,7 @@ class InterpolationSweep:
         scored. `progress(alpha, i, n)` is called before each α is scored (default: logged)."""
         from ..models import model_identity
         from ..monitor import figure_rows
-        from ..scoring import describe_precision, precision_context, score_with_key
+        from ..scoring import describe_precision, precision_context
         from .interpolate import encode_task_rows, held_out_loss
 
         # the cache's scoring settings (template, precision, ...) against this model's, before any scoring
@@ -164,8 +191,7 @@ class InterpolationSweep:
         for i, alpha in enumerate(alphas):
             self.set(alpha)
             (progress or _log_progress)(alpha, i + 1, len(alphas))
-            results, scoring_key = score_with_key(self.model, self.tokenizer, self.probes, self.config, self.autocast,
-                                                  desc=f"scoring {self.name}")
+            results, scoring_key = self._score_at(alpha, self.probes, f"scoring {self.name}")
             if i == 0 and scoring_key != before:  # as checked above, unless scoring settled something the key names
                 self.cache.check(make_cache_key(model_identity(self.model), self.probes, scoring_key), ignore=("model",),
                                  path=self.cache_path)
@@ -177,8 +203,7 @@ class InterpolationSweep:
                 with precision_context(self.model, describe_precision(self.model, autocast=self.autocast)):
                     task = float(self.task_loss(self.model))
             elif self.task_probes is not None:
-                task = score_with_key(self.model, self.tokenizer, self.task_probes, self.config, self.autocast,
-                                      desc=f"scoring {self.name}")[0].accuracy
+                task = self._score_at(alpha, self.task_probes, f"scoring {self.name}")[0].accuracy
             breaches = self.budget.check(rows) if self.budget is not None else []
             missing = [name for name, row in rows.items() if row.get("missing")]
             steps.append({"alpha": alpha, "metrics": rows, "task": task, "breaches": [b.describe() for b in breaches],
