@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,15 +57,14 @@ def main() -> None:
     out: dict = {"machine": {**machine(), "vllm": vllm.__version__}, "model": "SmolLM2-135M-Instruct", "dtype": "float32"}
 
     # 1. start-up against a checkpoint loaded into the running vLLM
-    other = Path(RESULTS_DIR / "_vllm_bench_checkpoint")
-    if not (other / "config.json").is_file():
-        m = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        g = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * 0.02 * p.float().std())
-        m.save_pretrained(other)
-        AutoTokenizer.from_pretrained(base).save_pretrained(other)
+    other = Path(tempfile.mkdtemp(prefix="forgetwatch-vllm-bench-"))  # 513 MB, deleted at the end
+    m = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02 * p.float().std())
+    m.save_pretrained(other)
+    AutoTokenizer.from_pretrained(base).save_pretrained(other)
     starts = []
     for _ in range(1 if args.quick else 3):
         engine, seconds = _timed(lambda: VLLMEngine(base, tok, dtype="float32", max_model_len=2048, enforce_eager=True))
@@ -106,6 +107,7 @@ def main() -> None:
         out[name] = row
         print(name, row, flush=True)
     engine.close()
+    shutil.rmtree(other, ignore_errors=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -147,8 +147,9 @@ class ForgetWatchArguments:
     forgetwatch_engine: str = _opt(
         "hf", "What runs the model: hf (the model in this process, a refilling batch), continuous (transformers' "
         "continuous batching for generation; falls back to hf with a warning where it cannot run), or vllm (vLLM loads "
-        "the model's directory itself: for `forgetwatch cache`, `compare` and `watch`, not in-loop scoring; needs "
-        "vllm installed). The same answers up to near-ties in the last bits.",
+        "the model's directory itself: `forgetwatch cache`, `compare`, `interpolate`, and sidecar scoring, where "
+        "`forgetwatch watch` scores the base again with vLLM; not in-loop scoring; needs vllm installed). The same "
+        "answers up to near-ties in the last bits; a cache scored by vLLM is not taken by the others, nor theirs by it.",
         PROBES, ENGINES)
     forgetwatch_robustness: int = _opt(
         0, "Score this many variants of each knowledge probe besides itself (option orders, question frames, lower "

@@ -450,3 +450,45 @@ def test_watch_engine_vllm_gives_the_record_the_hf_engine_gives(vllm_engine, sid
     capsys.readouterr()
     assert main(["watch", str(runs["vllm"]), "--once", "--engine", "hf"]) != 0
     assert "were scored by vLLM" in capsys.readouterr().err
+
+
+@needs_vllm
+def test_a_dtype_vllm_cannot_run_here_is_refused_before_it_starts(smollm_dir, monkeypatch):
+    """Where vLLM's platform lacks a dtype (fp16 on some CPUs), the refusal names the ones it runs; nothing starts."""
+    import torch
+    from vllm.platforms import current_platform
+
+    from forgetwatch.engines.vllm import VLLMEngine
+
+    monkeypatch.setattr(type(current_platform), "supported_dtypes", property(lambda self: [torch.bfloat16, torch.float32]))
+    with pytest.raises(EngineUnavailableError, match=r"vLLM runs bfloat16, float32 here .*not float16: pass --dtype bfloat16"):
+        VLLMEngine(smollm_dir, dtype="float16")
+
+
+@needs_vllm
+def test_nan_in_the_weights_marks_answers_and_scores_nonfinite(vllm_engine, smollm_dir, tmp_path):
+    """A checkpoint whose final norm is NaN (every logit NaN), loaded into the running vLLM: the generated answers and the
+    multiple-choice scores come back marked non-finite, as from the HF engine on those weights (run last: the session's
+    vLLM gets the first checkpoint back after)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from forgetwatch.models import load_model
+    from forgetwatch.suites import load_probes
+
+    bad = tmp_path / "nan"
+    shutil.copytree(smollm_dir, bad)
+    weights = load_file(bad / "model.safetensors")
+    weights["model.norm.weight"] = torch.full_like(weights["model.norm.weight"], float("nan"))
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    model, tok = load_model(str(bad), dtype=DTYPE)
+    probes = [*_mcq(2, ("arc_easy",)), *load_probes("instructions", per_suite=2, seed=0)]
+    vllm_engine.load(bad)
+    try:
+        ours = score_probes(None, tok, probes, engine=vllm_engine)
+    finally:
+        vllm_engine.load(smollm_dir)
+    ref = score_probes(model, tok, probes)
+    assert ref.nonfinite.all()
+    assert list(ours.nonfinite) == list(ref.nonfinite)

@@ -128,8 +128,13 @@ class VLLMEngine:
                 # blocks default to 128 tokens, and the prefix cache shares only whole blocks: 32 (the least it
                 # takes) shares short few-shot contexts too (triviaqa's ~100 tokens: 54 s -> 13 s for 20 probes)
                 llm_kwargs = {"gpu_memory_utilization": 0.2, "block_size": 32, **llm_kwargs}
+            _check_dtype(dtype)
             tokenizer_files = self.model_path if (path / "tokenizer_config.json").is_file() else str(tokenizer.name_or_path)
-            llm = LLM(model=self.model_path, tokenizer=tokenizer_files, dtype=dtype, seed=0, **llm_kwargs)
+            try:
+                llm = LLM(model=self.model_path, tokenizer=tokenizer_files, dtype=dtype, seed=0, **llm_kwargs)
+            except Exception as e:  # vLLM's own refusal (an architecture or quantisation it lacks, memory): said whole
+                raise EngineUnavailableError(f"vLLM could not start on {self.model_path} in {dtype} ({type(e).__name__}: "
+                                             f"{e}); its log above says more. Use engine='hf' for this model") from e
         self.llm = llm
         self.max_model_len = int(llm.llm_engine.model_config.max_model_len)
         self._eos = _eos_ids(path, tokenizer)
@@ -143,7 +148,7 @@ class VLLMEngine:
 
     def load(self, model_path: str | os.PathLike, tokenizer: Any = None) -> None:
         """Load another checkpoint of the same model into this vLLM (a checkpoint of the same run: `can_load`), in
-        place of a restart: ~0.5 s for SmolLM2-135M on this CPU, against 17-34 s to start vLLM (RESULTS). Its prefix
+        place of a restart: ~0.5 s for SmolLM2-135M on this CPU, against 16-19 s to start vLLM (RESULTS §20). Its prefix
         cache is emptied, so nothing computed with the old weights is reused.
 
         Example:
@@ -321,6 +326,20 @@ class VLLMEngine:
             raise ProbeSetError(f"{len(over)} probe(s) do not fit vLLM's context of {limit} tokens (max_model_len) with "
                                 f"{what}: {listed}{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or "
                                 "shorten their text (or lower max_new_tokens / behavior_max_new_tokens)")
+
+
+def _check_dtype(dtype: str) -> None:
+    """Refuse a dtype this machine's vLLM cannot run (its platform's list), before its minute of start-up."""
+    if dtype == "auto":
+        return
+    import torch
+    from vllm.platforms import current_platform
+
+    supported = [str(d).removeprefix("torch.") for d in current_platform.supported_dtypes]
+    if getattr(torch, dtype, None) not in current_platform.supported_dtypes:
+        raise EngineUnavailableError(f"engine='vllm': vLLM runs {', '.join(supported)} here ({current_platform.device_name}), "
+                                     f"not {dtype}: pass --dtype {supported[0]} (score the base in the same dtype), or use "
+                                     "engine='hf'")
 
 
 def _architecture(path: Path) -> dict[str, Any] | None:
