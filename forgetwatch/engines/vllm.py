@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import EngineUnavailableError
+from ..lengths import over_limit, refuse_over
 from ..requests import (
     Answer,
     Continuations,
     GenerateRequest,
     LoglikRequest,
     NextTokenRequest,
-    ProbeSetError,
     encode,
 )
 
@@ -320,12 +320,7 @@ class VLLMEngine:
     def _check_context(self, ids: Sequence[str | None], lengths: Sequence[int], what: str) -> None:
         """Refuse, before anything runs, a probe that does not fit vLLM's context (`max_model_len`)."""
         limit = self.max_model_len
-        over = [(pid, n) for pid, n in zip(ids, lengths, strict=True) if pid is not None and n > limit]
-        if over:
-            listed = ", ".join(f"{pid} ({n} tokens)" for pid, n in over[:5])
-            raise ProbeSetError(f"{len(over)} probe(s) do not fit vLLM's context of {limit} tokens (max_model_len) with "
-                                f"{what}: {listed}{' ...' if len(over) > 5 else ''}. Remove them from the probe set, or "
-                                "shorten their text (or lower max_new_tokens / behavior_max_new_tokens)")
+        refuse_over(over_limit(ids, lengths, limit), limit, what, "vLLM's context (max_model_len)")
 
 
 def _check_dtype(dtype: str) -> None:
