@@ -222,3 +222,17 @@ def probe_file(tmp_path_factory) -> Path:
     ProbeSet(Probe(f"q{i}", "mcq", f"Question {i}: which?", ("Paris", "London", "fox")[: 2 + i % 2], i % 2)
              for i in range(6)).to_jsonl(path)
     return path
+
+
+def own_tqdm_lock() -> None:
+    """First thing in a forked child that may die by SIGKILL or `os._exit`: tqdm's write lock is a semaphore the fork
+    shares with the parent, and a child that dies while its progress bars' monitor thread holds it leaves the parent's
+    next progress bar or console line waiting forever (`make test` once hung so in tests/test_faults.py, both of the
+    parent's threads waiting in `TqdmDefaultWriteLock.acquire`). The child takes a lock of its own, and no monitor."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+    tqdm.monitor_interval = 0
+

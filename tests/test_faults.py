@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_model
+from conftest import build_model, own_tqdm_lock
 from test_callback import (  # tests/ is on sys.path (pytest "prepend" import mode)
     make_probes,
     sft_trainer,
@@ -99,6 +99,7 @@ def in_killed_child(fn, kill_at: int, how: str, timeout: float = 120) -> None:
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
+            own_tqdm_lock()
             logging.disable(logging.CRITICAL)
             with pytest.MonkeyPatch.context() as mp, Writes(kill_at, how).patched(mp):
                 fn()
@@ -261,6 +262,7 @@ def in_live_child(fn) -> int:
     pid = os.fork()
     if pid == 0:
         try:
+            own_tqdm_lock()
             logging.disable(logging.CRITICAL)
             fn()
         finally:

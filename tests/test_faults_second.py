@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import build_model, build_tokenizer
+from conftest import build_model, build_tokenizer, own_tqdm_lock
 
 from forgetwatch.cache import BaseCache, CacheMismatchError, make_cache_key
 from forgetwatch.cli import main
@@ -184,6 +184,7 @@ def in_read_only(path: Path, fn):
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
+            own_tqdm_lock()
             os.close(read)
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
