@@ -98,7 +98,12 @@ def _base_directory(model: dict[str, Any]) -> str:
                                "the base from its directory. Restore it there, or watch with --engine hf")
         from huggingface_hub import snapshot_download  # a Hub id: its files, as vLLM would fetch them
 
-        return snapshot_download(name, revision=model.get("revision"))
+        try:
+            return snapshot_download(name, revision=model.get("revision"))
+        except Exception as e:  # offline, a gated or deleted model: said with the id, not as a traceback
+            raise SidecarError(f"the base model {name!r} the record was started from could not be fetched from the Hub "
+                               f"({type(e).__name__}: {e}): vLLM scores the base from its files. Download it (e.g. "
+                               "`huggingface-cli download` on a machine online), or watch with --engine hf") from e
     diff, _ = compare_weights(model.get("weights"), weights_fingerprint(path), name)
     if diff:
         raise SidecarError(f"{path}: the base model's weight files are not those the record's base cache was scored from "

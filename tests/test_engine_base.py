@@ -82,6 +82,9 @@ def test_the_base_directory_must_hold_the_weights_the_cache_was_scored_from(tmp_
 
     with pytest.raises(SidecarError, match="not a directory here"):
         _base_directory({"name_or_path": str(tmp_path / "gone")})
+    # a Hub id where the Hub cannot be reached (as here, offline): named, with what to do
+    with pytest.raises(SidecarError, match=r"'no-such-org/no-such-model' .*could not be fetched.*--engine hf"):
+        _base_directory({"name_or_path": "no-such-org/no-such-model"})
     model = tmp_path / "base"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"x" * 64)
