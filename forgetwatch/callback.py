@@ -14,6 +14,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
@@ -39,6 +40,7 @@ from .options import (
     options_from_record,
 )
 from .options import options as option_list
+from .partial import Design, ShareBudget
 from .probes import ProbeSet
 from .record import RunRecord
 from .results import ProbeResults
@@ -132,6 +134,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             # (`forgetwatch.engine_base`), so both sides of each flip come from one engine
             self.config = dataclasses.replace(self.config, engine="hf")
         self.scoring = scoring
+        share = o["max_share"]
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
+            raise ValueError(f"`max_share` must be a number between 0 and 1 (the share of train() probing may take, e.g. "
+                             f"0.1), or None to score every probe at every evaluation; got {share!r}")
+        self.max_share = float(share) if share is not None else None
+        self._share: ShareBudget | None = None  # the time budget's account, from train begin (`forgetwatch.partial`)
+        self._clock: tuple[float, int] = (0.0, 0)  # when and at which step the last evaluation (or train begin) ended
         self.unfit_probes = o["unfit_probes"]
         self._fit: ProbeFit | None = None  # how the probes fit the model's context (`fit_probes`), once measured
         self._dropped: dict[str, int] = {}  # with unfit_probes="drop": the probes left out, and their lengths in tokens
@@ -329,11 +338,15 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             start_segment(record.root, change, state.global_step, self.probes, start=self._start_id)
             if cache is not None and not (record.root / "base.parquet").exists():
                 cache.save(record.root / "base.parquet")  # the new segment's base, beside it (its report's picture)
+        self._share = ShareBudget(self.max_share) if self.max_share is not None and self.scoring == "inline" else None
+        t_begin = time.perf_counter()
         if cache is None:
             t0 = time.perf_counter()
             base, variants = self._score(model, tokenizer, progress=self._is_main and not args.disable_tqdm,
                                          desc="forgetwatch: scoring the base model")
             logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
+            if self._share is not None:
+                self._share.note_full(time.perf_counter() - t0, len(self.probes))
             cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args), variants)
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
@@ -351,17 +364,27 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             return
         if not self._is_main:
             self._begin_replay(args, state)
+            self._start_clock(state, t_begin)
             return
 
         loggers = make_loggers(args.report_to, args.output_dir, getattr(args, "logging_dir", None))
         if any(lg.name == "wandb" for lg in loggers):
             self._log_config()
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
+        self.monitor.budgeted = self._share is not None
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
                           start=self._start_id)
         if self.options.forgetwatch_wandb_workspace:
             self._save_workspace(loggers, args.output_dir)
         self._begin_replay(args, state)
+        self._start_clock(state, t_begin)
+
+    def _start_clock(self, state, t_begin: float) -> None:
+        """With max_share: the probing so far (the base scored, the record opened) counts against the share."""
+        if self._share is not None:
+            now = time.perf_counter()
+            self._share.note(probe=now - t_begin)
+            self._clock = (now, state.global_step)
 
     @staticmethod
     def _save_workspace(loggers, output_dir) -> None:
@@ -393,7 +416,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 self.steering.write(self._record_root)
             return control
         if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps) and not self._probing_stopped():
-            breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+            breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state,
+                                      saving=bool(control.should_save or control.should_training_stop)
+                                      or self._saves_at(args, state, state.global_step),
+                                      args=args)
             if self.budget is not None and self.budget.on_budget in ("save", "stop"):
                 # Decided where the gathered results are, then shared: ranks that stopped or saved apart would hang.
                 act = broadcast_from_main(bool(breaches) if self._is_main else None)
@@ -427,7 +453,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 self._release_locks()
             return
         if self._scored_step != state.global_step and not self._probing_stopped():
-            self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state)
+            self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state,
+                           saving=True)  # the end of training: a full pass
         if self._is_main:
             self.steering.write(self._record_root)
             self.monitor.finish()
@@ -568,23 +595,89 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self._stopped = bool(broadcast_from_main(self.monitor.write_failure is not None if self._is_main else None))
         return self._stopped
 
-    def _evaluate(self, model, processing_class, state) -> list[Breach]:
-        """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere)."""
+    def _evaluate(self, model, processing_class, state, saving: bool = False, args: Any = None) -> list[Breach]:
+        """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere). With
+        max_share, a partial evaluation unless `saving` (a checkpoint is saved at this step) or it is the last step."""
         if not self._has_base:
             raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
         t0 = time.perf_counter()
+        design = None
+        if self._share is not None:
+            self._share.note(train=t0 - self._clock[0], steps=state.global_step - self._clock[1])
+            design = self._design(args, state, saving)
         # a bar as for the base (an evaluation can pause training for minutes), unless the trainer's bars are off
-        results, variants = self._score(model, _tokenizer(processing_class), progress=self._is_main and self._progress,
-                                        desc=f"forgetwatch: step {state.global_step}")
+        progress, desc = self._is_main and self._progress, f"forgetwatch: step {state.global_step}"
+        tokenizer = _tokenizer(processing_class)
+        if design is None:
+            results, variants = self._score(model, tokenizer, progress=progress, desc=desc)
+        else:  # variants are scored at the full passes only
+            results, variants = self._score_part(model, tokenizer, design, progress, desc), None
         seconds = time.perf_counter() - t0
-        logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(self.probes), state.global_step, seconds)
+        if self._share is not None and design is None:
+            self._share.note_full(seconds, len(self.probes))
+        logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(results), state.global_step, seconds)
         self._scored_step = state.global_step
-        robust = self.plan.outcomes(results, variants) if self.plan is not None else None
-        breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust) if self._is_main else []
+        robust = self.plan.outcomes(results, variants) if self.plan is not None and design is None else None
+        breaches = []
+        if self._is_main:
+            if design is not None:
+                results = self.monitor.merged(results)
+            breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust, design=design)
+        if self._share is not None:
+            now = time.perf_counter()
+            self._share.note(probe=now - t0)
+            self._clock = (now, state.global_step)
         if self.steering.mixers:
             self.steering.steer(state.global_step, None if self.monitor.figures_missing else self.monitor.category_forgetting(),
                                 self._is_main)
         return breaches
+
+    # -- max_share: partial evaluations (`forgetwatch.partial`) -------------------------------------------------------
+    @staticmethod
+    def _saves_at(args, state, step: int) -> bool:
+        """Whether the Trainer saves a checkpoint at `step` by its save strategy "steps" (the current step's save is
+        also read from `control.should_save`)."""
+        strategy = getattr(getattr(args, "save_strategy", None), "value", getattr(args, "save_strategy", None))
+        every = getattr(state, "save_steps", 0) or 0
+        return strategy == "steps" and every > 0 and step % every == 0
+
+    def _design(self, args, state, saving: bool) -> Design | None:
+        """The design of this evaluation, None for a full pass: decided on the main process (which holds the record's
+        per-probe state and the clock) and the same on every rank."""
+        def decide() -> Design | None:
+            step, last = state.global_step, state.max_steps
+            if saving or step >= last or step == 0:
+                return None
+            upcoming = [s for s in range(step - step % self.eval_steps + self.eval_steps, last, self.eval_steps)] + [last]
+            full_left = sum(1 for s in upcoming if s == last or self._saves_at(args, state, s))
+            certain, kinds = self.monitor.certain(), self.monitor.kinds()
+            counts = {k: int((kinds == k).sum()) for k in dict.fromkeys(kinds.tolist())}
+            fraction = self._share.fraction(step, last, 1 + len(upcoming) - full_left, full_left,
+                                            {k: int((certain & (kinds == k)).sum()) for k in counts}, counts)
+            if fraction >= 1.0:
+                return None
+            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed, certain)
+
+        try:
+            design = decide() if self._is_main else None
+        except Exception:  # never end training over the plan: a full pass instead
+            logger.exception("forgetwatch: could not plan a partial evaluation at step %d; scoring every probe",
+                             state.global_step)
+            design = None
+        return broadcast_from_main(design)
+
+    def _score_part(self, model, tokenizer, design: Design, progress: bool, desc: str) -> ProbeResults:
+        """The probes `design` scores, each kind in a call of its own, timed (the sizing's cost per probe of each kind)."""
+        parts = []
+        for kind in dict.fromkeys(design.kinds.tolist()):
+            chosen = np.flatnonzero(design.scored & (design.kinds == kind))
+            if not len(chosen):
+                continue
+            t0 = time.perf_counter()
+            parts.append(score_distributed(model, tokenizer, [self.probes[int(i)] for i in chosen], self.config,
+                                           progress=progress, desc=f"{desc} ({kind}, partial)"))
+            self._share.note_cost(kind, time.perf_counter() - t0, len(chosen))
+        return ProbeResults.concat(parts)
 
     def _log_config(self) -> None:
         try:

@@ -34,6 +34,7 @@ OVERVIEW = (
     "instruct_forgetting", "runaway", "over_refusal", "length_log_ratio",  # behaviour (generated answers)
     "robust_forgetting",  # robustness (variants scored)
     "over_budget",  # the budget's state: how many of its limits are exceeded now (0: within budget)
+    "partial", "share_scored",  # max_share: a partial evaluation (its figures estimates), and the share of probes scored
 )
 # Tables: the probes that flipped at this evaluation belong to the overview; the at-risk probes to the details.
 _OVERVIEW_TABLES = ("flips",)

@@ -33,6 +33,7 @@ from .keys import OVERALL, PREFIX, figure_key, final_key, table_key
 from .metrics import compute_report, mark_missing
 from .noise import NoiseFloor, noise_floor
 from .ordering import History, Late, insert_late, repair, walk
+from .partial import MIN_SAMPLE, Design, estimate_rows, plan_partial, rotation_k
 from .probes import ProbeSet
 from .record import RunRecord
 from .replay import ReplayTracker
@@ -102,6 +103,12 @@ class Monitor:
         # what replay can weigh: categories, not summary groups (behaviour categories too: self-distilled replay can
         # replay the base's own answers to behaviour prompts)
         self._replayable = {p.category for p in probes}
+        # with `max_share` (`forgetwatch.partial`): each probe's evaluations since it was last scored, and whether it
+        # flipped at the last evaluation; None until the first evaluation after open
+        self.budgeted = False
+        self.ages: np.ndarray | None = None
+        self.flipped_last: np.ndarray | None = None
+        self.rotation_k: int | None = None
 
     def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None,
              start: str | None = None) -> None:
@@ -154,6 +161,12 @@ class Monitor:
                              "start again from the next evaluation; training goes on")
             history = History(ReplayTracker(self.probes, self.base.outcome), steps=sorted(record.committed_steps()))
         self.tracker, self.budget_state, self.evaluated_steps = history.tracker, history.state, history.steps
+        try:
+            self._read_rotation()
+        except Exception:  # the rotation starts again: every probe is due soon, nothing is lost
+            logger.exception("forgetwatch: could not read back which probes the record's partial evaluations scored; the "
+                             "rotation starts again")
+            self.ages = self.flipped_last = self.rotation_k = None
         if self.budget is not None:
             self._unjudged_before = history.unjudged
         last, last_robust = history.last, history.last_robust
@@ -162,6 +175,9 @@ class Monitor:
             try:
                 self.last_report, self.last_drift, self.last_rows = self.figures(last, last_robust)
                 self.last, self.last_robust = last, last_robust
+                line = next((r for r in reversed(record.read_metrics()) if r["step"] == self.evaluated_steps[-1]), {})
+                if line.get("partial"):  # a partial evaluation's figures are its estimates, as recorded
+                    self.last_rows = line["metrics"]
             except Exception:
                 logger.exception("forgetwatch: could not recompute the figures of recorded step %d; the next evaluation's "
                                  "flips are counted against the base; training goes on", self.evaluated_steps[-1])
@@ -238,14 +254,19 @@ class Monitor:
         left out (see `figures_missing`)."""
         out = {}
         for name, m in self.last_report.items():
-            if name in self._replayable and not self.last_rows.get(name, {}).get("missing"):
-                value = m.forgetting_adjusted
-                out[name] = m.forgetting if value is None or math.isnan(value) else value
+            row = self.last_rows.get(name, {})
+            if name in self._replayable and not row.get("missing"):
+                if row.get("partial"):  # a partial evaluation: its estimates, not the probes' latest results
+                    value, raw = row["forgetting_adjusted"], row["forgetting"]
+                else:
+                    value, raw = m.forgetting_adjusted, m.forgetting
+                out[name] = raw if value is None or math.isnan(value) else value
         return out
 
     # -- one evaluation -----------------------------------------------------------------------------------------
     def report(self, results: ProbeResults, step: int, epoch: float, seconds: float,
-               robust: VariantOutcomes | None = None, source: dict[str, Any] | None = None) -> list[Breach]:
+               robust: VariantOutcomes | None = None, source: dict[str, Any] | None = None,
+               design: Design | None = None) -> list[Breach]:
         """Record and log one evaluation, and check the budget; never raises into training (unless `strict`, when the
         record cannot be written).
 
@@ -253,7 +274,9 @@ class Monitor:
         evaluation, so a crash anywhere before it leaves the step unfinished (`RunRecord.recover` sets its files aside
         and the step is scored again), never half in the record. A step lower than the record's last (a checkpoint
         scored late) is inserted in step order (`_report_late`). `robust`: the variants' outcomes (robustness on).
-        Returns the budget limits newly exceeded."""
+        `design`: a partial evaluation's (`forgetwatch.partial`; `results` then holds every probe's latest result, from
+        `merged`): its figures are estimates, and the record keeps what it scored. Returns the budget limits newly
+        exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
         # a later segment's first evaluation: no earlier one of these probes, so its flips are counted from the base
@@ -261,6 +284,10 @@ class Monitor:
         prev_robust = self.last_robust if self.last is not None else self.base_robust
         try:
             report, drift, rows = self.figures(results, robust)
+            if design is not None:
+                estimate_rows(rows, self._members, design, self.base.outcome, results.outcome, self._k, self._categories)
+            elif self.budgeted:
+                rows[OVERALL].update(partial=0, share_scored=1.0)
         except Exception:  # a figure that cannot be computed must not end a training run
             logger.exception("forgetwatch: could not compute the figures at step %d; training goes on", step)
             return []
@@ -276,13 +303,15 @@ class Monitor:
         root = self.record.root
         writing = self.record.eval_path(step)  # the file being written, for the message when a write fails
         try:
-            self.record.write_eval(step, results, self.probes.fingerprint, robust)
+            self.record.write_eval(step, results, self.probes.fingerprint, robust,
+                                   design.to_arrays() if design is not None else None)
             flips = self.flips(prev, held, step)
             if robust is not None and prev_robust is not None:
                 flips += self.fragile_flips(prev_robust, robust, held, step)
             writing = root / "flips.jsonl"
             self.record.append_flips(flips)
-            at_risk = [r for r in self.at_risk(results, step) if not bad[self.probes.index_of(r["id"])]]
+            at_risk = [r for r in self.at_risk(results, step) if not bad[i := self.probes.index_of(r["id"])]
+                       and (design is None or design.scored[i])]  # a probe not scored now is not judged now
             writing = root / "at_risk.jsonl"
             self.record.append_at_risk(at_risk)
             if self.replay:
@@ -292,8 +321,9 @@ class Monitor:
             breaches = self._check_budget(step, rows) if self.budget is not None else []
             writing = root / "metrics.jsonl"
             self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows,
-                                        **(source or {})})
+                                        **({"partial": design.summary()} if design is not None else {}), **(source or {})})
             # committed: the next evaluation's flips are against this one (never against one the record lacks)
+            self._advance_rotation(design, prev, held)
             self.last, self.last_robust = held, robust
             self.evaluated_steps.append(step)
         except Exception as e:
@@ -313,10 +343,80 @@ class Monitor:
                 line = format_evaluation(step, rows, seconds, categories=headline_categories(self.probes), label=self.console)
                 if first_of_segment:
                     line += f"; new probe set since step {self.segment_from}: flips against the base"
+                if design is not None:
+                    line += (f"; partial: {design.scored.sum()} of {len(design.scored)} probes scored, figures estimated "
+                             f"(every probe at least every {design.k} evaluations)")
                 say(line)
             except Exception:  # a line that cannot be made or printed must not end a training run
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return breaches
+
+    # -- partial evaluations (`max_share`, `forgetwatch.partial`) --------------------------------------------------
+    def merged(self, scored: ProbeResults) -> ProbeResults:
+        """Every probe's latest result: those in `scored` as scored now, the others as last scored (the last
+        evaluation, or the base)."""
+        assert self.base is not None
+        latest = self.last if self.last is not None else self.base
+        out = latest.take(range(len(latest)))
+        for j, pid in enumerate(scored.ids):
+            out.set_row(self.probes.index_of(pid), scored, j)
+        return out
+
+    def certain(self) -> np.ndarray:
+        """The probes a partial evaluation scores for certain besides those due: at risk when last scored (right at
+        base and still right, margin under the at-risk threshold), or flipped at the last evaluation."""
+        assert self.base is not None
+        latest = self.last if self.last is not None else self.base
+        mask = at_risk_mask(self.base, latest, self.risk_rule)
+        if self.flipped_last is not None:
+            mask = mask | self.flipped_last
+        return mask
+
+    def kinds(self) -> np.ndarray:
+        """Each probe's kind as a partial evaluation samples them: knowledge or behavior, each with its own share."""
+        return np.array(["behavior" if p.is_behavior else "knowledge" for p in self.probes], dtype=str)
+
+    def partial_design(self, step: int, fraction: float, seed: int, certain: np.ndarray | None = None) -> Design:
+        """The design of a partial evaluation at `step` scoring `fraction` of each kind (`forgetwatch.partial`); K is
+        set by the run's first partial evaluation and kept (the record holds it)."""
+        if self.rotation_k is None:  # the share, or the fewest a sample takes of the largest kind when that is more
+            kinds = self.kinds()
+            largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
+            self.rotation_k = rotation_k(max(fraction, MIN_SAMPLE / largest))
+        ages = self.ages if self.ages is not None else np.zeros(len(self.probes), np.int64)
+        return plan_partial(self.kinds(), self.certain() if certain is None else certain, ages, self.rotation_k,
+                            fraction, seed, step)
+
+    def _advance_rotation(self, design: Design | None, prev: ProbeResults, now: ProbeResults) -> None:
+        n = len(self.probes)
+        scored = design.scored if design is not None else np.ones(n, bool)
+        self.ages = np.where(scored, 0, (self.ages if self.ages is not None else np.zeros(n, np.int64)) + 1)
+        self.flipped_last = (prev.outcome == CORRECT) != (now.outcome == CORRECT)
+        if design is not None:
+            self.rotation_k = design.k
+
+    def _read_rotation(self) -> None:
+        """The rotation as the record's evaluations left it (a resumed run goes on with it): each probe's evaluations
+        since it was last scored, the flips of the last evaluation, and K."""
+        assert self.record is not None and self.base is not None
+        self.ages = self.flipped_last = self.rotation_k = None
+        steps = self.evaluated_steps
+        if not steps:
+            return
+        n = len(self.probes)
+        ages = np.zeros(n, np.int64)
+        with_files = set(self.record.eval_steps())
+        for line in self.record.read_metrics():
+            if line.get("partial") and self.rotation_k is None:
+                self.rotation_k = int(line["partial"]["k"])
+        for step in steps:
+            z = self.record.read_eval(step) if step in with_files else {}
+            scored = np.asarray(z["scored"]).astype(bool) if "scored" in z else np.ones(n, bool)
+            ages = np.where(scored, 0, ages + 1)
+        self.ages = ages
+        if len(steps) >= 2 and {steps[-1], steps[-2]} <= with_files:
+            a, b = (self.record.read_results(s, self.probes.ids).outcome for s in steps[-2:])
+            self.flipped_last = (a == CORRECT) != (b == CORRECT)
 
     def _report_late(self, late: Late, epoch: float, seconds: float, source: dict[str, Any] | None) -> list[Breach]:
         """An evaluation at a step lower than the record's last (a checkpoint scored late): inserted in the record in
@@ -662,6 +762,11 @@ def group_figures(rows: dict[str, dict[str, Any]], seconds: float | None = None,
         extra.update(noise_probes=overall["noise_probes"], forgetting_excl_noise=overall["forgetting_excl_noise"])
     if "nonfinite_variant_probes" in overall:
         extra["nonfinite_variant_probes"] = overall["nonfinite_variant_probes"]
+    if "partial" in overall:  # max_share on: whether this evaluation scored a part of the probes, and how much
+        extra.update(partial=overall["partial"], share_scored=overall["share_scored"])
+        if overall["partial"]:
+            extra.update(forgetting_sampling_low=overall["forgetting_sampling_low"],
+                         forgetting_sampling_high=overall["forgetting_sampling_high"])
     if "nonfinite_probes" in overall:
         extra["nonfinite_probes"] = overall["nonfinite_probes"]
         out = {g: {k: v for k, v in figs.items() if not (isinstance(v, float) and math.isnan(v)) or k == "nonfinite_probes"}

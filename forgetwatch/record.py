@@ -124,13 +124,15 @@ class RunRecord:
         return self.evals_dir / f"step-{step:08d}.npz"
 
     def write_eval(self, step: int, results: ProbeResults, fingerprint: str = "",
-                   robust: VariantOutcomes | None = None) -> None:
+                   robust: VariantOutcomes | None = None, partial: dict[str, np.ndarray] | None = None) -> None:
         """The per-probe results of the evaluation at `step` (option scores packed flat with offsets), with the probe
         set's fingerprint, so that a file from another probe set is never read as this one's; with robustness on,
-        each robust probe's variants (`robust_*` arrays, see `VariantOutcomes`) in the same file."""
+        each robust probe's variants (`robust_*` arrays, see `VariantOutcomes`) in the same file; for a partial
+        evaluation (`forgetwatch.partial.Design.to_arrays`) which probes it scored, their strata and inclusion
+        probabilities (`scored`, `stratum`, `inclusion`), the others holding their results as last scored."""
         self.evals_dir.mkdir(parents=True, exist_ok=True)
         flat, offsets = pack_ragged(results.option_scores)
-        extra = robust.to_arrays() if robust is not None else {}
+        extra = {**(robust.to_arrays() if robust is not None else {}), **(partial or {})}
         # the answers as text, packed (UTF-8 bytes and offsets): a flip recomputed later (a step scored late lands
         # before this one) shows the answer this evaluation gave, as the flip written at the time did
         text, text_offsets = _pack_text(results.prediction)

@@ -183,7 +183,9 @@ def manifest_problem(doc: dict[str, Any]) -> str | None:
 
 # the arrays of an evaluation, one value per probe: the kinds of numbers each may hold ("i" whole, "f" any, "b" bool)
 _PER_PROBE = {"outcome": "iub", "pred_index": "iu", "margin": "f", "gold_logprob": "f", "n_tokens": "iu",
-              "stopped": "iub", "detail": "U", "nonfinite": "iub"}
+              "stopped": "iub", "detail": "U", "nonfinite": "iub",
+              # a partial evaluation (max_share): which probes it scored, their strata, their inclusion probabilities
+              "scored": "iub", "stratum": "iu", "inclusion": "f"}
 _REQUIRED = ("outcome", "pred_index", "margin")  # every version writes these; the others came later
 
 
@@ -205,7 +207,11 @@ def eval_problem(z: dict[str, np.ndarray]) -> str | None:
             return f"array `{name}` has {len(a)} values, but `outcome` {n}: one per probe in each"
     if not np.isin(z["outcome"], (-1, 0, 1)).all():
         return "array `outcome` holds values other than 1 (right), 0 (wrong) and -1 (invalid)"
-    for name, allowed in (("stopped", (-1, 0, 1)), ("nonfinite", (0, 1))):  # -1: not measured
+    if ("scored" in z) != ("inclusion" in z) or ("scored" in z) != ("stratum" in z):
+        return "arrays `scored`, `stratum` and `inclusion` come together, and only some are here"
+    if "inclusion" in z and not ((z["inclusion"] > 0) & (z["inclusion"] <= 1)).all():
+        return "array `inclusion` must hold probabilities above 0 and at most 1"
+    for name, allowed in (("stopped", (-1, 0, 1)), ("nonfinite", (0, 1)), ("scored", (0, 1)), ("stratum", (0, 1, 2))):
         if name in z and not np.isin(z[name], allowed).all():
             return f"array `{name}` holds values other than {', '.join(map(str, allowed))}"
     if ("n_tokens" in z) != ("stopped" in z) or ("n_tokens" in z) != ("detail" in z):

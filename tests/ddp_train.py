@@ -185,7 +185,7 @@ def _tracing_trainer(out: Path, names: dict, sft: bool = False):
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
           replay: float | None = None, sft: bool = False, sidecar: bool = False, anchor: float | None = None,
-          penalty: float | None = None, cuda: bool = False, robustness: int = 0) -> None:
+          penalty: float | None = None, cuda: bool = False, robustness: int = 0, max_share: float | None = None) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -239,8 +239,20 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
         options.update(scoring="sidecar")
     if robustness:
         options.update(robustness=robustness)
-    callback = ForgetWatchCallback(make_probes(), eval_steps=EVAL_STEPS, base_cache=str(base_cache) if base_cache else None,
-                                   **options)
+    if max_share is not None:
+        options.update(max_share=max_share)
+    callback = ForgetWatchCallback(make_probes(behavior=max_share is not None), eval_steps=EVAL_STEPS,
+                                   base_cache=str(base_cache) if base_cache else None, **options)
+    if max_share is not None:  # each rank's partial evaluations: which probes it scored (they must agree)
+        decide = callback._design
+
+        def traced(args, state, saving):
+            design = decide(args, state, saving)
+            _trace(out, event="design", step=state.global_step,
+                   scored=None if design is None else [int(i) for i in design.scored.nonzero()[0]])
+            return design
+
+        callback._design = traced
     callback.config = dataclasses.replace(callback.config, pack_choices=pack)
     dataset, trainer_class = make_train_dataset(tokenizer), Trainer
     if replay is not None:
@@ -421,13 +433,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--penalty", type=float, help="the 1->0 penalty with this beta (closed loop, ratio 0.5)")
     parser.add_argument("--cuda", action="store_true", help="train and score on the GPU (nccl under a launcher)")
     parser.add_argument("--robustness", type=int, default=0, help="ForgetWatchCallback(robustness=K)")
+    parser.add_argument("--max-share", type=float, help="ForgetWatchCallback(max_share=...), with behaviour probes")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
         score_only(a.output_dir, a.scoring)
     else:
         train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar, a.anchor,
-              a.penalty, a.cuda, a.robustness)
+              a.penalty, a.cuda, a.robustness, a.max_share)
 
 
 if __name__ == "__main__":

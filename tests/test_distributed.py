@@ -369,3 +369,28 @@ def check_penalty_run(tmp_path, fsdp: bool) -> None:
     draws = {rank: [r for r in trace(tmp_path, rank) if r["event"] == "penalty"] for rank in range(2)}
     assert [d["micro_batch"] for d in draws[0]] == [d["micro_batch"] for d in draws[1]] == [0, 1, 2, 3]
     assert [len(d["rows"]) for d in draws[0]] == [len(d["rows"]) for d in draws[1]] == [1, 1, 1, 1]
+
+
+def test_partial_evaluations_score_the_same_probes_on_every_rank(tmp_path):
+    """max_share under DDP: the main process plans each partial evaluation (it holds the record's per-probe state and
+    the clock) and every rank scores the same probes, split between them; the record flags the partial steps."""
+    run = torchrun(tmp_path, "--max-share=0.0001", "--max-steps=6")
+    check_ok(run)
+    designs = [{r["step"]: r["scored"] for r in trace(tmp_path, rank) if r["event"] == "design"} for rank in range(2)]
+    assert designs[0] == designs[1] and sorted(designs[0]) == [2, 4, 6]
+    assert designs[0][6] is None and designs[0][2] is not None and designs[0][4] is not None  # the last step: a full pass
+    lines = [json.loads(line) for line in (tmp_path / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "partial" in r] == [2, 4]
+    # each rank's score_probes calls after an evaluation's design (in its trace's order) are that evaluation's
+    scored: dict[int, set[str]] = {}
+    for rank in range(2):
+        step = None
+        for r in trace(tmp_path, rank):
+            if r["event"] == "design":
+                step = r["step"]
+            elif r["event"] == "score_probes" and step is not None:
+                scored.setdefault(step, set()).update(r["ids"])
+    ids = make_probes(behavior=True).ids
+    for step in (2, 4):  # the ranks together scored the design, nothing else
+        assert scored[step] == {ids[i] for i in designs[0][step]}
+    assert scored[6] == set(ids)

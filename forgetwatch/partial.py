@@ -1,0 +1,323 @@
+"""Probing within a time budget (`forgetwatch_max_share`): what a partial evaluation scores, and what its figures are
+worth.
+
+With `max_share=0.1` the callback keeps probing to about a tenth of `train()`, averaged over the run. Steps 0 and the
+last, and every step the Trainer saves a checkpoint at, are full passes, exact as without the option. The evaluations
+between them score a part of the probes, chosen by a probability design, so that the figures stay honest:
+
+- **certain** (scored every time they qualify): the probes at risk (right at base, still right when last scored, with
+  a margin under the at-risk threshold), those that flipped at the last evaluation, and those *due*: not scored in the
+  last K-1 evaluations, so every probe is scored at least every K evaluations (K is fixed at the run's first partial
+  evaluation and reported).
+- **sampled**: from the rest of each kind (knowledge, behaviour: each with its own share), a simple random sample
+  without replacement, seeded by the step, so every rank draws the same and a rerun draws again the same.
+
+A probe left out keeps the result it had when last scored (the record's per-probe state; it cannot flip at this step).
+The figures F, BT, accuracy and the invalid rate of every group are estimated by the stratified Horvitz-Thompson
+estimator: scored certain probes count once, each sampled probe for the N_h / n_h probes of its stratum. Given what
+was scored before (which decides the certain probes), the sample is a simple random one, so the estimator is unbiased
+and its variance is the stratified one, `sum_h N_h^2 (1 - n_h/N_h) s_h^2 / n_h`; `s_h^2` uses the Agresti-Coull
+proportion (two successes and two failures added), so a sample without a single flip still has an interval.
+
+Plain Python and NumPy.
+
+Example:
+    >>> import numpy as np
+    >>> kinds = np.array(["knowledge"] * 8)
+    >>> design = plan_partial(kinds, certain=np.zeros(8, bool), age=np.zeros(8, int), k=4, fraction=0.5, seed=0, step=10)
+    >>> int(design.scored.sum()), float(design.inclusion[0])
+    (4, 0.5)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CERTAIN_AT_RISK", "CERTAIN_DUE", "MIN_SAMPLE", "SAMPLED", "Design", "Estimate", "ShareBudget", "estimate_mean",
+           "estimate_rows", "plan_partial", "rotation_k"]
+
+# each probe's stratum in a partial evaluation (the record's `stratum` array)
+CERTAIN_AT_RISK, CERTAIN_DUE, SAMPLED = 0, 1, 2
+_Z90, _Z95 = 1.6448536269514722, 1.959963984540054
+MIN_SAMPLE = 2  # per sampled stratum: the fewest probes a variance can be estimated from
+
+
+@dataclass
+class Design:
+    """One partial evaluation's design: per probe whether it is scored, its stratum and its inclusion probability.
+
+    `inclusion` holds every probe's probability of being scored at this step given the evaluations before it (1 for
+    the certain ones); `stratum` is `CERTAIN_AT_RISK`, `CERTAIN_DUE` or `SAMPLED`; `kinds` names each probe's kind
+    (the sampled strata are one per kind). `k`: every probe is scored at least every `k` evaluations; `fraction`: the
+    share of each kind's probes the time budget allowed."""
+
+    step: int
+    scored: np.ndarray  # bool
+    inclusion: np.ndarray  # float64
+    stratum: np.ndarray  # int8
+    kinds: np.ndarray  # str
+    k: int
+    fraction: float
+    seed: int = 0
+
+    @property
+    def share_scored(self) -> float:
+        return float(self.scored.mean()) if len(self.scored) else 1.0
+
+    def strata(self) -> list[tuple[np.ndarray, int]]:
+        """The sampled strata: (the mask of their population, how many of it are scored)."""
+        out = []
+        for kind in dict.fromkeys(self.kinds.tolist()):
+            pop = (self.kinds == kind) & (self.stratum == SAMPLED)
+            if pop.any():
+                out.append((pop, int((pop & self.scored).sum())))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """What the record's metrics line keeps of it (`partial`): the counts by stratum and kind, K, the fraction."""
+        by_kind = {}
+        for kind in dict.fromkeys(self.kinds.tolist()):
+            m = self.kinds == kind
+            by_kind[kind] = {"n": int(m.sum()), "scored": int((m & self.scored).sum()),
+                             "at_risk": int((m & (self.stratum == CERTAIN_AT_RISK)).sum()),
+                             "due": int((m & (self.stratum == CERTAIN_DUE)).sum()),
+                             "sampled": int((m & self.scored & (self.stratum == SAMPLED)).sum()),
+                             "of_rest": int((m & (self.stratum == SAMPLED)).sum())}
+        return {"scored": int(self.scored.sum()), "n": len(self.scored), "share_scored": round(self.share_scored, 6),
+                "k": self.k, "fraction": round(self.fraction, 6), "seed": self.seed, "kinds": by_kind}
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The per-probe arrays the record's npz keeps (so a report can be rebuilt)."""
+        return {"scored": self.scored.astype(np.int8), "inclusion": self.inclusion.astype(np.float64),
+                "stratum": self.stratum.astype(np.int8)}
+
+    @classmethod
+    def from_arrays(cls, step: int, z: Mapping[str, np.ndarray], kinds: np.ndarray, summary: Mapping[str, Any]) -> Design:
+        return cls(step, np.asarray(z["scored"]).astype(bool), np.asarray(z["inclusion"], np.float64),
+                   np.asarray(z["stratum"], np.int8), kinds, int(summary.get("k", 0)), float(summary.get("fraction", 0.0)),
+                   int(summary.get("seed", 0)))
+
+
+def rotation_k(fraction: float) -> int:
+    """K, the most evaluations a probe goes unscored, for a partial evaluation scoring `fraction` of the rest: twice
+    the mean revisit time, so that the sample stays random for all but the few probes a run of bad luck left out (a
+    probe is due with probability about e^-2 = 14% of the time; they are scored for certain).
+
+    Example:
+        >>> rotation_k(0.2), rotation_k(0.5), rotation_k(1.0)
+        (10, 4, 2)
+    """
+    return max(2, math.ceil(2.0 / max(fraction, 1e-9) - 1e-9))
+
+
+def plan_partial(kinds: np.ndarray, certain: np.ndarray, age: np.ndarray, k: int, fraction: float, seed: int, step: int,
+                 min_sample: int = MIN_SAMPLE) -> Design:
+    """Which probes a partial evaluation scores.
+
+    Args:
+        kinds: each probe's kind ("knowledge", "behavior"): each kind is sampled apart, at the same `fraction`.
+        certain: the probes at risk or flipped at the last evaluation (scored for certain).
+        age: evaluations since each probe was last scored (0: scored at the last one).
+        k: a probe with `age >= k - 1` is due (scored for certain), so none goes more than `k` evaluations unscored.
+        fraction: the share of each kind's probes to score; the certain ones count in it, and the rest is a simple
+            random sample of the others, at least `min_sample` of them where there are that many.
+        seed, step: the draw's seed: the same on every rank and in a rerun.
+    """
+    n = len(kinds)
+    kinds = np.asarray(kinds, dtype=str)
+    at_risk = np.asarray(certain, bool)
+    due = (np.asarray(age) >= k - 1) & ~at_risk
+    stratum = np.full(n, SAMPLED, np.int8)
+    stratum[at_risk] = CERTAIN_AT_RISK
+    stratum[due] = CERTAIN_DUE
+    scored = stratum != SAMPLED
+    inclusion = np.ones(n, np.float64)
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(step)])
+    for kind in dict.fromkeys(kinds.tolist()):
+        members = kinds == kind
+        rest = np.flatnonzero(members & (stratum == SAMPLED))
+        if not len(rest):
+            continue
+        want = math.ceil(fraction * members.sum() - 1e-9) - int((members & scored).sum())
+        m = min(len(rest), max(want, min_sample))
+        chosen = rng.choice(rest, size=m, replace=False)
+        scored[chosen] = True
+        inclusion[rest] = m / len(rest)
+    return Design(step, scored, inclusion, stratum, kinds, k, float(fraction), seed)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A group's rate estimated from a partial evaluation: the value, its standard error, and its 90% interval."""
+
+    value: float
+    se: float
+
+    def interval(self, z: float = _Z90) -> tuple[float, float]:
+        return max(self.value - z * self.se, 0.0), min(self.value + z * self.se, 1.0)
+
+
+def estimate_mean(y: np.ndarray, members: np.ndarray, design: Design) -> Estimate:
+    """The mean of the 0/1 figure `y` over the probes in `members`, estimated from the scored probes (`y` is read only
+    where `design.scored`): Horvitz-Thompson over the strata, with the stratified variance.
+
+    Example:
+        >>> import numpy as np
+        >>> d = plan_partial(np.array(["knowledge"] * 100), np.zeros(100, bool), np.zeros(100, int), 10, 0.3, 0, 1)
+        >>> y = np.arange(100) % 2 == 0
+        >>> e = estimate_mean(y, np.ones(100, bool), d)
+        >>> 0.3 < e.value < 0.7 and e.se > 0
+        True
+    """
+    members = np.asarray(members, bool)
+    n_g = int(members.sum())
+    if n_g == 0:
+        return Estimate(math.nan, math.nan)
+    z = np.asarray(y, np.float64) * members
+    certain = design.scored & (design.stratum != SAMPLED)
+    total, var = float(z[certain].sum()), 0.0
+    for pop, n_h in design.strata():
+        big_n = int(pop.sum())
+        if n_h == 0:  # nothing of this stratum scored: nothing to estimate it from (a design never does this)
+            return Estimate(math.nan, math.nan)
+        sample = z[pop & design.scored]
+        total += big_n * float(sample.mean())
+        if n_h < big_n:
+            p = (float(sample.sum()) + 2.0) / (n_h + 4.0)  # Agresti-Coull: never a zero variance from a sample of 0s
+            var += big_n**2 * (1.0 - n_h / big_n) * p * (1.0 - p) / n_h
+    return Estimate(total / n_g, math.sqrt(var) / n_g)
+
+
+_ESTIMATED = ("forgetting", "backward_transfer", "accuracy_post", "invalid_rate_post")
+
+
+def estimate_rows(rows: dict[str, dict[str, Any]], members: Callable[[str], np.ndarray], design: Design,
+                  pre: np.ndarray, post: np.ndarray, k: np.ndarray, categories: Sequence[str]) -> None:
+    """Replace, in place, each group's F, BT, accuracy and invalid rate in `rows` (computed from the probes' latest
+    results) by their estimates from `design`, with what follows from them: net change, the chance term and the
+    adjusted figures, the counts (as estimates), and the intervals. `forgetting_ci_low` / `_high` (what a budget
+    judges) become the Wilson interval at the estimate widened by the sampling error (half-widths added in quadrature);
+    `<figure>_se` and `<figure>_sampling_low` / `_high` (90%) are the sampling error alone. Each row gets `partial: 1`
+    and `share_scored`; McNemar's test, which needs every probe's pair, becomes NaN. Other figures (drift, behaviour,
+    robustness) stay as the probes' latest results make them (`partial_estimated` names the estimated ones)."""
+    from .metrics import wilson_interval
+
+    pre_right, post_right = pre == 1, post == 1
+    indicators = {"forgetting": pre_right & ~post_right, "backward_transfer": ~pre_right & post_right,
+                  "accuracy_post": post_right, "invalid_rate_post": post == -1}
+    cats = np.asarray(categories, dtype=str)
+    for name, row in rows.items():
+        if row.get("missing"):  # probes scored NaN / inf: the row says why, and estimates nothing
+            continue
+        mask = members(name)
+        n = int(mask.sum())
+        if not n:
+            continue
+        est = {f: estimate_mean(y, mask, design) for f, y in indicators.items()}
+        if any(math.isnan(e.value) for e in est.values()):
+            continue
+        for f, e in est.items():
+            row[f] = e.value
+            row[f"{f}_se"] = e.se
+            row[f"{f}_sampling_low"], row[f"{f}_sampling_high"] = e.interval()
+        row["net_change"] = row["accuracy_post"] - row["accuracy_pre"]
+        # the chance term per (category, k) cell, with each cell's accuracy now estimated (`forgetwatch.metrics`)
+        chance = 0.0
+        for cat, kk in {(c, int(x)) for c, x in zip(cats[mask], k[mask], strict=True) if x >= 2}:
+            cell = mask & (cats == cat) & (k == kk)
+            acc_pre = float(pre_right[cell].mean())
+            acc_post = min(max(estimate_mean(post_right, cell, design).value, 0.0), 1.0)
+            chance += cell.sum() * (1 - acc_pre) * (1 - acc_post) / (kk - 1)
+        chance /= n
+        row["chance"] = chance
+        row["forgetting_adjusted"] = max(row["forgetting"] - chance, 0.0)
+        row["backward_transfer_adjusted"] = max(row["backward_transfer"] - chance, 0.0)
+        for f in ("forgetting", "backward_transfer"):
+            wl, wh = wilson_interval(round(row[f] * n), n)
+            se = _Z95 * est[f].se
+            value = row[f]
+            row[f"{f}_ci_low"] = max(value - math.hypot(max(value - wl, 0.0), se), 0.0)
+            row[f"{f}_ci_high"] = min(value + math.hypot(max(wh - value, 0.0), se), 1.0)
+        for count, f in (("forgotten", "forgetting"), ("learned", "backward_transfer")):
+            row[count] = round(row[f] * n, 2)
+        row["mcnemar_p"] = math.nan
+        row["partial"] = 1
+        row["share_scored"] = float(design.scored[mask].mean())
+        row["partial_estimated"] = "forgetting, backward_transfer, accuracy, invalid_rate, net_change, adjusted"
+
+
+@dataclass
+class ShareBudget:
+    """How much of the probes an evaluation may score so that probing stays within `share` of `train()`, averaged over
+    the run.
+
+    The callback tells it the seconds spent training and probing (`note`), and each partial evaluation's seconds per
+    probe of each kind (`note_cost`); `fraction` sizes the next evaluation: the probing time the run may still spend
+    (share/(1 - share) of its training time, the training still to come extrapolated from the steps so far), less
+    what it spent and what the full passes still to come will cost, split over the partial evaluations left.
+
+    Example:
+        >>> b = ShareBudget(0.2)
+        >>> b.note(train=100.0, probe=30.0, steps=10)  # 10 steps trained; the base scored in 30 s
+        >>> b.note_full(30.0, n=100)
+        >>> # 0.25 * 300 s of training in all = 75 s, less the base's 30 and the last step's 30, over 2 partial passes
+        >>> round(b.fraction(step=10, max_steps=30, partial_left=2, full_left=1, certain={}, n_by_kind={"knowledge": 100}), 3)
+        0.25
+    """
+
+    share: float
+    train_seconds: float = 0.0
+    probe_seconds: float = 0.0
+    steps_trained: int = 0
+    full_cost: float | None = None  # seconds of a full pass, measured
+    cost: dict[str, float] = field(default_factory=dict)  # seconds per probe, by kind (from partial evaluations)
+    _per_probe: float | None = None  # seconds per probe of the last full pass, all kinds together
+
+    def note(self, train: float = 0.0, probe: float = 0.0, steps: int = 0) -> None:
+        self.train_seconds += train
+        self.probe_seconds += probe
+        self.steps_trained += steps
+
+    def note_full(self, seconds: float, n: int) -> None:
+        """A full pass of `n` probes took `seconds` (scoring only)."""
+        self.full_cost = seconds
+        self._per_probe = seconds / max(n, 1)  # until the kinds are timed apart (partial evaluations score them apart)
+
+    def note_cost(self, kind: str, seconds: float, n: int) -> None:
+        if n > 0:
+            self.cost[kind] = seconds / n
+
+    def per_probe(self, kind: str) -> float | None:
+        return self.cost.get(kind, self._per_probe)
+
+    def allowance(self, step: int, max_steps: int, partial_left: int, full_left: int) -> float:
+        """The seconds this partial evaluation may take."""
+        per_step = self.train_seconds / max(self.steps_trained, 1)
+        train_total = self.train_seconds + per_step * max(max_steps - step, 0)
+        budget = self.share / (1.0 - self.share) * train_total
+        reserve = full_left * (self.full_cost or 0.0)
+        return max(budget - self.probe_seconds - reserve, 0.0) / max(partial_left, 1)
+
+    def fraction(self, step: int, max_steps: int, partial_left: int, full_left: int, certain: Mapping[str, int],
+                 n_by_kind: Mapping[str, int]) -> float:
+        """The share of each kind's probes this evaluation may score (1 or more: a full pass fits). Before any cost is
+        measured (the base came from a cache), the share itself."""
+        if all(self.per_probe(kind) is None for kind in n_by_kind):
+            return self.share
+        allowed = self.allowance(step, max_steps, partial_left, full_left)
+
+        def cost(phi: float) -> float:
+            return sum((self.per_probe(kind) or 0.0) * max(certain.get(kind, 0), phi * n) for kind, n in n_by_kind.items())
+
+        if cost(1.0) <= allowed:
+            return 1.0
+        lo, hi = 0.0, 1.0
+        for _ in range(40):  # cost is monotone in phi
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if cost(mid) <= allowed else (lo, mid)
+        return lo

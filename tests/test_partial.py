@@ -1,0 +1,337 @@
+"""Probing within a time budget (`max_share`, `forgetwatch.partial`).
+
+The design and its estimator on synthetic flips with a known truth (many draws: unbiased, intervals that cover at
+their nominal level, also when the whole rotation runs with at-risk probes chosen from earlier draws); then real
+Trainer runs (a tiny model): full passes exactly the run without the option, partial steps that score the at-risk
+probes and a sample and record what they scored, a resume in the middle of a rotation, and ranks that agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forgetwatch.partial import (
+    CERTAIN_AT_RISK,
+    CERTAIN_DUE,
+    SAMPLED,
+    Design,
+    ShareBudget,
+    estimate_mean,
+    plan_partial,
+    rotation_k,
+)
+
+Z90 = 1.6448536269514722
+
+
+# -- the design -----------------------------------------------------------------------------------------------------
+
+
+def test_the_certain_probes_are_scored_and_the_rest_sampled_per_kind():
+    kinds = np.array(["knowledge"] * 80 + ["behavior"] * 20)
+    certain = np.zeros(100, bool)
+    certain[[0, 1, 2, 90]] = True
+    age = np.zeros(100, int)
+    age[[10, 11]] = 9  # due with k = 10
+    d = plan_partial(kinds, certain, age, k=10, fraction=0.25, seed=3, step=40)
+    assert d.scored[[0, 1, 2, 90, 10, 11]].all()
+    assert (d.stratum[[0, 1, 2, 90]] == CERTAIN_AT_RISK).all() and (d.stratum[[10, 11]] == CERTAIN_DUE).all()
+    # each kind gets its own share: 25% of 80 = 20 knowledge probes (5 of them certain), 5 of 20 behaviour probes
+    assert d.scored[:80].sum() == 20 and d.scored[80:].sum() == 5
+    rest = (kinds == "knowledge") & (d.stratum == SAMPLED)
+    assert np.allclose(d.inclusion[rest], 15 / 75) and np.allclose(d.inclusion[d.stratum != SAMPLED], 1.0)
+    # the draw is the seed's and the step's: the same on every rank and in a rerun, another at another step
+    again = plan_partial(kinds, certain, age, k=10, fraction=0.25, seed=3, step=40)
+    assert (again.scored == d.scored).all()
+    assert (plan_partial(kinds, certain, age, k=10, fraction=0.25, seed=3, step=50).scored != d.scored).any()
+
+
+def test_a_sampled_stratum_gets_at_least_two_probes_even_when_the_budget_is_spent():
+    kinds = np.array(["knowledge"] * 50)
+    d = plan_partial(kinds, np.zeros(50, bool), np.zeros(50, int), k=4, fraction=0.0, seed=0, step=1)
+    assert d.scored.sum() == 2 and estimate_mean(np.ones(50), np.ones(50, bool), d).value == 1.0
+
+
+def test_every_probe_is_scored_at_least_every_k_evaluations():
+    n, k = 200, rotation_k(0.1)
+    kinds = np.array(["knowledge"] * n)
+    age = np.zeros(n, int)
+    gaps = np.zeros(n, int)
+    for step in range(1, 200):
+        d = plan_partial(kinds, np.zeros(n, bool), age, k=k, fraction=0.1, seed=0, step=step)
+        age = np.where(d.scored, 0, age + 1)
+        gaps = np.maximum(gaps, age)
+    assert k == 20 and gaps.max() <= k - 1  # unscored for at most k - 1 evaluations in a row: scored every k
+
+
+# -- the estimator ----------------------------------------------------------------------------------------------------
+
+
+def _population(rng, n=400, p_forgot=0.12):
+    pre = (rng.random(n) < 0.7).astype(np.int8)
+    post = pre.copy()
+    post[(pre == 1) & (rng.random(n) < p_forgot / 0.7)] = 0
+    post[(pre == 0) & (rng.random(n) < 0.1)] = 1
+    return pre, post
+
+
+def test_the_estimator_is_unbiased_and_its_interval_covers_at_the_nominal_level():
+    rng = np.random.default_rng(0)
+    pre, post = _population(rng)
+    y = (pre == 1) & (post == 0)
+    members = np.arange(len(y)) % 3 != 0  # a category: two thirds of the probes
+    kinds = np.where(np.arange(len(y)) < 300, "knowledge", "behavior")
+    certain = (rng.random(len(y)) < 0.1) | (y & (rng.random(len(y)) < 0.3))  # the at-risk stratum, skewed to the flips
+    truth = y[members].mean()
+    draws, covered, est = 4000, 0, []
+    for s in range(draws):
+        d = plan_partial(kinds, certain, np.zeros(len(y), int), k=100, fraction=0.3, seed=s, step=7)
+        e = estimate_mean(y, members, d)
+        est.append(e.value)
+        covered += abs(e.value - truth) <= Z90 * e.se
+    est = np.array(est)
+    assert abs(est.mean() - truth) < 3 * est.std() / math.sqrt(draws)  # unbiased: the mean of many draws is the truth
+    assert 0.88 <= covered / draws <= 0.97  # nominal 90%; Agresti-Coull's variance errs on the wide side
+
+
+def test_the_whole_rotation_is_unbiased_when_earlier_draws_pick_the_at_risk_probes():
+    """The design's promise in the loop: certain probes are chosen from what earlier partial evaluations saw, and the
+    estimate at each step is still unbiased (the sample is random given them). Synthetic trajectories: probes flip
+    over 12 evaluations; the truth at each step is known."""
+    n, steps, runs = 300, 12, 600
+    rng = np.random.default_rng(1)
+    pre = (rng.random(n) < 0.75).astype(np.int8)
+    forget_at = np.where(pre == 1, rng.integers(1, 40, n), 10**6)  # each known probe is forgotten at some step
+    margin = rng.exponential(3.0, n)  # a small margin: forgotten soon, and at risk
+    forget_at = np.where(margin < 1.0, rng.integers(1, 8, n), forget_at)
+    errors = np.zeros((runs, steps))
+    cover = np.zeros((runs, steps))
+    kinds = np.array(["knowledge"] * n)
+    for r in range(runs):
+        age = np.zeros(n, int)
+        last = pre.copy()
+        flipped = np.zeros(n, bool)
+        for t in range(1, steps + 1):
+            post = np.where(forget_at <= t, 0, pre).astype(np.int8)
+            certain = ((last == 1) & (pre == 1) & (margin < 1.0)) | flipped
+            d = plan_partial(kinds, certain, age, k=rotation_k(0.2), fraction=0.2, seed=r, step=t)
+            seen = np.where(d.scored, post, last)
+            y = (pre == 1) & (seen == 0)
+            e = estimate_mean(y, np.ones(n, bool), d)
+            truth = ((pre == 1) & (post == 0)).mean()
+            errors[r, t - 1] = e.value - truth
+            cover[r, t - 1] = abs(e.value - truth) <= Z90 * e.se
+            flipped = seen != last
+            last, age = seen, np.where(d.scored, 0, age + 1)
+    bias, spread = errors.mean(0), errors.std(0) / math.sqrt(runs)
+    assert (np.abs(bias) < 4 * spread + 1e-12).all(), (bias, spread)
+    assert cover.mean() >= 0.88
+
+
+def test_a_full_design_is_exact():
+    kinds = np.array(["knowledge"] * 30)
+    d = plan_partial(kinds, np.zeros(30, bool), np.zeros(30, int), k=2, fraction=1.0, seed=0, step=1)
+    y = np.arange(30) % 4 == 0
+    e = estimate_mean(y, np.ones(30, bool), d)
+    assert d.scored.all() and e.value == y.mean() and e.se == 0.0
+
+
+def test_the_design_round_trips_through_the_record_arrays():
+    kinds = np.array(["knowledge"] * 10 + ["behavior"] * 5)
+    d = plan_partial(kinds, np.eye(15, dtype=bool)[0], np.zeros(15, int), k=5, fraction=0.4, seed=1, step=3)
+    back = Design.from_arrays(3, d.to_arrays(), kinds, d.summary())
+    assert (back.scored == d.scored).all() and (back.inclusion == d.inclusion).all() and back.k == 5
+    summary = d.summary()
+    assert summary["kinds"]["knowledge"]["at_risk"] == 1 and summary["scored"] == int(d.scored.sum())
+    json.dumps(summary)  # the metrics line holds it
+
+
+# -- sizing -----------------------------------------------------------------------------------------------------------
+
+
+def test_the_budget_sizes_partial_evaluations_to_the_share_over_the_run():
+    b = ShareBudget(0.2)
+    assert b.fraction(10, 100, 9, 1, {}, {"knowledge": 100}) == 0.2  # nothing measured yet: the share itself
+    b.note(train=100.0, probe=20.0, steps=10)  # 10 s a step; the base took 20 s
+    b.note_full(50.0, n=100)
+    b.note_cost("knowledge", 0.5, 1)  # 50 s for the 100 probes
+    # 0.2/0.8 x 1000 s of training = 250 s in all; 20 spent, 50 kept for the last step: 180 s over 9 partial passes
+    phi = b.fraction(10, 100, 9, 1, {"knowledge": 0}, {"knowledge": 100})
+    assert phi == pytest.approx(180 / 9 / 50, rel=1e-6)
+    roomy = ShareBudget(0.9)
+    roomy.note(train=100.0, probe=1.0, steps=10)
+    roomy.note_full(1.0, n=100)
+    assert roomy.fraction(10, 100, 9, 1, {}, {"knowledge": 100}) == 1.0  # a full pass fits: it is one
+
+
+def test_at_risk_probes_count_against_their_kind_in_the_sizing():
+    b = ShareBudget(0.05)
+    b.note(train=100.0, probe=0.0, steps=10)
+    b.note_cost("knowledge", 0.1, 1)
+    b.note_cost("behavior", 1.0, 1)
+    free = b.fraction(10, 20, 1, 0, {"knowledge": 0, "behavior": 0}, {"knowledge": 100, "behavior": 10})
+    busy = b.fraction(10, 20, 1, 0, {"knowledge": 0, "behavior": 10}, {"knowledge": 100, "behavior": 10})
+    assert busy < free  # every behaviour probe at risk: their cost leaves less for the rest
+
+
+# -- in real Trainer runs -------------------------------------------------------------------------------------------
+
+# Runs with a share so small that every partial evaluation scores its certain probes and the fewest sampled (2 per
+# kind): what they score does not depend on the machine's speed, so the test is the same everywhere.
+TINY_SHARE = 1e-4
+
+
+def _behaviour_probes():
+    from forgetwatch.probes import Probe
+
+    return [Probe(f"inst{i}", "instruct", f"Write about topic {i}. Answer in lowercase.", category="change_case",
+                  instructions=("change_case:english_lowercase",), kwargs=({},)) for i in range(4)]
+
+
+def _run(tokenizer, out: Path, max_share: float | None, max_steps: int = 6, eval_steps: int = 1, **overrides):
+    from test_callback import make_probes, sft_trainer
+
+    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.probes import ProbeSet
+
+    probes = ProbeSet(list(make_probes()) + _behaviour_probes())
+    callback = ForgetWatchCallback(probes, eval_steps=eval_steps, max_share=max_share, max_new_tokens=4,
+                                   behavior_max_new_tokens=6, console=False)
+    settings = {"bf16": False, "max_steps": max_steps, "save_strategy": "steps", "save_steps": 3, **overrides}
+    trainer = sft_trainer(tokenizer, out, [callback], **settings)
+    return trainer, callback
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "forgetwatch" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """The same 6-step SFT run (checkpoints at steps 3 and 6) without max_share and with it."""
+    from conftest import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    root = tmp_path_factory.mktemp("share")
+    runs = {}
+    for name, share in (("full", None), ("partial", TINY_SHARE)):
+        trainer, callback = _run(tokenizer, root / name, share)
+        trainer.train()
+        runs[name] = (root / name, callback)
+    return runs
+
+
+def test_full_passes_are_exactly_the_run_without_max_share(two_runs):
+    from forgetwatch.record import load_record
+
+    (full, _), (part, _) = two_runs["full"], two_runs["partial"]
+    lines = {r["step"]: r for r in _lines(part)}
+    assert sorted(lines) == list(range(7))
+    exact = [s for s, r in lines.items() if "partial" not in r]
+    assert exact == [0, 3, 6]  # the base, the checkpoints (3, 6) and the last step
+    a, b = load_record(full), load_record(part)
+    ref = {r["step"]: r for r in _lines(full)}
+    for step in exact:
+        za, zb = a.read_eval(step), b.read_eval(step)
+        for name in ("outcome", "pred_index", "margin", "gold_logprob", "option_scores"):
+            assert np.array_equal(za[name], zb[name], equal_nan=True), (step, name)
+        assert "scored" not in zb
+        for group, row in ref[step]["metrics"].items():  # the figures too (the run with the option flags them)
+            got = {k: v for k, v in lines[step]["metrics"][group].items() if k not in ("partial", "share_scored")}
+            assert json.dumps(got, sort_keys=True) == json.dumps(row, sort_keys=True), (step, group)
+
+
+def test_partial_steps_score_the_at_risk_probes_and_a_sample_and_keep_the_rest(two_runs):
+    from forgetwatch.record import load_record
+
+    (full, _), (part, callback) = two_runs["full"], two_runs["partial"]
+    a, b = load_record(full), load_record(part)
+    ids = callback.probes.ids
+    kinds = np.array(["behavior" if p.is_behavior else "knowledge" for p in callback.probes])
+    prev = b.read_results(0, ids)
+    for line in _lines(part):
+        step = line["step"]
+        now = b.read_results(step, ids)
+        if "partial" not in line:
+            prev = now
+            continue
+        z = b.read_eval(step)
+        scored = z["scored"].astype(bool)
+        assert line["partial"]["scored"] == scored.sum() < len(ids)
+        for kind in ("knowledge", "behavior"):  # each kind: its certain probes and 2 sampled ones
+            info = line["partial"]["kinds"][kind]
+            assert info["sampled"] == min(2, info["of_rest"]) and info["scored"] == (scored & (kinds == kind)).sum()
+        # what it scored is what the full run scored at this step; the rest kept their last result
+        ref = a.read_results(step, ids)
+        assert np.array_equal(now.outcome[scored], ref.outcome[scored])
+        np.testing.assert_allclose(now.margin[scored], ref.margin[scored], atol=1e-4)
+        assert np.array_equal(now.outcome[~scored], prev.outcome[~scored])
+        assert (z["inclusion"][z["stratum"] != SAMPLED] == 1).all()
+        flips = [r for r in b.read_flips() if r["step"] == step]
+        assert {r["id"] for r in flips} <= {ids[i] for i in np.flatnonzero(scored)}  # flips only where scored
+        overall = line["metrics"]["overall"]
+        assert overall["partial"] == 1 and 0 < overall["share_scored"] < 1
+        assert overall["forgetting_ci_low"] <= overall["forgetting"] <= overall["forgetting_ci_high"]
+        assert overall["forgetting_se"] >= 0 and math.isnan(overall["mcnemar_p"])
+        prev = now
+
+
+def test_the_at_risk_probes_of_the_last_evaluation_are_scored_at_the_next(two_runs):
+    from forgetwatch.record import load_record
+
+    part, callback = two_runs["partial"]
+    b = load_record(part)
+    ids = callback.probes.ids
+    lines = {r["step"]: r for r in _lines(part)}
+    for step in (1, 2, 4, 5):
+        before = b.read_results(step - 1, ids)
+        base = b.read_results(0, ids)
+        risky = (base.outcome == 1) & (before.outcome == 1) & (before.margin < 2.0)
+        assert b.read_eval(step)["scored"].astype(bool)[risky].all(), step
+    assert all(lines[s]["partial"]["k"] == lines[1]["partial"]["k"] for s in (1, 2, 4, 5))
+
+
+def test_a_resume_in_the_middle_of_a_rotation_goes_on_with_it(tmp_path):
+    """Evaluations every 2 steps, checkpoints every 3: checkpoint-3 falls between the partial evaluations at steps 2 and
+    4. A run resumed from it reads the rotation back from the record (each probe's evaluations since it was scored,
+    the flips of step 2, K) and scores at step 4 the probes the uninterrupted run scored there."""
+    from conftest import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    out = tmp_path / "run"
+    trainer, callback = _run(tokenizer, out, TINY_SHARE, max_steps=8, save_steps=3, eval_steps=2)
+    trainer.train()
+    lines = {r["step"]: r for r in _lines(out)}
+    assert [s for s, r in lines.items() if "partial" in r] == [2, 4]  # 6 saves a checkpoint, 8 is the last
+    first = {s: np.load(out / "forgetwatch" / "evals" / f"step-{s:08d}.npz")["scored"] for s in (2, 4)}
+    trainer, callback = _run(tokenizer, out, TINY_SHARE, max_steps=8, save_steps=3, eval_steps=2)
+    seen = {}
+    decide = callback._design
+
+    def keep(args, state, saving):
+        seen.setdefault(state.global_step, (callback.monitor.ages.copy(), callback.monitor.rotation_k))
+        return decide(args, state, saving)
+
+    callback._design = keep
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    ages, k = seen[4]
+    assert k == lines[2]["partial"]["k"]  # K as the first run set it
+    assert (ages == np.where(first[2].astype(bool), 0, 1)).all()  # scored at 2: none since; the rest: one (step 2)
+    again = np.load(out / "forgetwatch" / "evals" / f"step-{4:08d}.npz")["scored"]
+    assert (again == first[4]).all()  # the same probes as the uninterrupted run at step 4
+
+
+def test_max_share_is_checked_before_training():
+    from test_callback import make_probes
+
+    from forgetwatch.callback import ForgetWatchCallback
+
+    for bad in (0, 1, 1.5, -0.1, "0.1", True):
+        with pytest.raises(ValueError, match="`max_share` must be a number between 0 and 1"):
+            ForgetWatchCallback(make_probes(), max_share=bad)
+    assert ForgetWatchCallback(make_probes(), max_share=0.1, scoring="sidecar").max_share == 0.1
