@@ -374,6 +374,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.monitor.budgeted = self._share is not None
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
                           start=self._start_id)
+        if self._share is not None and resuming and (kept := self.monitor.share_account()):
+            measured = self._share  # this start's own probing so far (none when the base came from the cache)
+            self._share = ShareBudget.from_dict(self.max_share, kept)  # the run's account goes on where it stopped
+            self._share.note(probe=measured.probe_seconds)
         if self.options.forgetwatch_wandb_workspace:
             self._save_workspace(loggers, args.output_dir)
         self._begin_replay(args, state)
@@ -613,8 +617,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         else:  # variants are scored at the full passes only
             results, variants = self._score_part(model, tokenizer, design, progress, desc), None
         seconds = time.perf_counter() - t0
-        if self._share is not None and design is None:
-            self._share.note_full(seconds, len(self.probes))
+        account = None
+        if self._share is not None:
+            if design is None:
+                self._share.note_full(seconds, len(self.probes))
+            self._share.note(probe=seconds)
+            account = self._share.to_dict()
         logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(results), state.global_step, seconds)
         self._scored_step = state.global_step
         robust = self.plan.outcomes(results, variants) if self.plan is not None and design is None else None
@@ -622,10 +630,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self._is_main:
             if design is not None:
                 results = self.monitor.merged(results)
-            breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust, design=design)
-        if self._share is not None:
+            breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust, design=design,
+                                           share=account)
+        if self._share is not None:  # the figures and the record's writing count as probing too
             now = time.perf_counter()
-            self._share.note(probe=now - t0)
+            self._share.note(probe=now - t0 - seconds)
             self._clock = (now, state.global_step)
         if self.steering.mixers:
             self.steering.steer(state.global_step, None if self.monitor.figures_missing else self.monitor.category_forgetting(),
@@ -650,13 +659,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 return None
             upcoming = [s for s in range(step - step % self.eval_steps + self.eval_steps, last, self.eval_steps)] + [last]
             full_left = sum(1 for s in upcoming if s == last or self._saves_at(args, state, s))
-            certain, kinds = self.monitor.certain(), self.monitor.kinds()
+            must, kinds = self.monitor.must_score(), self.monitor.kinds()
             counts = {k: int((kinds == k).sum()) for k in dict.fromkeys(kinds.tolist())}
             fraction = self._share.fraction(step, last, 1 + len(upcoming) - full_left, full_left,
-                                            {k: int((certain & (kinds == k)).sum()) for k in counts}, counts)
+                                            {k: int((must & (kinds == k)).sum()) for k in counts}, counts)
             if fraction >= 1.0:
                 return None
-            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed, certain)
+            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed)
 
         try:
             design = decide() if self._is_main else None

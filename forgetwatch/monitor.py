@@ -266,7 +266,7 @@ class Monitor:
     # -- one evaluation -----------------------------------------------------------------------------------------
     def report(self, results: ProbeResults, step: int, epoch: float, seconds: float,
                robust: VariantOutcomes | None = None, source: dict[str, Any] | None = None,
-               design: Design | None = None) -> list[Breach]:
+               design: Design | None = None, share: dict[str, Any] | None = None) -> list[Breach]:
         """Record and log one evaluation, and check the budget; never raises into training (unless `strict`, when the
         record cannot be written).
 
@@ -275,7 +275,8 @@ class Monitor:
         and the step is scored again), never half in the record. A step lower than the record's last (a checkpoint
         scored late) is inserted in step order (`_report_late`). `robust`: the variants' outcomes (robustness on).
         `design`: a partial evaluation's (`forgetwatch.partial`; `results` then holds every probe's latest result, from
-        `merged`): its figures are estimates, and the record keeps what it scored. Returns the budget limits newly
+        `merged`): its figures are estimates, and the record keeps what it scored. `share`: with max_share, the time
+        account so far (`ShareBudget.to_dict`), kept in the line for a resumed run. Returns the budget limits newly
         exceeded."""
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
@@ -288,6 +289,8 @@ class Monitor:
                 estimate_rows(rows, self._members, design, self.base.outcome, results.outcome, self._k, self._categories)
             elif self.budgeted:
                 rows[OVERALL].update(partial=0, share_scored=1.0)
+            if share is not None:
+                rows[OVERALL]["probe_share"] = share["measured_share"]
         except Exception:  # a figure that cannot be computed must not end a training run
             logger.exception("forgetwatch: could not compute the figures at step %d; training goes on", step)
             return []
@@ -321,7 +324,8 @@ class Monitor:
             breaches = self._check_budget(step, rows) if self.budget is not None else []
             writing = root / "metrics.jsonl"
             self.record.append_metrics({"step": step, "epoch": epoch, "seconds": round(seconds, 3), "metrics": rows,
-                                        **({"partial": design.summary()} if design is not None else {}), **(source or {})})
+                                        **({"partial": design.summary()} if design is not None else {}),
+                                        **({"share": share} if share is not None else {}), **(source or {})})
             # committed: the next evaluation's flips are against this one (never against one the record lacks)
             self._advance_rotation(design, prev, held)
             self.last, self.last_robust = held, robust
@@ -362,21 +366,27 @@ class Monitor:
             out.set_row(self.probes.index_of(pid), scored, j)
         return out
 
-    def certain(self) -> np.ndarray:
-        """The probes a partial evaluation scores for certain besides those due: at risk when last scored (right at
-        base and still right, margin under the at-risk threshold), or flipped at the last evaluation."""
+    def must_score(self) -> np.ndarray:
+        """The probes a partial evaluation scores whatever its share: those that flipped at the last evaluation, and
+        those due (not scored in the last K-1 evaluations)."""
+        n = len(self.probes)
+        must = self.flipped_last.copy() if self.flipped_last is not None else np.zeros(n, bool)
+        if self.ages is not None and self.rotation_k is not None:
+            must |= self.ages >= self.rotation_k - 1
+        return must
+
+    def risk(self) -> np.ndarray:
+        """Each probe's margin when last scored where it was at risk then (right at base, still right, margin under the
+        at-risk threshold or fallen by the drop), inf elsewhere: a partial evaluation scores the lowest first."""
         assert self.base is not None
         latest = self.last if self.last is not None else self.base
-        mask = at_risk_mask(self.base, latest, self.risk_rule)
-        if self.flipped_last is not None:
-            mask = mask | self.flipped_last
-        return mask
+        return np.where(at_risk_mask(self.base, latest, self.risk_rule), latest.margin.astype(np.float64), np.inf)
 
     def kinds(self) -> np.ndarray:
         """Each probe's kind as a partial evaluation samples them: knowledge or behavior, each with its own share."""
         return np.array(["behavior" if p.is_behavior else "knowledge" for p in self.probes], dtype=str)
 
-    def partial_design(self, step: int, fraction: float, seed: int, certain: np.ndarray | None = None) -> Design:
+    def partial_design(self, step: int, fraction: float, seed: int) -> Design:
         """The design of a partial evaluation at `step` scoring `fraction` of each kind (`forgetwatch.partial`); K is
         set by the run's first partial evaluation and kept (the record holds it)."""
         if self.rotation_k is None:  # the share, or the fewest a sample takes of the largest kind when that is more
@@ -384,8 +394,8 @@ class Monitor:
             largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
             self.rotation_k = rotation_k(max(fraction, MIN_SAMPLE / largest))
         ages = self.ages if self.ages is not None else np.zeros(len(self.probes), np.int64)
-        return plan_partial(self.kinds(), self.certain() if certain is None else certain, ages, self.rotation_k,
-                            fraction, seed, step)
+        must = self.flipped_last if self.flipped_last is not None else np.zeros(len(self.probes), bool)
+        return plan_partial(self.kinds(), must, ages, self.rotation_k, fraction, seed, step, risk=self.risk())
 
     def _advance_rotation(self, design: Design | None, prev: ProbeResults, now: ProbeResults) -> None:
         n = len(self.probes)
@@ -394,6 +404,13 @@ class Monitor:
         self.flipped_last = (prev.outcome == CORRECT) != (now.outcome == CORRECT)
         if design is not None:
             self.rotation_k = design.k
+
+    def share_account(self) -> dict[str, Any] | None:
+        """The time account (max_share) the record's last evaluation kept, or None."""
+        if self.record is None or not self.evaluated_steps:
+            return None
+        line = next((r for r in reversed(self.record.read_metrics()) if r["step"] == self.evaluated_steps[-1]), {})
+        return line.get("share")
 
     def _read_rotation(self) -> None:
         """The rotation as the record's evaluations left it (a resumed run goes on with it): each probe's evaluations
@@ -764,6 +781,8 @@ def group_figures(rows: dict[str, dict[str, Any]], seconds: float | None = None,
         extra["nonfinite_variant_probes"] = overall["nonfinite_variant_probes"]
     if "partial" in overall:  # max_share on: whether this evaluation scored a part of the probes, and how much
         extra.update(partial=overall["partial"], share_scored=overall["share_scored"])
+        if "probe_share" in overall:  # the share of the run's time so far that went to probing
+            extra["probe_share"] = overall["probe_share"]
         if overall["partial"]:
             extra.update(forgetting_sampling_low=overall["forgetting_sampling_low"],
                          forgetting_sampling_high=overall["forgetting_sampling_high"])

@@ -5,10 +5,10 @@ With `max_share=0.1` the callback keeps probing to about a tenth of `train()`, a
 last, and every step the Trainer saves a checkpoint at, are full passes, exact as without the option. The evaluations
 between them score a part of the probes, chosen by a probability design, so that the figures stay honest:
 
-- **certain** (scored every time they qualify): the probes at risk (right at base, still right when last scored, with
-  a margin under the at-risk threshold), those that flipped at the last evaluation, and those *due*: not scored in the
-  last K-1 evaluations, so every probe is scored at least every K evaluations (K is fixed at the run's first partial
-  evaluation and reported).
+- **certain**: those that flipped at the last evaluation; those *due*, not scored in the last K-1 evaluations, so
+  every probe is scored at least every K evaluations (K is fixed at the run's first partial evaluation and reported);
+  and the probes at risk (right at base, still right when last scored, with a margin under the at-risk threshold),
+  the most at risk first, as far as the kind's share goes.
 - **sampled**: from the rest of each kind (knowledge, behaviour: each with its own share), a simple random sample
   without replacement, seeded by the step, so every rank draws the same and a rerun draws again the same.
 
@@ -24,7 +24,7 @@ Plain Python and NumPy.
 Example:
     >>> import numpy as np
     >>> kinds = np.array(["knowledge"] * 8)
-    >>> design = plan_partial(kinds, certain=np.zeros(8, bool), age=np.zeros(8, int), k=4, fraction=0.5, seed=0, step=10)
+    >>> design = plan_partial(kinds, must=np.zeros(8, bool), age=np.zeros(8, int), k=4, fraction=0.5, seed=0, step=10)
     >>> int(design.scored.sum()), float(design.inclusion[0])
     (4, 0.5)
 """
@@ -115,39 +115,48 @@ def rotation_k(fraction: float) -> int:
     return max(2, math.ceil(2.0 / max(fraction, 1e-9) - 1e-9))
 
 
-def plan_partial(kinds: np.ndarray, certain: np.ndarray, age: np.ndarray, k: int, fraction: float, seed: int, step: int,
-                 min_sample: int = MIN_SAMPLE) -> Design:
+def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int, fraction: float, seed: int, step: int,
+                 risk: np.ndarray | None = None, min_sample: int = MIN_SAMPLE) -> Design:
     """Which probes a partial evaluation scores.
 
     Args:
         kinds: each probe's kind ("knowledge", "behavior"): each kind is sampled apart, at the same `fraction`.
-        certain: the probes at risk or flipped at the last evaluation (scored for certain).
+        must: the probes that flipped at the last evaluation (scored for certain).
         age: evaluations since each probe was last scored (0: scored at the last one).
         k: a probe with `age >= k - 1` is due (scored for certain), so none goes more than `k` evaluations unscored.
-        fraction: the share of each kind's probes to score; the certain ones count in it, and the rest is a simple
-            random sample of the others, at least `min_sample` of them where there are that many.
+        fraction: the share of each kind's probes to score; the certain ones count in it.
+        risk: each probe's margin when at risk (lower: more at risk), inf when not at risk. At-risk probes are scored
+            for certain, the most at risk first, as far as the kind's share goes (more of them than the share allows
+            join the rest, to be sampled).
         seed, step: the draw's seed: the same on every rank and in a rerun.
+
+    The rest of each kind is a simple random sample, at least `min_sample` of it where it has that many.
     """
     n = len(kinds)
     kinds = np.asarray(kinds, dtype=str)
-    at_risk = np.asarray(certain, bool)
-    due = (np.asarray(age) >= k - 1) & ~at_risk
+    must = np.asarray(must, bool)
+    due = (np.asarray(age) >= k - 1) & ~must
+    risk = np.full(n, np.inf) if risk is None else np.asarray(risk, np.float64)
     stratum = np.full(n, SAMPLED, np.int8)
-    stratum[at_risk] = CERTAIN_AT_RISK
+    stratum[must] = CERTAIN_AT_RISK
     stratum[due] = CERTAIN_DUE
-    scored = stratum != SAMPLED
     inclusion = np.ones(n, np.float64)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(step)])
+    picked = np.zeros(n, bool)  # the sampled probes scored
     for kind in dict.fromkeys(kinds.tolist()):
         members = kinds == kind
+        room = math.ceil(fraction * members.sum() - 1e-9) - int((members & (stratum != SAMPLED)).sum())
+        risky = np.flatnonzero(members & (stratum == SAMPLED) & np.isfinite(risk))
+        if room > 0 and len(risky):  # the most at risk first (a stable order: ties by position)
+            stratum[risky[np.argsort(risk[risky], kind="stable")[:room]]] = CERTAIN_AT_RISK
         rest = np.flatnonzero(members & (stratum == SAMPLED))
         if not len(rest):
             continue
-        want = math.ceil(fraction * members.sum() - 1e-9) - int((members & scored).sum())
+        want = math.ceil(fraction * members.sum() - 1e-9) - int((members & (stratum != SAMPLED)).sum())
         m = min(len(rest), max(want, min_sample))
-        chosen = rng.choice(rest, size=m, replace=False)
-        scored[chosen] = True
+        picked[rng.choice(rest, size=m, replace=False)] = True
         inclusion[rest] = m / len(rest)
+    scored = (stratum != SAMPLED) | picked
     return Design(step, scored, inclusion, stratum, kinds, k, float(fraction), seed)
 
 
@@ -277,6 +286,26 @@ class ShareBudget:
     full_cost: float | None = None  # seconds of a full pass, measured
     cost: dict[str, float] = field(default_factory=dict)  # seconds per probe, by kind (from partial evaluations)
     _per_probe: float | None = None  # seconds per probe of the last full pass, all kinds together
+
+    def to_dict(self) -> dict[str, Any]:
+        """The account so far, as the record's metrics line keeps it (`share`): a resumed run goes on with it."""
+        return {"max_share": self.share, "train_s": round(self.train_seconds, 3), "probe_s": round(self.probe_seconds, 3),
+                "steps": self.steps_trained, "measured_share": round(self.measured(), 4),
+                "full_s": None if self.full_cost is None else round(self.full_cost, 3),
+                "per_probe_s": {k: round(v, 6) for k, v in self.cost.items()},
+                "full_per_probe_s": None if self._per_probe is None else round(self._per_probe, 6)}
+
+    @classmethod
+    def from_dict(cls, share: float, doc: Mapping[str, Any]) -> ShareBudget:
+        """The account a record's line kept, for `share` (the resumed run's option)."""
+        return cls(share, float(doc.get("train_s", 0.0)), float(doc.get("probe_s", 0.0)), int(doc.get("steps", 0)),
+                   doc.get("full_s"), {k: float(v) for k, v in (doc.get("per_probe_s") or {}).items()},
+                   doc.get("full_per_probe_s"))
+
+    def measured(self) -> float:
+        """The share of the time so far that went to probing."""
+        total = self.train_seconds + self.probe_seconds
+        return self.probe_seconds / total if total > 0 else 0.0
 
     def note(self, train: float = 0.0, probe: float = 0.0, steps: int = 0) -> None:
         self.train_seconds += train

@@ -34,21 +34,29 @@ Z90 = 1.6448536269514722
 
 def test_the_certain_probes_are_scored_and_the_rest_sampled_per_kind():
     kinds = np.array(["knowledge"] * 80 + ["behavior"] * 20)
-    certain = np.zeros(100, bool)
-    certain[[0, 1, 2, 90]] = True
+    must = np.zeros(100, bool)
+    must[[0, 1, 2, 90]] = True  # flipped at the last evaluation
     age = np.zeros(100, int)
     age[[10, 11]] = 9  # due with k = 10
-    d = plan_partial(kinds, certain, age, k=10, fraction=0.25, seed=3, step=40)
+    risk = np.full(100, np.inf)
+    risk[20:40] = np.linspace(1.9, 0.0, 20)  # 20 knowledge probes at risk; room for 13 of them, the lowest margins
+    d = plan_partial(kinds, must, age, k=10, fraction=0.25, seed=3, step=40, risk=risk)
     assert d.scored[[0, 1, 2, 90, 10, 11]].all()
     assert (d.stratum[[0, 1, 2, 90]] == CERTAIN_AT_RISK).all() and (d.stratum[[10, 11]] == CERTAIN_DUE).all()
-    # each kind gets its own share: 25% of 80 = 20 knowledge probes (5 of them certain), 5 of 20 behaviour probes
-    assert d.scored[:80].sum() == 20 and d.scored[80:].sum() == 5
+    # each kind gets its own share: 25% of 80 = 20 knowledge probes: 3 flipped, 2 due, then the 15 most at risk; and
+    # the fewest a sample takes (2) of the rest, so that the rest is estimated at all
+    assert (d.stratum[:80] != SAMPLED).sum() == 20 and d.scored[:80].sum() == 22
+    assert d.scored[25:40].all() and not d.scored[20:25].any()  # the lowest margins first; the rest join the sample
+    # behaviour: 5 of 20, 1 flipped and a sample of 4 from the 19 others
+    assert d.scored[80:].sum() == 5 and np.allclose(d.inclusion[80:][d.stratum[80:] == SAMPLED], 4 / 19)
+    assert np.allclose(d.inclusion[d.stratum != SAMPLED], 1.0)
+    # the knowledge sample is its minimum, 2 of the 60 left
     rest = (kinds == "knowledge") & (d.stratum == SAMPLED)
-    assert np.allclose(d.inclusion[rest], 15 / 75) and np.allclose(d.inclusion[d.stratum != SAMPLED], 1.0)
+    assert rest.sum() == 60 and np.allclose(d.inclusion[rest], 2 / 60)
     # the draw is the seed's and the step's: the same on every rank and in a rerun, another at another step
-    again = plan_partial(kinds, certain, age, k=10, fraction=0.25, seed=3, step=40)
+    again = plan_partial(kinds, must, age, k=10, fraction=0.25, seed=3, step=40, risk=risk)
     assert (again.scored == d.scored).all()
-    assert (plan_partial(kinds, certain, age, k=10, fraction=0.25, seed=3, step=50).scored != d.scored).any()
+    assert (plan_partial(kinds, must, age, k=10, fraction=0.25, seed=3, step=50, risk=risk).scored != d.scored).any()
 
 
 def test_a_sampled_stratum_gets_at_least_two_probes_even_when_the_budget_is_spent():
@@ -86,11 +94,11 @@ def test_the_estimator_is_unbiased_and_its_interval_covers_at_the_nominal_level(
     y = (pre == 1) & (post == 0)
     members = np.arange(len(y)) % 3 != 0  # a category: two thirds of the probes
     kinds = np.where(np.arange(len(y)) < 300, "knowledge", "behavior")
-    certain = (rng.random(len(y)) < 0.1) | (y & (rng.random(len(y)) < 0.3))  # the at-risk stratum, skewed to the flips
+    must = (rng.random(len(y)) < 0.1) | (y & (rng.random(len(y)) < 0.3))  # the certain stratum, skewed to the flips
     truth = y[members].mean()
     draws, covered, est = 4000, 0, []
     for s in range(draws):
-        d = plan_partial(kinds, certain, np.zeros(len(y), int), k=100, fraction=0.3, seed=s, step=7)
+        d = plan_partial(kinds, must, np.zeros(len(y), int), k=100, fraction=0.3, seed=s, step=7)
         e = estimate_mean(y, members, d)
         est.append(e.value)
         covered += abs(e.value - truth) <= Z90 * e.se
@@ -118,8 +126,8 @@ def test_the_whole_rotation_is_unbiased_when_earlier_draws_pick_the_at_risk_prob
         flipped = np.zeros(n, bool)
         for t in range(1, steps + 1):
             post = np.where(forget_at <= t, 0, pre).astype(np.int8)
-            certain = ((last == 1) & (pre == 1) & (margin < 1.0)) | flipped
-            d = plan_partial(kinds, certain, age, k=rotation_k(0.2), fraction=0.2, seed=r, step=t)
+            risk = np.where((last == 1) & (pre == 1) & (margin < 1.0), margin, np.inf)
+            d = plan_partial(kinds, flipped, age, k=rotation_k(0.2), fraction=0.2, seed=r, step=t, risk=risk)
             seen = np.where(d.scored, post, last)
             y = (pre == 1) & (seen == 0)
             e = estimate_mean(y, np.ones(n, bool), d)
@@ -242,7 +250,8 @@ def test_full_passes_are_exactly_the_run_without_max_share(two_runs):
             assert np.array_equal(za[name], zb[name], equal_nan=True), (step, name)
         assert "scored" not in zb
         for group, row in ref[step]["metrics"].items():  # the figures too (the run with the option flags them)
-            got = {k: v for k, v in lines[step]["metrics"][group].items() if k not in ("partial", "share_scored")}
+            got = {k: v for k, v in lines[step]["metrics"][group].items()
+                   if k not in ("partial", "share_scored", "probe_share")}
             assert json.dumps(got, sort_keys=True) == json.dumps(row, sort_keys=True), (step, group)
 
 
@@ -266,6 +275,7 @@ def test_partial_steps_score_the_at_risk_probes_and_a_sample_and_keep_the_rest(t
         for kind in ("knowledge", "behavior"):  # each kind: its certain probes and 2 sampled ones
             info = line["partial"]["kinds"][kind]
             assert info["sampled"] == min(2, info["of_rest"]) and info["scored"] == (scored & (kinds == kind)).sum()
+            assert info["scored"] == info["at_risk"] + info["due"] + info["sampled"]
         # what it scored is what the full run scored at this step; the rest kept their last result
         ref = a.read_results(step, ids)
         assert np.array_equal(now.outcome[scored], ref.outcome[scored])
@@ -281,18 +291,20 @@ def test_partial_steps_score_the_at_risk_probes_and_a_sample_and_keep_the_rest(t
         prev = now
 
 
-def test_the_at_risk_probes_of_the_last_evaluation_are_scored_at_the_next(two_runs):
+def test_the_probes_that_flipped_at_the_last_evaluation_are_scored_at_the_next(two_runs):
     from forgetwatch.record import load_record
 
     part, callback = two_runs["partial"]
     b = load_record(part)
     ids = callback.probes.ids
     lines = {r["step"]: r for r in _lines(part)}
-    for step in (1, 2, 4, 5):
-        before = b.read_results(step - 1, ids)
-        base = b.read_results(0, ids)
-        risky = (base.outcome == 1) & (before.outcome == 1) & (before.margin < 2.0)
-        assert b.read_eval(step)["scored"].astype(bool)[risky].all(), step
+    flipped_somewhere = 0
+    for step in (2, 4, 5):  # after an evaluation that was itself partial or full
+        before, earlier = b.read_results(step - 1, ids), b.read_results(step - 2, ids)
+        flipped = (before.outcome == 1) != (earlier.outcome == 1)
+        flipped_somewhere += flipped.sum()
+        assert b.read_eval(step)["scored"].astype(bool)[flipped].all(), step
+    assert flipped_somewhere  # the run flips probes: the check above checked something
     assert all(lines[s]["partial"]["k"] == lines[1]["partial"]["k"] for s in (1, 2, 4, 5))
 
 
