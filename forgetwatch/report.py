@@ -420,6 +420,13 @@ def _draw_metric(ax, rows, name: str, metric: str, color: str, label: str | None
     ax.fill_between(x, _series(rows, name, f"{metric}_ci_low"), _series(rows, name, f"{metric}_ci_high"),
                     color=color, alpha=0.15, linewidth=0, label=f"{label}, 95% Wilson interval" if label else None)
     ax.plot(x, _series(rows, name, metric), color=color, marker="o", markersize=4, linewidth=2, label=label)
+    partial = np.array([bool(r.get("partial")) for r in rows])
+    if partial.any():  # max_share: an estimate from a part of the probes, with its sampling interval (90%)
+        y = _series(rows, name, metric)[partial]
+        low, high = (_series(rows, name, f"{metric}_sampling_{end}")[partial] for end in ("low", "high"))
+        ax.errorbar(x[partial], y, yerr=[np.clip(y - low, 0, None), np.clip(high - y, 0, None)], fmt="o", markersize=6,
+                    markerfacecolor="white", color=color, capsize=3, linewidth=1,
+                    label=f"{label}, estimated (partial evaluation, 90% sampling interval)" if label else None)
     if _adjusted(rows, name):
         ax.plot(x, _series(rows, name, f"{metric}_adjusted"), color=color, linestyle="--", marker="o", markersize=3,
                 linewidth=1.5, label=f"{label}, chance-adjusted" if label else None)
@@ -1066,6 +1073,12 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
     ]
     if writing:  # an evaluation a live writer has begun: not in these figures until its line is written
         meta.append(("being written", writing))
+    if partial := [r for r in rows if r.get("partial")]:  # max_share: their figures are estimates
+        k = partial[0]["partial"].get("k")
+        meta.append(("partial evaluations", f"{len(partial)} of {len(rows)} (max_share: the probes at risk, those that "
+                     f"flipped and a random sample of the rest; every probe at least every {k} evaluations), at steps "
+                     f"{', '.join(str(r['step']) for r in partial[:12])}{' …' if len(partial) > 12 else ''}: their "
+                     "figures are estimates, drawn as open circles with their 90% sampling interval"))
     if segments := describe_segments(record.root):  # the probe set changed: each segment is a record of its own
         meta.append(("segments", "; ".join(segments)))
     if aside := record.kept_aside():  # what a crash or a resume took out of these figures, kept beside them

@@ -111,6 +111,9 @@ class Watcher:
             raise SidecarError(f"{path}: field `callback` holds options forgetwatch could not have written ({e}); the "
                                "training process writes this file whole: restore it, or start the run again") from None
         probe_change = probe_change or opts.get("probe_change") or "refuse"
+        if opts.get("max_share") is not None:  # a budget for in-loop probing: the watcher runs beside training
+            logger.info("forgetwatch watch: max_share=%s sizes probing inside a training process; the watcher runs beside "
+                        "it and scores every checkpoint fully", opts["max_share"])
         # the record's evaluations pin its probe set: a probes.jsonl replaced after them is refused first (its base
         # cache was likely replaced with it); a new segment is started below, under the scoring lock
         check_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")

@@ -347,3 +347,12 @@ def test_max_share_is_checked_before_training():
         with pytest.raises(ValueError, match="`max_share` must be a number between 0 and 1"):
             ForgetWatchCallback(make_probes(), max_share=bad)
     assert ForgetWatchCallback(make_probes(), max_share=0.1, scoring="sidecar").max_share == 0.1
+
+
+def test_the_report_draws_partial_evaluations_as_estimates(two_runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    from forgetwatch.report import make_report
+
+    part, _ = two_runs["partial"]
+    page = make_report(part, tmp_path / "report").read_text()
+    assert "partial evaluations" in page and "4 of 7" in page and "every probe at least every" in page
