@@ -17,8 +17,9 @@ at the partial steps (overall and every group), the mean absolute error of F, an
 full run's flips, the share the partial run's record shows at or before the evaluation where the full run saw them
 (the probe's state there equal to the full run's).
 
-`--scale`: the probes of arc_easy, arc_challenge, openbookqa, commonsense_qa, sciq and piqa, and mmlu up to 10,000
-(outputs/bench_max_share/probes_10k.jsonl), on the demo's model and training, every 10 steps with max_share 0.1 and
+`--scale`: every probe of arc_easy, arc_challenge, openbookqa, commonsense_qa, sciq, piqa and nq_open, and triviaqa up
+to 10,000 (5,428 multiple choice, 4,572 short answers; outputs/bench_max_share/probes_10k.jsonl, made by `--scale` when
+absent), on the demo's model and training, every 10 steps with max_share 0.1 and
 `max_steps` 3000 (so the run is long enough for a budget to be worth sizing). The base comes from a cache made first
 (`forgetwatch cache`, timed apart); the run stops after `--evaluations` partial evaluations (a full pass of 10,000
 probes at the last step would take as long as the cache did): what each evaluation scores, its seconds, the share it
@@ -194,8 +195,24 @@ def _timing(out: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+SCALE_SUITES = ("arc_easy", "arc_challenge", "openbookqa", "commonsense_qa", "sciq", "piqa", "nq_open")
+
+
+def scale_probes(path: Path) -> None:
+    """Every probe of SCALE_SUITES, then triviaqa up to 10,000 (a seeded draw)."""
+    from forgetwatch.probes import ProbeSet
+    from forgetwatch.suites import load_suite
+
+    probes = [p for name in SCALE_SUITES for p in load_suite(name, n=None, seed=0)]
+    probes += list(load_suite("triviaqa", n=10_000 - len(probes), seed=0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ProbeSet(probes, origin="10k").to_jsonl(path)
+
+
 def scale(evaluations: int) -> None:
     probes, cache = OUT / "probes_10k.jsonl", OUT / "base_10k.parquet"
+    if not probes.is_file():
+        scale_probes(probes)
     if not cache.is_file():
         raise SystemExit(f"make the base cache first: forgetwatch cache --model smollm2 --probes {probes} -o {cache}")
     extra = ["--forgetwatch_probes", str(probes), "--forgetwatch_base_cache", str(cache),

@@ -700,6 +700,13 @@ def _metrics_line_problem(row: dict[str, Any]) -> str | None:
     for field in ("epoch", "seconds"):
         if field in row and not number(row[field]):
             return f"field `{field}` must be a number, not {row[field]!r} ({type(row[field]).__name__})"
+    partial = row.get("partial")  # a partial evaluation's design (max_share): what the report reads of it
+    if partial is not None:
+        if not isinstance(partial, dict):
+            return f"field `partial` must be an object (the partial evaluation's counts), not {type(partial).__name__}"
+        for field in ("k", "scored", "n"):
+            if not number(partial.get(field)) or isinstance(partial.get(field), float):
+                return f"field `partial.{field}` must be a whole number, not {partial.get(field)!r}"
     groups = row.get("metrics")
     if not isinstance(groups, dict):
         return f"field `metrics` must be an object of groups, not {type(groups).__name__}"

@@ -356,3 +356,24 @@ def test_the_report_draws_partial_evaluations_as_estimates(two_runs, tmp_path):
     part, _ = two_runs["partial"]
     page = make_report(part, tmp_path / "report").read_text()
     assert "partial evaluations" in page and "4 of 7" in page and "every probe at least every" in page
+
+
+def test_partial_evaluations_are_logged_flagged_under_the_usual_keys(two_runs):
+    from forgetwatch.monitor import scalars_of
+
+    part, _ = two_runs["partial"]
+    lines = {r["step"]: r for r in _lines(part)}
+    partial, full = scalars_of(lines[1]["metrics"]), scalars_of(lines[3]["metrics"])
+    assert partial["forgetwatch/partial"] == 1 and full["forgetwatch/partial"] == 0
+    assert 0 < partial["forgetwatch/share_scored"] < 1 == full["forgetwatch/share_scored"]
+    assert "forgetwatch/forgetting" in partial and "forgetwatch_details/forgetting_sampling_low" in partial
+    assert 0 < full["forgetwatch_details/probe_share"] < 1  # the share of the run's time so far that went to probing
+
+
+def test_a_metrics_line_with_a_damaged_partial_field_is_named(tmp_path):
+    from forgetwatch.record import RecordError, RunRecord
+
+    record = RunRecord(tmp_path)
+    record.append_metrics({"step": 5, "epoch": 0.1, "seconds": 1.0, "metrics": {"overall": {}}, "partial": {"k": "ten"}})
+    with pytest.raises(RecordError, match="partial.k"):
+        record.read_metrics(checked=True)
