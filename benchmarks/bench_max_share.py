@@ -216,7 +216,10 @@ def scale(evaluations: int) -> None:
     if not cache.is_file():
         raise SystemExit(f"make the base cache first: forgetwatch cache --model smollm2 --probes {probes} -o {cache}")
     extra = ["--forgetwatch_probes", str(probes), "--forgetwatch_base_cache", str(cache),
-             "--forgetwatch_max_share", str(SCALE_SHARE), "--max_steps", "3000", "--forgetwatch_replay", "false"]
+             "--forgetwatch_max_share", str(SCALE_SHARE), "--max_steps", "3000", "--forgetwatch_replay", "false",
+             # no behaviour probes here: the demo's budget names their group; the cache's scoring key (`forgetwatch
+             # cache`'s defaults) has the default behaviour budget
+             "--forgetwatch_budget", "forgetting_adjusted=0.05", "--forgetwatch_behavior_max_new_tokens", "256"]
     out_dir = OUT / "scale-10k"
     timing = run("scale", 0, extra, out_dir, stop_after=evaluations)
     lines = _lines(out_dir)

@@ -374,10 +374,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.monitor.budgeted = self._share is not None
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
                           start=self._start_id)
-        if self._share is not None and resuming and (kept := self.monitor.share_account()):
-            measured = self._share  # this start's own probing so far (none when the base came from the cache)
-            self._share = ShareBudget.from_dict(self.max_share, kept)  # the run's account goes on where it stopped
-            self._share.note(probe=measured.probe_seconds)
+        if self._share is not None and resuming:
+            try:  # the run's account goes on where it stopped (this start's base scoring is added by _start_clock)
+                if kept := self.monitor.share_account():
+                    self._share = ShareBudget.from_dict(self.max_share, kept)
+            except Exception:  # an account the record cannot give back: a fresh one, said; training goes on
+                logger.exception("forgetwatch: could not read back the time account of max_share; it starts again")
         if self.options.forgetwatch_wandb_workspace:
             self._save_workspace(loggers, args.output_dir)
         self._begin_replay(args, state)
@@ -616,6 +618,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             results, variants = self._score(model, tokenizer, progress=progress, desc=desc)
         else:  # variants are scored at the full passes only
             results, variants = self._score_part(model, tokenizer, design, progress, desc), None
+            if self._trips(results, design):  # a budget would save or stop here: that step gets an exact pass
+                design = None
+                results, variants = self._score(model, tokenizer, progress=progress, desc=f"{desc} (budget: every probe)")
         seconds = time.perf_counter() - t0
         account = None
         if self._share is not None:
@@ -629,7 +634,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         breaches = []
         if self._is_main:
             if design is not None:
-                results = self.monitor.merged(results)
+                try:
+                    results = self.monitor.merged(results)
+                except Exception:  # never end training over a partial evaluation: this step is left out, said
+                    logger.exception("forgetwatch: could not merge the partial evaluation at step %d; it is not recorded",
+                                     state.global_step)
+                    results = None
+        if self._is_main and results is not None:
             breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust, design=design,
                                            share=account)
         if self._share is not None:  # the figures and the record's writing count as probing too
@@ -657,11 +668,19 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             step, last = state.global_step, state.max_steps
             if saving or step >= last or step == 0:
                 return None
-            upcoming = [s for s in range(step - step % self.eval_steps + self.eval_steps, last, self.eval_steps)] + [last]
-            full_left = sum(1 for s in upcoming if s == last or self._saves_at(args, state, s))
+            # the evaluations still to come after this one (counted, not listed: max_steps may be large) and how many
+            # of them are full passes: the last step, and those at a checkpoint
+            first = step - step % self.eval_steps + self.eval_steps
+            later = len(range(first, last, self.eval_steps))
+            every = getattr(state, "save_steps", 0) or 0
+            saved = 0
+            if self._saves_at(args, state, every or 1) and every:
+                lcm = math.lcm(self.eval_steps, int(every))
+                saved = len(range(first + (-first) % lcm, last, lcm))
+            full_left = 1 + saved
             must, kinds = self.monitor.must_score(), self.monitor.kinds()
             counts = {k: int((kinds == k).sum()) for k in dict.fromkeys(kinds.tolist())}
-            fraction = self._share.fraction(step, last, 1 + len(upcoming) - full_left, full_left,
+            fraction = self._share.fraction(step, last, 1 + later + 1 - full_left, full_left,
                                             {k: int((must & (kinds == k)).sum()) for k in counts}, counts)
             if fraction >= 1.0:
                 return None
@@ -674,6 +693,20 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                              state.global_step)
             design = None
         return broadcast_from_main(design)
+
+    def _trips(self, scored: ProbeResults, design: Design) -> bool:
+        """With a budget that saves or stops: whether this partial evaluation would trip it (decided on the main
+        process, where the record is, and the same on every rank)."""
+        if self.budget is None or self.budget.on_budget not in ("save", "stop"):
+            return False
+        trip = None
+        if self._is_main:
+            try:
+                trip = self.monitor.would_trip(self.monitor.merged(scored), design)
+            except Exception:
+                logger.exception("forgetwatch: could not judge the partial evaluation against the budget")
+                trip = False
+        return bool(broadcast_from_main(trip))
 
     def _score_part(self, model, tokenizer, design: Design, progress: bool, desc: str) -> ProbeResults:
         """The probes `design` scores, each kind in a call of its own, timed (the sizing's cost per probe of each kind)."""

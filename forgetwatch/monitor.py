@@ -328,7 +328,8 @@ class Monitor:
                                         **({"share": share} if share is not None else {}), **(source or {})})
             # committed: the next evaluation's flips are against this one (never against one the record lacks)
             self._advance_rotation(design, prev, held)
-            self.last, self.last_robust = held, robust
+            # a partial evaluation scores no variants: the next full pass's robustness changes are against the last's
+            self.last, self.last_robust = held, robust if design is None else self.last_robust
             self.evaluated_steps.append(step)
         except Exception as e:
             text = self._write_failed(step, writing, e)
@@ -369,10 +370,18 @@ class Monitor:
     def must_score(self) -> np.ndarray:
         """The probes a partial evaluation scores whatever its share: those that flipped at the last evaluation, and
         those due (not scored in the last K-1 evaluations)."""
-        n = len(self.probes)
-        must = self.flipped_last.copy() if self.flipped_last is not None else np.zeros(n, bool)
+        must = self._flipped_or_bad()
         if self.ages is not None and self.rotation_k is not None:
             must |= self.ages >= self.rotation_k - 1
+        return must
+
+    def _flipped_or_bad(self) -> np.ndarray:
+        """Flipped at the last evaluation, or not finite when last scored (scored again: a NaN must not stand for the
+        probe until it is due, blanking its groups' estimates)."""
+        n = len(self.probes)
+        must = self.flipped_last.copy() if self.flipped_last is not None else np.zeros(n, bool)
+        if self.last is not None:
+            must |= self.last.nonfinite_mask()
         return must
 
     def risk(self) -> np.ndarray:
@@ -389,13 +398,29 @@ class Monitor:
     def partial_design(self, step: int, fraction: float, seed: int) -> Design:
         """The design of a partial evaluation at `step` scoring `fraction` of each kind (`forgetwatch.partial`); K is
         set by the run's first partial evaluation and kept (the record holds it)."""
-        if self.rotation_k is None:  # the share, or the fewest a sample takes of the largest kind when that is more
-            kinds = self.kinds()
-            largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
-            self.rotation_k = rotation_k(max(fraction, MIN_SAMPLE / largest))
+        # twice the mean revisit time at this fraction (or at the fewest a sample takes of the largest kind); it only
+        # grows, so that the due probes never eat a share that shrank (each evaluation's K is in the record)
+        kinds = self.kinds()
+        largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
+        self.rotation_k = max(self.rotation_k or 0, rotation_k(max(fraction, MIN_SAMPLE / largest)))
         ages = self.ages if self.ages is not None else np.zeros(len(self.probes), np.int64)
-        must = self.flipped_last if self.flipped_last is not None else np.zeros(len(self.probes), bool)
-        return plan_partial(self.kinds(), must, ages, self.rotation_k, fraction, seed, step, risk=self.risk())
+        return plan_partial(kinds, self._flipped_or_bad(), ages, self.rotation_k, fraction, seed, step, risk=self.risk(),
+                            categories=self._categories)
+
+    def would_trip(self, results: ProbeResults, design: Design) -> bool:
+        """Whether a partial evaluation's estimates would newly exceed a budget limit: with on_budget "save" or "stop"
+        the callback then scores every probe at that step, so that the checkpoint it saves (or the step it stops at)
+        has an exact pass. Never raises (False)."""
+        if self.budget is None or self.base is None:
+            return False
+        try:
+            _, _, rows = self.figures(results)
+            estimate_rows(rows, self._members, design, self.base.outcome, results.outcome, self._k, self._categories)
+            return any(b.key not in self.budget_state.over for b in self.budget.check(rows))
+        except Exception:
+            logger.exception("forgetwatch: could not judge the partial evaluation at step %d against the budget; it is "
+                             "judged as recorded", design.step)
+            return False
 
     def _advance_rotation(self, design: Design | None, prev: ProbeResults, now: ProbeResults) -> None:
         n = len(self.probes)

@@ -74,6 +74,7 @@ def walk(monitor: Monitor, start: int, late: Late | None = None) -> History:
     if late is not None:
         lines[late.step] = late.rows
     with_files = set(record.eval_steps())
+    partial = {r["step"] for r in record.read_metrics() if r.get("partial")}  # no variants scored there
     h = History(ReplayTracker(monitor.probes, base.outcome))
     prev, prev_robust = None, None
     for step in sorted(lines):
@@ -94,7 +95,7 @@ def walk(monitor: Monitor, start: int, late: Late | None = None) -> History:
                 if robust is not None and before_robust is not None:
                     h.flips += monitor.fragile_flips(before_robust, robust, held, step)
                 h.redone.add(step)
-            prev, prev_robust = held, robust
+            prev, prev_robust = held, (robust if step not in partial else prev_robust)
         if monitor.budget is not None:
             new, events, h.unjudged = monitor.budget_events(h.state, h.unjudged, step, lines[step])
             if step >= start:

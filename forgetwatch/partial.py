@@ -5,12 +5,13 @@ With `max_share=0.1` the callback keeps probing to about a tenth of `train()`, a
 last, and every step the Trainer saves a checkpoint at, are full passes, exact as without the option. The evaluations
 between them score a part of the probes, chosen by a probability design, so that the figures stay honest:
 
-- **certain**: those that flipped at the last evaluation; those *due*, not scored in the last K-1 evaluations, so
+- **certain**: those that flipped at the last evaluation (or whose latest result was not finite); those *due*, not scored in the last K-1 evaluations, so
   every probe is scored at least every K evaluations (K is fixed at the run's first partial evaluation and reported);
   and the probes at risk (right at base, still right when last scored, with a margin under the at-risk threshold),
   the most at risk first, as far as the kind's share goes.
 - **sampled**: from the rest of each kind (knowledge, behaviour: each with its own share), a simple random sample
-  without replacement, seeded by the step, so every rank draws the same and a rerun draws again the same.
+  without replacement within each category (in proportion, at least 2 of each), seeded by the step, so every rank
+  draws the same.
 
 A probe left out keeps the result it had when last scored (the record's per-probe state; it cannot flip at this step).
 The figures F, BT, accuracy and the invalid rate of every group are estimated by the stratified Horvitz-Thompson
@@ -38,13 +39,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CERTAIN_AT_RISK", "CERTAIN_DUE", "MIN_SAMPLE", "SAMPLED", "Design", "Estimate", "ShareBudget", "estimate_mean",
+__all__ = ["CERTAIN_AT_RISK", "CERTAIN_DUE", "CERTAIN_FLIPPED", "MIN_SAMPLE", "SAMPLED", "Design", "Estimate", "ShareBudget", "estimate_mean",
            "estimate_rows", "plan_partial", "rotation_k"]
 
 # each probe's stratum in a partial evaluation (the record's `stratum` array)
-CERTAIN_AT_RISK, CERTAIN_DUE, SAMPLED = 0, 1, 2
+CERTAIN_AT_RISK, CERTAIN_DUE, SAMPLED, CERTAIN_FLIPPED = 0, 1, 2, 3
 _Z90, _Z95 = 1.6448536269514722, 1.959963984540054
 MIN_SAMPLE = 2  # per sampled stratum: the fewest probes a variance can be estimated from
+POOL_BELOW = 10  # a category with fewer probes left to sample joins its kind's pooled stratum
 
 
 @dataclass
@@ -52,9 +54,10 @@ class Design:
     """One partial evaluation's design: per probe whether it is scored, its stratum and its inclusion probability.
 
     `inclusion` holds every probe's probability of being scored at this step given the evaluations before it (1 for
-    the certain ones); `stratum` is `CERTAIN_AT_RISK`, `CERTAIN_DUE` or `SAMPLED`; `kinds` names each probe's kind
-    (the sampled strata are one per kind). `k`: every probe is scored at least every `k` evaluations; `fraction`: the
-    share of each kind's probes the time budget allowed."""
+    the certain ones); `stratum` is `CERTAIN_AT_RISK`, `CERTAIN_DUE`, `CERTAIN_FLIPPED` or `SAMPLED`; the sampled
+    strata are one per cell (`cells`: each probe's kind and category), so every category's estimate is a sum of its
+    own strata's. `k`: every probe is scored at least every `k` evaluations; `fraction`: the share of each kind's
+    probes the time budget allowed."""
 
     step: int
     scored: np.ndarray  # bool
@@ -64,6 +67,11 @@ class Design:
     k: int
     fraction: float
     seed: int = 0
+    cells: np.ndarray | None = None  # str: "<kind>/<category>"; None: one cell per kind
+
+    def __post_init__(self) -> None:
+        if self.cells is None:
+            self.cells = np.asarray(self.kinds, dtype=str)
 
     @property
     def share_scored(self) -> float:
@@ -72,8 +80,8 @@ class Design:
     def strata(self) -> list[tuple[np.ndarray, int]]:
         """The sampled strata: (the mask of their population, how many of it are scored)."""
         out = []
-        for kind in dict.fromkeys(self.kinds.tolist()):
-            pop = (self.kinds == kind) & (self.stratum == SAMPLED)
+        for cell in dict.fromkeys(self.cells.tolist()):
+            pop = (self.cells == cell) & (self.stratum == SAMPLED)
             if pop.any():
                 out.append((pop, int((pop & self.scored).sum())))
         return out
@@ -84,6 +92,7 @@ class Design:
         for kind in dict.fromkeys(self.kinds.tolist()):
             m = self.kinds == kind
             by_kind[kind] = {"n": int(m.sum()), "scored": int((m & self.scored).sum()),
+                             "flipped": int((m & (self.stratum == CERTAIN_FLIPPED)).sum()),
                              "at_risk": int((m & (self.stratum == CERTAIN_AT_RISK)).sum()),
                              "due": int((m & (self.stratum == CERTAIN_DUE)).sum()),
                              "sampled": int((m & self.scored & (self.stratum == SAMPLED)).sum()),
@@ -97,10 +106,14 @@ class Design:
                 "stratum": self.stratum.astype(np.int8)}
 
     @classmethod
-    def from_arrays(cls, step: int, z: Mapping[str, np.ndarray], kinds: np.ndarray, summary: Mapping[str, Any]) -> Design:
+    def from_arrays(cls, step: int, z: Mapping[str, np.ndarray], cells: np.ndarray, summary: Mapping[str, Any]) -> Design:
+        """A recorded partial evaluation's design (`to_arrays`, the line's `partial`), to rebuild its estimates;
+        `cells`: each probe's "<kind>/<category>", as `plan_partial` drew them."""
+        cells = np.asarray(cells, dtype=str)
+        kinds = np.array([c.split("/", 1)[0] for c in cells], dtype=str)
         return cls(step, np.asarray(z["scored"]).astype(bool), np.asarray(z["inclusion"], np.float64),
                    np.asarray(z["stratum"], np.int8), kinds, int(summary.get("k", 0)), float(summary.get("fraction", 0.0)),
-                   int(summary.get("seed", 0)))
+                   int(summary.get("seed", 0)), cells)
 
 
 def rotation_k(fraction: float) -> int:
@@ -115,30 +128,49 @@ def rotation_k(fraction: float) -> int:
     return max(2, math.ceil(2.0 / max(fraction, 1e-9) - 1e-9))
 
 
+def _allocate(want: int, sizes: list[int], least: int) -> list[int]:
+    """`want` split over cells of these sizes in proportion (largest remainders), each at least `least` (or all of a
+    smaller cell), none more than its size."""
+    total = sum(sizes)
+    if total == 0:
+        return [0] * len(sizes)
+    exact = [max(want, 0) * size / total for size in sizes]
+    out = [math.floor(x) for x in exact]
+    for i in sorted(range(len(sizes)), key=lambda i: exact[i] - out[i], reverse=True)[:max(want, 0) - sum(out)]:
+        out[i] += 1
+    return [min(size, max(m, least)) for m, size in zip(out, sizes, strict=True)]
+
+
 def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int, fraction: float, seed: int, step: int,
-                 risk: np.ndarray | None = None, min_sample: int = MIN_SAMPLE) -> Design:
+                 risk: np.ndarray | None = None, categories: Sequence[str] | None = None,
+                 min_sample: int = MIN_SAMPLE) -> Design:
     """Which probes a partial evaluation scores.
 
     Args:
-        kinds: each probe's kind ("knowledge", "behavior"): each kind is sampled apart, at the same `fraction`.
-        must: the probes that flipped at the last evaluation (scored for certain).
+        kinds: each probe's kind ("knowledge", "behavior"): each kind gets the same `fraction` of its probes.
+        must: the probes that flipped at the last evaluation, or whose latest result was not finite (scored for certain).
         age: evaluations since each probe was last scored (0: scored at the last one).
         k: a probe with `age >= k - 1` is due (scored for certain), so none goes more than `k` evaluations unscored.
         fraction: the share of each kind's probes to score; the certain ones count in it.
+        seed, step: the draw's seed: the same on every rank and in a rerun at the same fraction.
         risk: each probe's margin when at risk (lower: more at risk), inf when not at risk. At-risk probes are scored
             for certain, the most at risk first, as far as the kind's share goes (more of them than the share allows
             join the rest, to be sampled).
-        seed, step: the draw's seed: the same on every rank and in a rerun.
-
-    The rest of each kind is a simple random sample, at least `min_sample` of it where it has that many.
+        categories: each probe's category: the rest is sampled within each (kind, category) cell, in proportion to its
+            size and at least `min_sample` of it where it has that many, so that a category's estimate is its own
+            stratum's; categories with fewer than `POOL_BELOW` probes left to sample are pooled, one cell per kind
+            (their estimates are domain estimates, clipped to [0, 1]). None: one cell per kind.
     """
     n = len(kinds)
     kinds = np.asarray(kinds, dtype=str)
+    # objects while cells are renamed (a fixed-width string array would cut "<kind>/*" to its width)
+    cells = np.array(list(kinds) if categories is None else [f"{a}/{b}" for a, b in zip(kinds, categories, strict=True)],
+                     dtype=object)
     must = np.asarray(must, bool)
     due = (np.asarray(age) >= k - 1) & ~must
     risk = np.full(n, np.inf) if risk is None else np.asarray(risk, np.float64)
     stratum = np.full(n, SAMPLED, np.int8)
-    stratum[must] = CERTAIN_AT_RISK
+    stratum[must] = CERTAIN_FLIPPED
     stratum[due] = CERTAIN_DUE
     inclusion = np.ones(n, np.float64)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(step)])
@@ -149,15 +181,19 @@ def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int, f
         risky = np.flatnonzero(members & (stratum == SAMPLED) & np.isfinite(risk))
         if room > 0 and len(risky):  # the most at risk first (a stable order: ties by position)
             stratum[risky[np.argsort(risk[risky], kind="stable")[:room]]] = CERTAIN_AT_RISK
-        rest = np.flatnonzero(members & (stratum == SAMPLED))
-        if not len(rest):
-            continue
         want = math.ceil(fraction * members.sum() - 1e-9) - int((members & (stratum != SAMPLED)).sum())
-        m = min(len(rest), max(want, min_sample))
-        picked[rng.choice(rest, size=m, replace=False)] = True
-        inclusion[rest] = m / len(rest)
+        for cell in dict.fromkeys(cells[members].tolist()):  # a small category is no stratum of its own: pooled
+            in_cell = members & (cells == cell)
+            if (in_cell & (stratum == SAMPLED)).sum() < POOL_BELOW:
+                cells[in_cell] = f"{kind}/*"
+        names = list(dict.fromkeys(cells[members].tolist()))
+        rests = [np.flatnonzero(members & (cells == c) & (stratum == SAMPLED)) for c in names]
+        for rest, m in zip(rests, _allocate(want, [len(r) for r in rests], min_sample), strict=True):
+            if len(rest):
+                picked[rng.choice(rest, size=m, replace=False)] = True
+                inclusion[rest] = m / len(rest)
     scored = (stratum != SAMPLED) | picked
-    return Design(step, scored, inclusion, stratum, kinds, k, float(fraction), seed)
+    return Design(step, scored, inclusion, stratum, kinds, k, float(fraction), seed, cells.astype(str))
 
 
 @dataclass(frozen=True)
@@ -197,9 +233,11 @@ def estimate_mean(y: np.ndarray, members: np.ndarray, design: Design) -> Estimat
         sample = z[pop & design.scored]
         total += big_n * float(sample.mean())
         if n_h < big_n:
-            p = (float(sample.sum()) + 2.0) / (n_h + 4.0)  # Agresti-Coull: never a zero variance from a sample of 0s
-            var += big_n**2 * (1.0 - n_h / big_n) * p * (1.0 - p) / n_h
-    return Estimate(total / n_g, math.sqrt(var) / n_g)
+            # Agresti-Coull's proportion (never a zero variance from a sample of 0s), as the sample variance s^2
+            p = (float(sample.sum()) + 2.0) / (n_h + 4.0)
+            s2 = p * (1.0 - p) * (n_h / (n_h - 1) if n_h > 1 else 1.0)
+            var += big_n**2 * (1.0 - n_h / big_n) * s2 / n_h
+    return Estimate(min(max(total / n_g, 0.0), 1.0), math.sqrt(var) / n_g)
 
 
 _ESTIMATED = ("forgetting", "backward_transfer", "accuracy_post", "invalid_rate_post")
@@ -247,7 +285,7 @@ def estimate_rows(rows: dict[str, dict[str, Any]], members: Callable[[str], np.n
         row["forgetting_adjusted"] = max(row["forgetting"] - chance, 0.0)
         row["backward_transfer_adjusted"] = max(row["backward_transfer"] - chance, 0.0)
         for f in ("forgetting", "backward_transfer"):
-            wl, wh = wilson_interval(round(row[f] * n), n)
+            wl, wh = wilson_interval(min(max(round(row[f] * n), 0), n), n)
             se = _Z95 * est[f].se
             value = row[f]
             row[f"{f}_ci_low"] = max(value - math.hypot(max(value - wl, 0.0), se), 0.0)

@@ -211,7 +211,7 @@ def eval_problem(z: dict[str, np.ndarray]) -> str | None:
         return "arrays `scored`, `stratum` and `inclusion` come together, and only some are here"
     if "inclusion" in z and not ((z["inclusion"] > 0) & (z["inclusion"] <= 1)).all():
         return "array `inclusion` must hold probabilities above 0 and at most 1"
-    for name, allowed in (("stopped", (-1, 0, 1)), ("nonfinite", (0, 1)), ("scored", (0, 1)), ("stratum", (0, 1, 2))):
+    for name, allowed in (("stopped", (-1, 0, 1)), ("nonfinite", (0, 1)), ("scored", (0, 1)), ("stratum", (0, 1, 2, 3))):
         if name in z and not np.isin(z[name], allowed).all():
             return f"array `{name}` holds values other than {', '.join(map(str, allowed))}"
     if ("n_tokens" in z) != ("stopped" in z) or ("n_tokens" in z) != ("detail" in z):

@@ -18,6 +18,7 @@ import pytest
 from forgetwatch.partial import (
     CERTAIN_AT_RISK,
     CERTAIN_DUE,
+    CERTAIN_FLIPPED,
     SAMPLED,
     Design,
     ShareBudget,
@@ -42,7 +43,8 @@ def test_the_certain_probes_are_scored_and_the_rest_sampled_per_kind():
     risk[20:40] = np.linspace(1.9, 0.0, 20)  # 20 knowledge probes at risk; room for 13 of them, the lowest margins
     d = plan_partial(kinds, must, age, k=10, fraction=0.25, seed=3, step=40, risk=risk)
     assert d.scored[[0, 1, 2, 90, 10, 11]].all()
-    assert (d.stratum[[0, 1, 2, 90]] == CERTAIN_AT_RISK).all() and (d.stratum[[10, 11]] == CERTAIN_DUE).all()
+    assert (d.stratum[[0, 1, 2, 90]] == CERTAIN_FLIPPED).all() and (d.stratum[[10, 11]] == CERTAIN_DUE).all()
+    assert (d.stratum[25:40] == CERTAIN_AT_RISK).all()
     # each kind gets its own share: 25% of 80 = 20 knowledge probes: 3 flipped, 2 due, then the 15 most at risk; and
     # the fewest a sample takes (2) of the rest, so that the rest is estimated at all
     assert (d.stratum[:80] != SAMPLED).sum() == 20 and d.scored[:80].sum() == 22
@@ -141,6 +143,28 @@ def test_the_whole_rotation_is_unbiased_when_earlier_draws_pick_the_at_risk_prob
     assert cover.mean() >= 0.88
 
 
+def test_categories_are_strata_of_their_own_and_small_ones_pooled():
+    """Each category big enough is sampled within itself, so its estimate is its own stratum's and stays a rate; small
+    ones share their kind's pooled stratum (a domain estimate, clipped to [0, 1])."""
+    n = 230
+    kinds = np.array(["knowledge"] * 200 + ["behavior"] * 30)
+    categories = ["big"] * 150 + ["mid"] * 45 + ["tiny"] * 5 + [f"b{i % 10}" for i in range(30)]
+    d = plan_partial(kinds, np.zeros(n, bool), np.zeros(n, int), k=50, fraction=0.1, seed=0, step=3, categories=categories)
+    cells = set(d.cells.tolist())
+    assert {"knowledge/big", "knowledge/mid", "knowledge/*", "behavior/*"} == cells
+    assert d.scored[:150].sum() == 15 and d.scored[150:195].sum() >= 4 and d.scored[195:200].sum() >= 0
+    assert d.scored[200:].sum() == 3  # 10% of 30 behaviour probes: their ten small categories pooled
+    y = np.zeros(n, bool)
+    y[np.flatnonzero(d.scored[195:200]) + 195] = True  # every sampled "tiny" probe flipped
+    tiny = np.zeros(n, bool)
+    tiny[195:200] = True
+    e = estimate_mean(y, tiny, d)
+    assert 0.0 <= e.value <= 1.0
+    big = np.zeros(n, bool)
+    big[:150] = True
+    assert estimate_mean(np.ones(n, bool), big, d).value == 1.0  # within its own stratum: exact for a constant
+
+
 def test_a_full_design_is_exact():
     kinds = np.array(["knowledge"] * 30)
     d = plan_partial(kinds, np.zeros(30, bool), np.zeros(30, int), k=2, fraction=1.0, seed=0, step=1)
@@ -152,10 +176,12 @@ def test_a_full_design_is_exact():
 def test_the_design_round_trips_through_the_record_arrays():
     kinds = np.array(["knowledge"] * 10 + ["behavior"] * 5)
     d = plan_partial(kinds, np.eye(15, dtype=bool)[0], np.zeros(15, int), k=5, fraction=0.4, seed=1, step=3)
-    back = Design.from_arrays(3, d.to_arrays(), kinds, d.summary())
+    back = Design.from_arrays(3, d.to_arrays(), d.cells, d.summary())
     assert (back.scored == d.scored).all() and (back.inclusion == d.inclusion).all() and back.k == 5
+    y = np.arange(15) % 3 == 0
+    assert estimate_mean(y, np.ones(15, bool), back) == estimate_mean(y, np.ones(15, bool), d)  # rebuilt from the record
     summary = d.summary()
-    assert summary["kinds"]["knowledge"]["at_risk"] == 1 and summary["scored"] == int(d.scored.sum())
+    assert summary["kinds"]["knowledge"]["flipped"] == 1 and summary["scored"] == int(d.scored.sum())
     json.dumps(summary)  # the metrics line holds it
 
 
@@ -274,8 +300,8 @@ def test_partial_steps_score_the_at_risk_probes_and_a_sample_and_keep_the_rest(t
         assert line["partial"]["scored"] == scored.sum() < len(ids)
         for kind in ("knowledge", "behavior"):  # each kind: its certain probes and 2 sampled ones
             info = line["partial"]["kinds"][kind]
-            assert info["sampled"] == min(2, info["of_rest"]) and info["scored"] == (scored & (kinds == kind)).sum()
-            assert info["scored"] == info["at_risk"] + info["due"] + info["sampled"]
+            assert info["sampled"] >= min(2, info["of_rest"]) and info["scored"] == (scored & (kinds == kind)).sum()
+            assert info["scored"] == info["flipped"] + info["at_risk"] + info["due"] + info["sampled"]
         # what it scored is what the full run scored at this step; the rest kept their last result
         ref = a.read_results(step, ids)
         assert np.array_equal(now.outcome[scored], ref.outcome[scored])
@@ -377,3 +403,23 @@ def test_a_metrics_line_with_a_damaged_partial_field_is_named(tmp_path):
     record.append_metrics({"step": 5, "epoch": 0.1, "seconds": 1.0, "metrics": {"overall": {}}, "partial": {"k": "ten"}})
     with pytest.raises(RecordError, match="partial.k"):
         record.read_metrics(checked=True)
+
+
+def test_a_budget_that_would_stop_at_a_partial_evaluation_stops_on_an_exact_pass(tmp_path):
+    """on_budget="stop" (and "save"): a partial evaluation whose estimate would trip the budget scores every probe at
+    that step first, so that the step training stops at (or the checkpoint saved there) has an exact pass."""
+    from conftest import build_tokenizer
+    from test_callback import make_probes, sft_trainer
+
+    from forgetwatch.callback import ForgetWatchCallback
+
+    callback = ForgetWatchCallback(make_probes(), eval_steps=1, max_share=TINY_SHARE, max_new_tokens=4, console=False,
+                                   budget={"forgetting": 0.0}, budget_bound="point", on_budget="stop")
+    trainer = sft_trainer(build_tokenizer(), tmp_path, [callback], bf16=False, max_steps=6)
+    trainer.train()
+    lines = _lines(tmp_path)
+    events = [json.loads(x) for x in (tmp_path / "forgetwatch" / "events.jsonl").read_text().splitlines()]
+    stop = events[0]["step"]
+    assert events[0]["event"] == "budget_exceeded" and trainer.state.global_step == stop < 6
+    assert "partial" not in lines[-1] and lines[-1]["step"] == stop  # the step it stopped at: every probe scored
+    assert "scored" not in np.load(tmp_path / "forgetwatch" / "evals" / f"step-{stop:08d}.npz")
