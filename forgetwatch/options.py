@@ -122,10 +122,11 @@ class ForgetWatchArguments:
     forgetwatch_eval_steps: int = _opt(50, "Score the probes every this many optimizer steps (and at the end).", PROBES)
     forgetwatch_max_share: float | None = _opt(
         None, "Keep probing within this share of train() (e.g. 0.1), averaged over the run: steps 0 and the last, and "
-        "every step a checkpoint is saved at, are full passes; the evaluations between score the probes at risk, those "
-        "that just flipped and a seeded random sample of the rest (every probe at least every K evaluations), each "
-        "kind with its own share, and log F, BT and accuracy as estimates with intervals, flagged forgetwatch/partial "
-        f"({docs_hint('max-share')}). null: every evaluation scores every probe. `forgetwatch watch` always does.",
+        "every step a checkpoint is saved at, are full passes; the evaluations between score the probes that just "
+        "flipped, those due (every probe at least every K evaluations), the most at risk and a seeded random sample of "
+        "the rest, each kind with its own share, and log F, BT and accuracy as estimates with intervals, flagged "
+        f"forgetwatch/partial ({docs_hint('max-share')}). null: every evaluation scores every probe. `forgetwatch "
+        "watch` always does.",
         PROBES)
     forgetwatch_per_suite: int | None = _opt(
         100, "With suite names: probes per suite, stratified by category (null: all).", PROBES)

@@ -362,12 +362,14 @@ class ShareBudget:
     def per_probe(self, kind: str) -> float | None:
         return self.cost.get(kind, self._per_probe)
 
-    def allowance(self, step: int, max_steps: int, partial_left: int, full_left: int) -> float:
-        """The seconds this partial evaluation may take."""
+    def allowance(self, step: int, max_steps: int, partial_left: int, full_left: int, full_cost: float | None = None
+                  ) -> float:
+        """The seconds this partial evaluation may take; `full_cost`: a full pass's seconds when none was timed (the
+        base came from a cache), from the seconds per probe of each kind."""
         per_step = self.train_seconds / max(self.steps_trained, 1)
         train_total = self.train_seconds + per_step * max(max_steps - step, 0)
         budget = self.share / (1.0 - self.share) * train_total
-        reserve = full_left * (self.full_cost or 0.0)
+        reserve = full_left * (self.full_cost if self.full_cost is not None else (full_cost or 0.0))
         return max(budget - self.probe_seconds - reserve, 0.0) / max(partial_left, 1)
 
     def fraction(self, step: int, max_steps: int, partial_left: int, full_left: int, certain: Mapping[str, int],
@@ -376,7 +378,8 @@ class ShareBudget:
         measured (the base came from a cache), the share itself."""
         if all(self.per_probe(kind) is None for kind in n_by_kind):
             return self.share
-        allowed = self.allowance(step, max_steps, partial_left, full_left)
+        full = sum((self.per_probe(kind) or 0.0) * n for kind, n in n_by_kind.items())
+        allowed = self.allowance(step, max_steps, partial_left, full_left, full)
 
         def cost(phi: float) -> float:
             return sum((self.per_probe(kind) or 0.0) * max(certain.get(kind, 0), phi * n) for kind, n in n_by_kind.items())

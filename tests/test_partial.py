@@ -423,3 +423,14 @@ def test_a_budget_that_would_stop_at_a_partial_evaluation_stops_on_an_exact_pass
     assert events[0]["event"] == "budget_exceeded" and trainer.state.global_step == stop < 6
     assert "partial" not in lines[-1] and lines[-1]["step"] == stop  # the step it stopped at: every probe scored
     assert "scored" not in np.load(tmp_path / "forgetwatch" / "evals" / f"step-{stop:08d}.npz")
+
+
+def test_a_run_whose_base_came_from_a_cache_still_sets_aside_its_last_full_pass():
+    b = ShareBudget(0.2)
+    b.note(train=100.0, probe=0.0, steps=10)  # the base from a cache: no full pass timed
+    b.note_cost("knowledge", 0.1, 1)  # a partial evaluation timed the kind: 10 s for its 100 probes
+    # 0.25 x 1000 s = 250 s; the last step's full pass (10 s, from the kind's cost) set aside; 240 s over 9 passes
+    assert b.allowance(10, 100, 9, 1, full_cost=10.0) == pytest.approx(240 / 9)
+    assert b.fraction(10, 100, 9, 1, {"knowledge": 0}, {"knowledge": 100}) == 1.0
+    b.note(probe=245.0)  # 5 s left, less than the last step's 10 s: nothing for the partial passes
+    assert b.fraction(10, 100, 9, 1, {"knowledge": 0}, {"knowledge": 100}) == 0.0
