@@ -14,8 +14,8 @@ Run the timed runs alone on the machine.
 The analysis compares each partial run with the full run of its seed (training is the same: the callback does not
 change it): the exact passes (npz and figures), the full run's F inside the partial estimate's 90% sampling interval
 at the partial steps (overall and every group), the mean absolute error of F, and the early warning kept: of the
-full run's flips, the share the partial run's record shows at or before the evaluation where the full run saw them
-(the probe's state there equal to the full run's).
+full run's flips at the partial steps (the exact passes see every flip), the share the partial run's record shows at or
+before the evaluation where the full run saw them (the probe's state there equal to the full run's).
 
 `--scale`: every probe of arc_easy, arc_challenge, openbookqa, commonsense_qa, sciq, piqa and nq_open, and triviaqa up
 to 10,000 (5,428 multiple choice, 4,572 short answers; outputs/bench_max_share/probes_10k.jsonl, made by `--scale` when
@@ -156,8 +156,9 @@ def analyse() -> dict:
         # before that evaluation when the partial record's state of the probe there is the full run's
         index = {pid: i for i, pid in enumerate(ids)}
         seen = total = seen10 = total10 = 0
+        partial_steps = {s for s, line in lb.items() if "partial" in line}  # the exact passes see every flip
         for flip in a.read_flips():
-            if flip["direction"] not in ("1→0", "0→1") or flip["step"] == 0:
+            if flip["direction"] not in ("1→0", "0→1") or flip["step"] not in partial_steps:
                 continue
             step, i = flip["step"], index[flip["id"]]
             state = b.read_results(step, ids).outcome[i] == 1
