@@ -680,11 +680,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             full_left = 1 + saved
             must, kinds = self.monitor.must_score(), self.monitor.kinds()
             counts = {k: int((kinds == k).sum()) for k in dict.fromkeys(kinds.tolist())}
-            fraction = self._share.fraction(step, last, 1 + later + 1 - full_left, full_left,
+            partial_left = 1 + later + 1 - full_left
+            fraction = self._share.fraction(step, last, partial_left, full_left,
                                             {k: int((must & (kinds == k)).sum()) for k in counts}, counts)
             if fraction >= 1.0:
                 return None
-            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed)
+            steady = self._share.steady(step, last, partial_left, full_left, counts)
+            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed, steady)
 
         try:
             design = decide() if self._is_main else None

@@ -395,16 +395,19 @@ class Monitor:
         """Each probe's kind as a partial evaluation samples them: knowledge or behavior, each with its own share."""
         return np.array(["behavior" if p.is_behavior else "knowledge" for p in self.probes], dtype=str)
 
-    def partial_design(self, step: int, fraction: float, seed: int) -> Design:
-        """The design of a partial evaluation at `step` scoring `fraction` of each kind (`forgetwatch.partial`); K is
-        set by the run's first partial evaluation and kept (the record holds it)."""
-        # twice the mean revisit time at this fraction (or at the fewest a sample takes of the largest kind); it only
-        # grows, so that the due probes never eat a share that shrank (each evaluation's K is in the record)
+    def partial_design(self, step: int, fraction: float, seed: int, steady: float | None = None) -> Design:
+        """The design of a partial evaluation at `step` scoring `fraction` of each kind (`forgetwatch.partial`).
+        `steady`: the share the partial evaluations afford on average (`ShareBudget.steady`), which sizes K: twice the
+        mean revisit time at it (or at the fewest a sample takes of the largest kind). K only grows, so that the due
+        probes never eat a share that shrank; each evaluation's K is in the record. None (nothing timed yet): K is not
+        set, and no probe is due."""
         kinds = self.kinds()
-        largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
-        self.rotation_k = max(self.rotation_k or 0, rotation_k(max(fraction, MIN_SAMPLE / largest)))
+        if steady is not None:
+            largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
+            self.rotation_k = max(self.rotation_k or 0, rotation_k(max(steady, MIN_SAMPLE / largest)))
         ages = self.ages if self.ages is not None else np.zeros(len(self.probes), np.int64)
-        return plan_partial(kinds, self._flipped_or_bad(), ages, self.rotation_k, fraction, seed, step, risk=self.risk(),
+        k = self.rotation_k if self.rotation_k is not None else np.iinfo(np.int32).max
+        return plan_partial(kinds, self._flipped_or_bad(), ages, k, fraction, seed, step, risk=self.risk(),
                             categories=self._categories)
 
     def would_trip(self, results: ProbeResults, design: Design) -> bool:

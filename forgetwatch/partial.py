@@ -345,6 +345,25 @@ class ShareBudget:
         total = self.train_seconds + self.probe_seconds
         return self.probe_seconds / total if total > 0 else 0.0
 
+    def timed(self, n_by_kind: Mapping[str, int]) -> bool:
+        """Whether any cost per probe is known for these kinds."""
+        return any(self.per_probe(kind) is not None for kind in n_by_kind)
+
+    def steady(self, step: int, max_steps: int, partial_left: int, full_left: int, n_by_kind: Mapping[str, int]
+               ) -> float | None:
+        """The share of the probes the partial evaluations can afford on average (the allowance over a full pass's
+        cost, at most 1), whatever this one must score: what K is sized from. None before anything is timed.
+
+        Example:
+            >>> b = ShareBudget(0.2); b.note(train=100.0, probe=30.0, steps=10); b.note_cost("knowledge", 0.3, 1)
+            >>> round(b.steady(10, 30, 2, 1, {"knowledge": 100}), 3)
+            0.25
+        """
+        if not self.timed(n_by_kind):
+            return None
+        full = sum((self.per_probe(kind) or 0.0) * n for kind, n in n_by_kind.items())
+        return min(self.allowance(step, max_steps, partial_left, full_left, full) / full, 1.0) if full > 0 else 1.0
+
     def note(self, train: float = 0.0, probe: float = 0.0, steps: int = 0) -> None:
         self.train_seconds += train
         self.probe_seconds += probe
@@ -375,9 +394,10 @@ class ShareBudget:
     def fraction(self, step: int, max_steps: int, partial_left: int, full_left: int, certain: Mapping[str, int],
                  n_by_kind: Mapping[str, int]) -> float:
         """The share of each kind's probes this evaluation may score (1 or more: a full pass fits). Before any cost is
-        measured (the base came from a cache), the share itself."""
-        if all(self.per_probe(kind) is None for kind in n_by_kind):
-            return self.share
+        measured (the base came from a cache), 0: a pilot scoring the certain probes and the fewest sampled, which
+        times each kind."""
+        if not self.timed(n_by_kind):
+            return 0.0
         full = sum((self.per_probe(kind) or 0.0) * n for kind, n in n_by_kind.items())
         allowed = self.allowance(step, max_steps, partial_left, full_left, full)
 

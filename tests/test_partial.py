@@ -190,13 +190,18 @@ def test_the_design_round_trips_through_the_record_arrays():
 
 def test_the_budget_sizes_partial_evaluations_to_the_share_over_the_run():
     b = ShareBudget(0.2)
-    assert b.fraction(10, 100, 9, 1, {}, {"knowledge": 100}) == 0.2  # nothing measured yet: the share itself
+    assert b.fraction(10, 100, 9, 1, {}, {"knowledge": 100}) == 0.0  # nothing timed yet: a pilot, the fewest probes
+    assert b.steady(10, 100, 9, 1, {"knowledge": 100}) is None
     b.note(train=100.0, probe=20.0, steps=10)  # 10 s a step; the base took 20 s
     b.note_full(50.0, n=100)
     b.note_cost("knowledge", 0.5, 1)  # 50 s for the 100 probes
     # 0.2/0.8 x 1000 s of training = 250 s in all; 20 spent, 50 kept for the last step: 180 s over 9 partial passes
     phi = b.fraction(10, 100, 9, 1, {"knowledge": 0}, {"knowledge": 100})
     assert phi == pytest.approx(180 / 9 / 50, rel=1e-6)
+    # 50 probes flipped last time cost 25 s whatever the share, more than the 20 s: nothing else now; the average is
+    # what it was (K is sized from it)
+    assert b.fraction(10, 100, 9, 1, {"knowledge": 50}, {"knowledge": 100}) == 0.0
+    assert b.steady(10, 100, 9, 1, {"knowledge": 100}) == pytest.approx(phi)
     roomy = ShareBudget(0.9)
     roomy.note(train=100.0, probe=1.0, steps=10)
     roomy.note_full(1.0, n=100)
