@@ -350,7 +350,8 @@ class Monitor:
                     line += f"; new probe set since step {self.segment_from}: flips against the base"
                 if design is not None:
                     line += (f"; partial: {design.scored.sum()} of {len(design.scored)} probes scored, figures estimated "
-                             f"(every probe at least every {design.k} evaluations)")
+                             + (f"(every probe at least every {design.k} evaluations)" if design.k is not None
+                                else "(a pilot: timing the probes)"))
                 say(line)
             except Exception:  # a line that cannot be made or printed must not end a training run
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
@@ -406,8 +407,7 @@ class Monitor:
             largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
             self.rotation_k = max(self.rotation_k or 0, rotation_k(max(steady, MIN_SAMPLE / largest)))
         ages = self.ages if self.ages is not None else np.zeros(len(self.probes), np.int64)
-        k = self.rotation_k if self.rotation_k is not None else np.iinfo(np.int32).max
-        return plan_partial(kinds, self._flipped_or_bad(), ages, k, fraction, seed, step, risk=self.risk(),
+        return plan_partial(kinds, self._flipped_or_bad(), ages, self.rotation_k, fraction, seed, step, risk=self.risk(),
                             categories=self._categories)
 
     def would_trip(self, results: ProbeResults, design: Design) -> bool:
@@ -430,8 +430,6 @@ class Monitor:
         scored = design.scored if design is not None else np.ones(n, bool)
         self.ages = np.where(scored, 0, (self.ages if self.ages is not None else np.zeros(n, np.int64)) + 1)
         self.flipped_last = (prev.outcome == CORRECT) != (now.outcome == CORRECT)
-        if design is not None:
-            self.rotation_k = design.k
 
     def share_account(self) -> dict[str, Any] | None:
         """The time account (max_share) the record's last evaluation kept, or None."""
@@ -451,9 +449,9 @@ class Monitor:
         n = len(self.probes)
         ages = np.zeros(n, np.int64)
         with_files = set(self.record.eval_steps())
-        for line in self.record.read_metrics():
-            if line.get("partial") and self.rotation_k is None:
-                self.rotation_k = int(line["partial"]["k"])
+        ks = [line["partial"]["k"] for line in self.record.read_metrics()
+              if line.get("partial") and line["partial"].get("k") is not None]
+        self.rotation_k = max(ks) if ks else None  # K only grows: the run's latest
         for step in steps:
             z = self.record.read_eval(step) if step in with_files else {}
             scored = np.asarray(z["scored"]).astype(bool) if "scored" in z else np.ones(n, bool)

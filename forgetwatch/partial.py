@@ -64,7 +64,7 @@ class Design:
     inclusion: np.ndarray  # float64
     stratum: np.ndarray  # int8
     kinds: np.ndarray  # str
-    k: int
+    k: int | None  # None: a pilot before anything was timed (no probe is due)
     fraction: float
     seed: int = 0
     cells: np.ndarray | None = None  # str: "<kind>/<category>"; None: one cell per kind
@@ -112,7 +112,7 @@ class Design:
         cells = np.asarray(cells, dtype=str)
         kinds = np.array([c.split("/", 1)[0] for c in cells], dtype=str)
         return cls(step, np.asarray(z["scored"]).astype(bool), np.asarray(z["inclusion"], np.float64),
-                   np.asarray(z["stratum"], np.int8), kinds, int(summary.get("k", 0)), float(summary.get("fraction", 0.0)),
+                   np.asarray(z["stratum"], np.int8), kinds, summary.get("k"), float(summary.get("fraction", 0.0)),
                    int(summary.get("seed", 0)), cells)
 
 
@@ -141,7 +141,7 @@ def _allocate(want: int, sizes: list[int], least: int) -> list[int]:
     return [min(size, max(m, least)) for m, size in zip(out, sizes, strict=True)]
 
 
-def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int, fraction: float, seed: int, step: int,
+def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int | None, fraction: float, seed: int, step: int,
                  risk: np.ndarray | None = None, categories: Sequence[str] | None = None,
                  min_sample: int = MIN_SAMPLE) -> Design:
     """Which probes a partial evaluation scores.
@@ -150,7 +150,8 @@ def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int, f
         kinds: each probe's kind ("knowledge", "behavior"): each kind gets the same `fraction` of its probes.
         must: the probes that flipped at the last evaluation, or whose latest result was not finite (scored for certain).
         age: evaluations since each probe was last scored (0: scored at the last one).
-        k: a probe with `age >= k - 1` is due (scored for certain), so none goes more than `k` evaluations unscored.
+        k: a probe with `age >= k - 1` is due (scored for certain), so none goes more than `k` evaluations unscored
+            (None: none is due, a pilot before anything was timed).
         fraction: the share of each kind's probes to score; the certain ones count in it.
         seed, step: the draw's seed: the same on every rank and in a rerun at the same fraction.
         risk: each probe's margin when at risk (lower: more at risk), inf when not at risk. At-risk probes are scored
@@ -167,7 +168,7 @@ def plan_partial(kinds: np.ndarray, must: np.ndarray, age: np.ndarray, k: int, f
     cells = np.array(list(kinds) if categories is None else [f"{a}/{b}" for a, b in zip(kinds, categories, strict=True)],
                      dtype=object)
     must = np.asarray(must, bool)
-    due = (np.asarray(age) >= k - 1) & ~must
+    due = (np.asarray(age) >= k - 1) & ~must if k is not None else np.zeros(n, bool)
     risk = np.full(n, np.inf) if risk is None else np.asarray(risk, np.float64)
     stratum = np.full(n, SAMPLED, np.int8)
     stratum[must] = CERTAIN_FLIPPED

@@ -704,9 +704,10 @@ def _metrics_line_problem(row: dict[str, Any]) -> str | None:
     if partial is not None:
         if not isinstance(partial, dict):
             return f"field `partial` must be an object (the partial evaluation's counts), not {type(partial).__name__}"
-        for field in ("k", "scored", "n"):
-            if not number(partial.get(field)) or isinstance(partial.get(field), float):
-                return f"field `partial.{field}` must be a whole number, not {partial.get(field)!r}"
+        for field in ("k", "scored", "n"):  # k is null for a pilot (nothing timed yet)
+            value = partial.get(field)
+            if (value is not None or field != "k") and (not number(value) or isinstance(value, float)):
+                return f"field `partial.{field}` must be a whole number, not {value!r}"
     groups = row.get("metrics")
     if not isinstance(groups, dict):
         return f"field `metrics` must be an object of groups, not {type(groups).__name__}"

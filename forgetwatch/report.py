@@ -1074,9 +1074,10 @@ def _html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: lis
     if writing:  # an evaluation a live writer has begun: not in these figures until its line is written
         meta.append(("being written", writing))
     if partial := [r for r in rows if r.get("partial")]:  # max_share: their figures are estimates
-        k = partial[0]["partial"].get("k")
+        k = max((r["partial"]["k"] for r in partial if r["partial"].get("k") is not None), default=None)
+        every = f"every probe at least every {k} evaluations" if k is not None else "a pilot, timing the probes"
         meta.append(("partial evaluations", f"{len(partial)} of {len(rows)} (max_share: the probes at risk, those that "
-                     f"flipped and a random sample of the rest; every probe at least every {k} evaluations), at steps "
+                     f"flipped and a random sample of the rest; {every}), at steps "
                      f"{', '.join(str(r['step']) for r in partial[:12])}{' …' if len(partial) > 12 else ''}: their "
                      "figures are estimates, drawn as open circles with their 90% sampling interval"))
     if segments := describe_segments(record.root):  # the probe set changed: each segment is a record of its own

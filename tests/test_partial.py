@@ -439,3 +439,28 @@ def test_a_run_whose_base_came_from_a_cache_still_sets_aside_its_last_full_pass(
     assert b.fraction(10, 100, 9, 1, {"knowledge": 0}, {"knowledge": 100}) == 1.0
     b.note(probe=245.0)  # 5 s left, less than the last step's 10 s: nothing for the partial passes
     assert b.fraction(10, 100, 9, 1, {"knowledge": 0}, {"knowledge": 100}) == 0.0
+
+
+def test_with_the_base_from_a_cache_the_first_partial_evaluation_is_a_pilot(two_runs, tmp_path):
+    """Nothing is timed when the base comes from a cache: the first partial evaluation scores the fewest probes (a
+    pilot, no probe due, K unset), and times each kind; K is set from the next one on."""
+    from conftest import build_tokenizer
+    from test_callback import make_probes, sft_trainer
+
+    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.probes import ProbeSet
+
+    part, _ = two_runs["partial"]
+    probes = ProbeSet(list(make_probes()) + _behaviour_probes())
+    callback = ForgetWatchCallback(probes, eval_steps=1, max_share=0.5, max_new_tokens=4, behavior_max_new_tokens=6,
+                                   console=False, base_cache=str(part / "forgetwatch" / "base.parquet"))
+    trainer = sft_trainer(build_tokenizer(), tmp_path, [callback], bf16=False, max_steps=3)
+    trainer.train()
+    lines = _lines(tmp_path)
+    assert [r["step"] for r in lines if "partial" in r][:1] == [1]
+    pilot = lines[1]["partial"]
+    assert pilot["k"] is None and pilot["fraction"] == 0.0
+    assert all(info["sampled"] == min(2, info["of_rest"]) or info["sampled"] >= 2 for info in pilot["kinds"].values())
+    assert lines[1]["share"]["per_probe_s"]  # the kinds were timed
+    later = [r for r in lines[2:] if "partial" in r]
+    assert all(r["partial"]["k"] is not None for r in later)
