@@ -464,3 +464,54 @@ def test_with_the_base_from_a_cache_the_first_partial_evaluation_is_a_pilot(two_
     assert lines[1]["share"]["per_probe_s"]  # the kinds were timed
     later = [r for r in lines[2:] if "partial" in r]
     assert all(r["partial"]["k"] is not None for r in later)
+
+
+def test_a_probe_whose_latest_result_was_nan_is_scored_again_at_the_next_partial_evaluation():
+    """Its stale NaN would blank its groups' estimates until it is due: it is scored for certain instead."""
+    from test_callback import make_probes
+
+    from forgetwatch.drift import RiskRule
+    from forgetwatch.monitor import Monitor
+    from forgetwatch.results import ProbeResults
+
+    probes = make_probes()
+    n = len(probes)
+    base = ProbeResults(ids=probes.ids, outcome=np.ones(n, np.int8), pred_index=np.zeros(n, np.int32),
+                        prediction=["a"] * n, gold_logprob=np.zeros(n, np.float32), margin=np.full(n, 5.0, np.float32))
+    last = base.take(range(n))
+    last.nonfinite[7] = True
+    monitor = Monitor(probes, risk_rule=RiskRule())
+    monitor.base, monitor.last = base, last
+    monitor.flipped_last = np.zeros(n, bool)
+    design = monitor.partial_design(step=5, fraction=0.0, seed=0, steady=0.0)
+    assert design.scored[7] and design.stratum[7] == CERTAIN_FLIPPED
+    last.nonfinite[7] = False
+    assert not monitor.partial_design(step=5, fraction=0.0, seed=0, steady=0.0).stratum[7] == CERTAIN_FLIPPED
+
+
+def test_robustness_changes_are_counted_from_one_full_pass_to_the_next_across_partial_ones(tmp_path):
+    """Partial evaluations score no variants; the variants of the last full pass stay the reference, so the next full
+    pass's fragile flips are against them (not lost)."""
+    from conftest import build_tokenizer
+    from test_callback import make_probes, sft_trainer
+
+    from forgetwatch.callback import ForgetWatchCallback
+
+    callback = ForgetWatchCallback(make_probes(), eval_steps=1, max_share=TINY_SHARE, max_new_tokens=4, console=False,
+                                   robustness=2)
+    seen = {}
+    report = callback.monitor.report
+
+    def keep(results, step, *a, **kw):
+        out = report(results, step, *a, **kw)
+        seen[step] = callback.monitor.last_robust
+        return out
+
+    callback.monitor.report = keep
+    trainer = sft_trainer(build_tokenizer(), tmp_path, [callback], bf16=False, max_steps=4, save_strategy="steps",
+                          save_steps=2)
+    trainer.train()
+    lines = {r["step"]: r for r in _lines(tmp_path)}
+    assert "partial" in lines[1] and "partial" in lines[3] and "partial" not in lines[2]
+    assert seen[0] is not None and seen[1] is seen[0]  # the partial step 1 keeps the base's variants as the reference
+    assert seen[2] is not seen[0] and seen[3] is seen[2]  # step 2 (full) scored its own; step 3 keeps them
