@@ -576,8 +576,12 @@ def test_ctrl_c_stops_watch_with_a_line_not_a_traceback(tmp_path):
     (tmp_path / "run").mkdir()  # no manifest yet: the watcher waits for training to start
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
+    # SIGINT as a terminal delivers it: a child inherits an ignored SIGINT, and Python then installs no handler of its
+    # own. In the full suite something in this process leaves SIGINT ignored (found 2026-11-28: the watcher hung 60 s
+    # there and exits at once here), which would make this test hang, not the watcher
     proc = subprocess.Popen([sys.executable, "-m", "forgetwatch", "watch", str(tmp_path / "run"), "--poll", "0.2"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert "waiting for training to start" in proc.stderr.readline()
         proc.send_signal(signal.SIGINT)
