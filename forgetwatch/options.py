@@ -231,11 +231,17 @@ class ForgetWatchArguments:
     forgetwatch_anchor_ratio: float = _opt(
         0.1, "KL anchor: pool conversations drawn per training example, in addition to it.", REMEDIES)
     forgetwatch_penalty_beta: float = _opt(
-        0.0, "1→0 penalty: the weight of max(0, min(base margin, floor) − margin now) on held-out multiple-choice pool "
-        "items the base answers right (0: off; e.g. 1.0).", REMEDIES)
+        0.0, "1→0 penalty: its strength (0: off; e.g. 1.0). With forgetwatch_penalty_scale task_gradient (the default), "
+        "the penalty's gradient at a micro-batch where it pulls is beta times the task loss's gradient in norm, so "
+        "gradient clipping scales both alike; with loss, beta weighs max(0, min(base margin, floor) − margin now) "
+        "directly.", REMEDIES)
+    forgetwatch_penalty_scale: str = _opt(
+        "task_gradient", "1→0 penalty: task_gradient: beta is the penalty's gradient norm relative to the task loss's, "
+        "measured at each micro-batch where it pulls (one more backward of each there; not under FSDP or DeepSpeed); "
+        "loss: beta weighs the hinge in nats as a loss (under gradient clipping a step where it pulls is the "
+        f"penalty's whatever beta: {results_url(18)}).", REMEDIES, ("task_gradient", "loss"))
     forgetwatch_penalty_ratio: float = _opt(
-        0.1, "1→0 penalty: pool items drawn per training example (under gradient clipping, its real strength).",
-        REMEDIES)
+        0.1, "1→0 penalty: pool items drawn per training example.", REMEDIES)
     forgetwatch_penalty_floor: float = _opt(
         2.0, "1→0 penalty: the margin (nats) worth defending: an item is pulled back when its margin falls below its "
         "base margin or this, whichever is smaller.", REMEDIES)

@@ -267,7 +267,7 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
     if anchor is not None:
         term = _anchored(out, model, tokenizer, callback, anchor)
     if penalty is not None:
-        term = _penalized(out, tokenizer, callback, penalty)
+        term = _penalized(out, tokenizer, callback, penalty, sharded=fsdp)
     trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=[callback])
     if term is not None:
         from forgetwatch.remedies import add_loss_term
@@ -323,13 +323,14 @@ def _traced_draws(out: Path, term, event: str):
     return term
 
 
-def _penalized(out: Path, tokenizer, callback, beta: float):
-    """The 1→0 penalty on held-out items of the monitored categories, tracing its draws."""
+def _penalized(out: Path, tokenizer, callback, beta: float, sharded: bool = False):
+    """The 1→0 penalty on held-out items of the monitored categories, tracing its draws (beta relative to the task
+    loss's gradient under DDP; under FSDP, whose gradients are sharded, beta weighs the hinge: scale "loss")."""
     from forgetwatch.probes import ProbeSet
     from forgetwatch.remedies import MarginPenalty
 
     penalty = MarginPenalty(ProbeSet(_term_pool("penalty")), beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer,
-                            max_length=64)
+                            max_length=64, scale="loss" if sharded else "task_gradient")
     return _traced_draws(out, penalty, "penalty")
 
 

@@ -177,3 +177,68 @@ def test_a_monitor_scoring_another_form_is_told_what_the_penalty_defends(tokeniz
         MarginPenalty(pool(), beta=1.0, monitor=ForgetWatchCallback(make_probes(), eval_steps=2, mcq_mode="letter"),
                       tokenizer=tokenizer)
     assert "scores multiple choice by 'letter'" in caplog.text
+
+
+def _pulling(tokenizer, beta, scale):
+    """A penalty whose every item the base knew pulls now: targets set above today's margins."""
+    p = penalty(tokenizer, beta=beta, floor=math.inf, scale=scale)
+    model = build_model(tokenizer)
+    with torch.no_grad():
+        now = p.margins(model, list(range(len(p.items)))).numpy()
+    p.base_margin = now + 1.0
+    return p, model
+
+
+def _grad(loss, model):
+    return torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)])
+
+
+@pytest.mark.parametrize("beta", [0.5, 1.0, 3.0])
+def test_task_gradient_scale_makes_beta_the_penalty_share_of_the_step(tokenizer, beta):
+    """§18 found beta 1 = beta 3: the hinge's gradient was 13-100 times the task loss's, and clipping to norm 1 made a
+    step where it pulled the penalty's whatever beta. With scale="task_gradient" the term joins the loss so that its
+    gradient's norm is exactly beta times the task loss's at that micro-batch (the direction is the hinge's)."""
+    p, model = _pulling(tokenizer, beta, "task_gradient")
+    batch = tokenizer(["Q: what is 2 + 2? A: 4", "Q: the capital of France? A: Paris"], return_tensors="pt", padding=True)
+    task = model(**batch, labels=batch["input_ids"]).loss
+    term = p.loss(model, micro_batch=0, batch_size=4)
+    raw = _grad(term, model)
+    scaled = p.rescale(term, task, model)
+    g_task, g_term = _grad(task, model), _grad(scaled, model)
+    assert float(g_term.norm() / g_task.norm()) == pytest.approx(beta, rel=1e-4)
+    assert float(torch.nn.functional.cosine_similarity(g_term, raw, dim=0)) == pytest.approx(1.0, abs=1e-4)
+    logged = p.pop_logs()["penalty_grad_ratio"]  # the hinge's own gradient over the task's, as the loss weighting had it
+    assert logged == pytest.approx(float(raw.norm() / beta / g_task.norm()), rel=1e-3)
+    # scale="loss" is the hinge in nats, as §18 ran it: untouched
+    q, _ = _pulling(tokenizer, beta, "loss")
+    assert q.rescale(term, task, model) is term
+
+
+def test_under_clipping_beta_changes_the_trained_model_only_with_task_gradient(tokenizer, tmp_path):
+    """The bug of §18 in a real run: with every step pulled and clipped (max_grad_norm 1), the loss weighting trains
+    nearly the same model at beta and 3 x beta once the hinge outweighs the task; relative to the task's gradient,
+    beta 1 and 3 are different steps. Plain SGD, so that the clip is the whole story (Adam's per-coordinate scaling
+    would blur it)."""
+    from trl import SFTTrainer
+
+    def train(beta, scale):
+        p, _ = _pulling(tokenizer, beta, scale)
+        base = p.base_margin.copy()
+        p.on_train_begin = lambda *a, **k: None  # keep the targets set above (every item pulls)
+        t = _trainer(SFTTrainer, tokenizer, tmp_path / f"{scale}-{beta}", loss_term=p, callbacks=[p], max_steps=6,
+                     max_grad_norm=1.0, learning_rate=0.5, optim="sgd")
+        p.base_margin = base
+        t.train()
+        return torch.cat([x.detach().flatten() for x in t.model.parameters()]), t
+
+    start = torch.cat([x.detach().flatten() for x in build_model(tokenizer).parameters()])
+    gaps = {}
+    # the loss weighting where the hinge outweighs the task (here at beta 40; §18's real runs were there at beta 1)
+    for scale, low in (("loss", 40.0), ("task_gradient", 1.0)):
+        one, t = train(low, scale)
+        three, _ = train(3 * low, scale)
+        gaps[scale] = float((three - one).norm() / (one - start).norm())
+    ratios = [h["penalty_grad_ratio"] for h in t.state.log_history if "penalty_grad_ratio" in h]
+    assert ratios and min(ratios) > 1  # the hinge's own gradient outweighs the task's
+    assert gaps["loss"] < 0.05, gaps  # the clip made beta 120 the same step as beta 40
+    assert gaps["task_gradient"] > 0.2, gaps

@@ -366,7 +366,7 @@ def test_the_1_to_0_penalty_from_the_recipe(tiny_model_dir, tmp_path):
     proc = _run("sft", tiny_model_dir, tmp_path / "out", "--forgetwatch_penalty_beta", "1.0", "--forgetwatch_penalty_ratio",
                 "0.5", "--forgetwatch_replay_pool", pool)
     _check_record(proc, tmp_path / "out")
-    assert "1→0 penalty: beta 1.0, 0.5 pool items per example, floor 2.0 nats, closed_loop" in proc.stdout
+    assert "1→0 penalty: beta 1.0 (task_gradient), 0.5 pool items per example, floor 2.0 nats, closed_loop" in proc.stdout
     record = tmp_path / "out" / "forgetwatch"
     assert "penalty_hinge" in (record / "trainer_log.jsonl").read_text()
     base = json.loads((record / "penalty_base.json").read_text())

@@ -255,10 +255,10 @@ def build_remedies(fw_args: Any, *, stage: str, callback: MonitorView | None, tr
         penalty = MarginPenalty(replay_pool(fw_args), beta=fw_args.forgetwatch_penalty_beta,
                                 ratio=fw_args.forgetwatch_penalty_ratio, floor=fw_args.forgetwatch_penalty_floor,
                                 strategy=strategy, monitor=callback, tokenizer=tokenizer, seed=training_args.seed,
-                                max_length=max_length)
+                                max_length=max_length, scale=fw_args.forgetwatch_penalty_scale)
         remedies.loss_term = penalty
         remedies.callbacks.append(penalty)  # it keeps the base's margins (read at the first micro-batch) for a resume
-        remedies.summary.append(f"1→0 penalty: beta {penalty.beta}, {penalty.ratio} pool items per example, floor "
+        remedies.summary.append(f"1→0 penalty: beta {penalty.beta} ({penalty.scale}), {penalty.ratio} pool items per example, floor "
                                 f"{penalty.floor} nats, {strategy}, over {len(penalty.items)} held-out multiple-choice items")
     if training_args.process_index == 0:
         for line in remedies.summary:

@@ -13,6 +13,16 @@ for the items the base answered right: nothing while an item keeps the margin it
 smaller), a pull back as it slips toward a flip. Items the base got wrong are drawn and run like the others (every rank
 runs the same forwards, as FSDP and ZeRO need) and weigh 0.
 
+**What beta means** (`scale`). A margin is a sum of log-likelihoods over an option's tokens, and the hinge's gradient
+is tens of times the task loss's (RESULTS §18: a norm of 41–339 at beta 1 against 3.2). Under gradient clipping
+(`max_grad_norm`, 1.0 by default) a step where it pulls is then the penalty's alone, whatever beta: §18's beta 1 and 3
+trained the same models. With `scale="task_gradient"` (the default) the term is rescaled at each micro-batch where it
+pulls so that its gradient's norm is beta times the task loss's gradient norm at that micro-batch, both measured on
+the trainable parameters (one more backward of each, only there; averaged over data-parallel ranks); clipping then
+scales both alike, and beta is the penalty's share of the step: 1 pulls as hard as the task pushes. `scale="loss"`
+keeps beta as the hinge's weight in nats (§18's runs). Under FSDP or DeepSpeed the parameters are sharded and their
+gradients are not whole on a rank: there use `scale="loss"`.
+
 The base's margins are read from the model itself at the first training micro-batch, before any optimizer step (it
 is the base then), through the same forward as the margins they are compared with: the same padding, and the trainer's
 own precision (under bf16 mixed precision the scoring form's packed forward rounds differently, and the penalty would
@@ -58,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 BASE_CHUNK = 16  # pool items a forward when the base's margins are read (every rank runs the same chunks)
 BASE_FILE = "penalty_base.json"  # under <output_dir>/forgetwatch/: the base's margins, for a resumed run
+SCALES = ("task_gradient", "loss")  # what beta means (see the module doc)
 
 
 class MarginPenalty(TrainerCallback):
@@ -78,14 +89,19 @@ class MarginPenalty(TrainerCallback):
         max_length: the trainer's `max_length`: items longer than it are left out (with a warning).
         per_category: at most this many items per category (a seeded draw: the suites hold thousands, and the base's
             margins are read on every item at the first micro-batch); None for all.
+        scale: "task_gradient" (beta is the penalty's gradient norm relative to the task loss's where it pulls) or
+            "loss" (beta weighs the hinge in nats); see the module doc.
     """
 
     def __init__(self, pool: Any, beta: float, ratio: float = 0.1, floor: float = 2.0, strategy: str = "closed_loop",
                  monitor: MonitorView | None = None, tokenizer: Any = None, seed: int = 0, max_length: int | None = None,
-                 per_category: int | None = 100):
+                 per_category: int | None = 100, scale: str = "task_gradient"):
         from .base_outputs import pool_probes
 
         self.beta = check_beta(beta, "the 1→0 penalty")
+        if scale not in SCALES:
+            raise ValueError(f"the 1→0 penalty's `scale` must be one of {', '.join(SCALES)}, got {scale!r}")
+        self.scale = scale
         check_draws("the 1→0 penalty", "penalty", "pool items", ratio, strategy, monitor)
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) or floor <= 0:
             raise ValueError(f"the 1→0 penalty's `floor` (the margin in nats worth defending) must be > 0 (math.inf: "
@@ -149,9 +165,15 @@ class MarginPenalty(TrainerCallback):
         self._saved: dict[str, Any] | None = None  # what penalty_base.json holds, once the margins are known
         self._resume_dir: str | os.PathLike | None = None  # the checkpoint a resume reads (add_loss_term says)
         self._sum, self._n, self._active = 0.0, 0, 0
+        self._ratios: list[float] = []  # the hinge's gradient norm over the task loss's, where it pulled (task_gradient)
 
     # -- the base's margins -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.scale == "task_gradient" and self.beta and _sharded(args):
+            raise ValueError("the 1→0 penalty's scale task_gradient measures the task loss's and the penalty's gradients "
+                             "on whole parameters, and under FSDP / DeepSpeed a rank holds shards of them: set "
+                             "forgetwatch_penalty_scale loss (MarginPenalty(scale='loss')) and choose beta for it, or "
+                             "train with data parallelism (DDP)")
         path = Path(args.output_dir) / "forgetwatch" / BASE_FILE
         ids = [p.id for p in self.items]
         if state.global_step > 0 and self.beta == 0:  # off: no margins were read, none are needed
@@ -280,13 +302,38 @@ class MarginPenalty(TrainerCallback):
             self._active += int((hinge.detach() > 0).sum())
         return self.beta * hinge.sum() / batch_size
 
+    def rescale(self, term: torch.Tensor, task_loss: torch.Tensor, model: Any) -> torch.Tensor:
+        """The term as it joins the loss (`add_loss_term` calls this with the trainer's loss of the same micro-batch,
+        both weighted as they will be summed): with `scale="task_gradient"` and a hinge that pulls, multiplied by a
+        constant (no gradient flows through it) so that its gradient's norm is beta times the task loss's."""
+        if self.scale != "task_gradient" or not term.requires_grad:
+            return term
+        ranks = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if not ranks and float(term.detach()) == 0.0:
+            return term  # nothing pulls: its gradient is zero whatever its scale
+        params = [p for p in model.parameters() if p.requires_grad]
+        norms = torch.stack([_grad_norm(task_loss, params), _grad_norm(term, params)]).pow(2)
+        if ranks:
+            # Every rank draws at the same micro-batches (so each gets here), whether or not its own hinge pulls: one
+            # factor for all, from the root mean square of the ranks' norms.
+            torch.distributed.all_reduce(norms, op=torch.distributed.ReduceOp.SUM)
+            norms = norms / torch.distributed.get_world_size()
+        task_norm, term_norm = norms.sqrt().tolist()
+        if not (math.isfinite(task_norm) and math.isfinite(term_norm)) or term_norm == 0.0:
+            return term
+        self._ratios.append(term_norm / self.beta / task_norm if task_norm else math.inf)
+        return term * (self.beta * task_norm / term_norm)
+
     def pop_logs(self) -> dict[str, float]:
-        """For the trainer's logs since the last call: the mean hinge (nats) over drawn items the base knew, and the
-        share of them pulled back (margin below its target)."""
-        if not self._n:
-            return {}
-        out = {"penalty_hinge": round(self._sum / self._n, 6), "penalty_active": round(self._active / self._n, 4)}
-        self._sum, self._n, self._active = 0.0, 0, 0
+        """For the trainer's logs since the last call: the mean hinge (nats) over drawn items the base knew, the share
+        of them pulled back (margin below its target), and (task_gradient) the median of the hinge's own gradient norm
+        over the task loss's where it pulled, before rescaling: how far the loss weighting would have put it off."""
+        out = {}
+        if self._n:
+            out = {"penalty_hinge": round(self._sum / self._n, 6), "penalty_active": round(self._active / self._n, 4)}
+        if self._ratios:
+            out["penalty_grad_ratio"] = round(float(np.median(self._ratios)), 4)
+        self._sum, self._n, self._active, self._ratios = 0.0, 0, 0, []
         return out
 
     def _encode(self, probe: Any) -> tuple[list[int], list[list[int]]]:
@@ -297,6 +344,20 @@ class MarginPenalty(TrainerCallback):
         ctx = encode(self.tokenizer, [context], chat)[0]
         whole = encode(self.tokenizer, [context + o for o in options], chat)
         return ctx, [w[len(ctx):] or w[-1:] for w in whole]
+
+
+def _grad_norm(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    """The norm of `loss`'s gradient on `params`, keeping the graph for the backward that follows (nothing is
+    accumulated into `.grad`)."""
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    squares = [g.detach().float().pow(2).sum() for g in grads if g is not None]
+    return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), device=loss.device)
+
+
+def _sharded(args: Any) -> bool:
+    """FSDP or DeepSpeed, from the trainer's arguments or `accelerate launch`'s configuration (as sidecar.py reads it)."""
+    return bool(getattr(args, "fsdp", None) or getattr(args, "deepspeed", None)
+                or any(os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")))
 
 
 def _write(path: Path, saved: dict[str, Any]) -> None:

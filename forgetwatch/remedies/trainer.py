@@ -112,6 +112,9 @@ def add_loss_term(trainer: Any, term: LossTerm) -> Any:
         if _loss_scaled_for_accumulation(trainer, num_items_in_batch):
             extra = extra / accumulation  # the trainer divides the loss by the accumulation steps only when it is not
         loss, outputs = out if return_outputs else (out, None)
+        rescale = getattr(term, "rescale", None)
+        if rescale is not None:  # a term whose weight is relative to the task loss's gradient (the 1→0 penalty's)
+            extra = rescale(extra, loss, model)
         loss = loss + extra.to(loss.dtype)
         return (loss, outputs) if return_outputs else loss
 
