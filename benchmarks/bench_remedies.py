@@ -187,7 +187,8 @@ def arm_args(arm: str, st: Setting, beta: float | None = None) -> list[str]:
             raise ValueError("penalty_2's beta comes from the protocol's rule (penalty_2_beta)")
         return [*stream, "--forgetwatch_replay_strategy", "closed_loop", "--forgetwatch_replay_targets", "gold",
                 "--forgetwatch_penalty_beta", str(beta), "--forgetwatch_penalty_ratio", str(PENALTY_RATIO),
-                "--forgetwatch_penalty_floor", str(PENALTY_FLOOR)]
+                "--forgetwatch_penalty_floor", str(PENALTY_FLOOR),
+                "--forgetwatch_penalty_scale", "loss"]  # §18 ran before the scale existed: beta weighed the hinge
     if arm == "anchor_strong":  # as §12's anchor (the Trainer's order, no stream), 25 times its pull
         return [*pool, "--forgetwatch_replay_strategy", "closed_loop", "--forgetwatch_anchor_beta", str(ANCHOR_BETA),
                 "--forgetwatch_anchor_ratio", str(ANCHOR_RATIO)]

