@@ -242,3 +242,33 @@ def test_under_clipping_beta_changes_the_trained_model_only_with_task_gradient(t
     assert ratios and min(ratios) > 1  # the hinge's own gradient outweighs the task's
     assert gaps["loss"] < 0.05, gaps  # the clip made beta 120 the same step as beta 40
     assert gaps["task_gradient"] > 0.2, gaps
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"fsdp": "full_shard"}, "under FSDP / DeepSpeed"),
+    ({"deepspeed": "ds.json"}, "under FSDP / DeepSpeed"),
+    ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, "use_reentrant"),
+])
+def test_task_gradient_refuses_what_it_cannot_measure_before_training(tokenizer, tmp_path, args, says):
+    """Sharded gradients and reentrant checkpointing are refused when training begins, with what to do instead; the
+    nats weighting (scale="loss") is not refused."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    full = {"fsdp": "", "deepspeed": None, "gradient_checkpointing": False, "gradient_checkpointing_kwargs": None,
+            "output_dir": str(tmp_path), **args}
+    with pytest.raises(ValueError, match=says):
+        penalty(tokenizer).on_train_begin(SimpleNamespace(**full), TrainerState(), None, model=build_model(tokenizer))
+    penalty(tokenizer, scale="loss").on_train_begin(SimpleNamespace(**full), TrainerState(), None,
+                                                    model=build_model(tokenizer))
+
+
+def test_no_scale_to_set_it_by_skips_the_micro_batch(tokenizer):
+    """A task loss whose gradient vanished gives no scale: the micro-batch goes without the penalty (a zero term), not
+    with the nats weighting that would outweigh the task."""
+    p, model = _pulling(tokenizer, 1.0, "task_gradient")
+    term = p.loss(model, micro_batch=0, batch_size=4)
+    task = sum(x.sum() for x in model.parameters()) * 0.0  # a loss with no gradient
+    out = p.rescale(term, task, model)
+    assert float(out) == 0.0 and out.requires_grad

@@ -197,6 +197,7 @@ TERM_OPTIONS = {
     "forgetwatch_base_outputs": ("forgetwatch_anchor_beta",),
     "forgetwatch_penalty_ratio": ("forgetwatch_penalty_beta",),
     "forgetwatch_penalty_floor": ("forgetwatch_penalty_beta",),
+    "forgetwatch_penalty_scale": ("forgetwatch_penalty_beta",),
     "forgetwatch_replay_pool": ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"),
     "forgetwatch_replay_strategy": ("forgetwatch_anchor_beta", "forgetwatch_penalty_beta"),
 }

@@ -166,14 +166,19 @@ class MarginPenalty(TrainerCallback):
         self._resume_dir: str | os.PathLike | None = None  # the checkpoint a resume reads (add_loss_term says)
         self._sum, self._n, self._active = 0.0, 0, 0
         self._ratios: list[float] = []  # the hinge's gradient norm over the task loss's, where it pulled (task_gradient)
+        self._warned = False
 
     # -- the base's margins -------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if self.scale == "task_gradient" and self.beta and _sharded(args):
-            raise ValueError("the 1→0 penalty's scale task_gradient measures the task loss's and the penalty's gradients "
-                             "on whole parameters, and under FSDP / DeepSpeed a rank holds shards of them: set "
-                             "forgetwatch_penalty_scale loss (MarginPenalty(scale='loss')) and choose beta for it, or "
-                             "train with data parallelism (DDP)")
+        if self.scale == "task_gradient" and self.beta:
+            if _sharded(args, model):
+                raise ValueError("the 1→0 penalty's scale task_gradient measures the task loss's and the penalty's "
+                                 "gradients on whole parameters, and under FSDP / DeepSpeed a rank holds shards of them: "
+                                 "set forgetwatch_penalty_scale loss (MarginPenalty(scale='loss')) and choose beta for "
+                                 "it, or train with data parallelism (DDP)")
+            if getattr(args, "gradient_checkpointing", False) and (
+                    (getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant") is True):
+                raise ValueError(REENTRANT)
         path = Path(args.output_dir) / "forgetwatch" / BASE_FILE
         ids = [p.id for p in self.items]
         if state.global_step > 0 and self.beta == 0:  # off: no margins were read, none are needed
@@ -193,7 +198,11 @@ class MarginPenalty(TrainerCallback):
                                  + f": resume with the same pool, copy {BASE_FILE} from the first run's "
                                  "output_dir/forgetwatch or checkpoint, or start the run again")
             self.base_margin = np.array([math.nan if m is None else m for m in match["margin"]], np.float64)
-            self._saved = match
+            if match.get("scale", "loss") != self.scale:  # runs before the option weighed the hinge in nats
+                logger.warning("forgetwatch: this run started with the 1→0 penalty's scale %s and resumes with %s: "
+                               "beta means another thing from step %d on (forgetwatch_penalty_scale)",
+                               match.get("scale", "loss"), self.scale, state.global_step)
+            self._saved = {**match, "scale": self.scale}
             if state.is_world_process_zero and not path.is_file():
                 _write(path, match)  # this output_dir keeps them too
             return
@@ -237,7 +246,8 @@ class MarginPenalty(TrainerCallback):
         self._base_at = None
         self._saved = {"ids": [p.id for p in self.items],
                        "margin": [None if math.isnan(m) else float(m) for m in self.base_margin],
-                       "floor": self.floor if math.isfinite(self.floor) else None}  # strict JSON: no Infinity
+                       "floor": self.floor if math.isfinite(self.floor) else None,  # strict JSON: no Infinity
+                       "scale": self.scale}
         if main:
             _write(path, self._saved)
 
@@ -309,19 +319,32 @@ class MarginPenalty(TrainerCallback):
         if self.scale != "task_gradient" or not term.requires_grad:
             return term
         ranks = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if not ranks and float(term.detach()) == 0.0:
-            return term  # nothing pulls: its gradient is zero whatever its scale
+        pulls = term.detach().float().reshape(1)
+        if ranks:
+            # Every rank draws at the same micro-batches (so each gets here), whether or not its own hinge pulls: the
+            # same decision and one factor for all.
+            torch.distributed.all_reduce(pulls, op=torch.distributed.ReduceOp.SUM)
+        if float(pulls) == 0.0:
+            return term  # nothing pulls anywhere: its gradient is zero whatever its scale
+        if task_loss.dim() > 0:  # nn.DataParallel returns one loss per device; the trainer backpropagates their mean
+            task_loss = task_loss.mean()
         params = [p for p in model.parameters() if p.requires_grad]
         norms = torch.stack([_grad_norm(task_loss, params), _grad_norm(term, params)]).pow(2)
-        if ranks:
-            # Every rank draws at the same micro-batches (so each gets here), whether or not its own hinge pulls: one
-            # factor for all, from the root mean square of the ranks' norms.
+        if ranks:  # the root mean square of the ranks' norms (each rank's own micro-batch)
             torch.distributed.all_reduce(norms, op=torch.distributed.ReduceOp.SUM)
             norms = norms / torch.distributed.get_world_size()
         task_norm, term_norm = norms.sqrt().tolist()
-        if not (math.isfinite(task_norm) and math.isfinite(term_norm)) or term_norm == 0.0:
+        if not (math.isfinite(task_norm) and math.isfinite(term_norm) and task_norm > 0):
+            # no scale to set it by (an overflow, or a task gradient that vanished): this micro-batch goes without the
+            # penalty rather than with the nats weighting, which would outweigh the task
+            if not self._warned:
+                logger.warning("forgetwatch: the 1→0 penalty skipped a micro-batch: the task loss's gradient norm was "
+                               "%s and the penalty's %s (said once)", task_norm, term_norm)
+                self._warned = True
+            return term * 0.0
+        if term_norm == 0.0:
             return term
-        self._ratios.append(term_norm / self.beta / task_norm if task_norm else math.inf)
+        self._ratios.append(term_norm / self.beta / task_norm)
         return term * (self.beta * task_norm / term_norm)
 
     def pop_logs(self) -> dict[str, float]:
@@ -346,18 +369,35 @@ class MarginPenalty(TrainerCallback):
         return ctx, [w[len(ctx):] or w[-1:] for w in whole]
 
 
+REENTRANT = ("the 1→0 penalty's scale task_gradient measures gradients with torch.autograd.grad, which reentrant "
+             "activation checkpointing (use_reentrant=True) does not support: set gradient_checkpointing_kwargs="
+             "{'use_reentrant': False} (transformers' default), turn checkpointing off, or set forgetwatch_penalty_scale "
+             "loss")
+
+
 def _grad_norm(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     """The norm of `loss`'s gradient on `params`, keeping the graph for the backward that follows (nothing is
-    accumulated into `.grad`)."""
-    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-    squares = [g.detach().float().pow(2).sum() for g in grads if g is not None]
+    accumulated into `.grad`; the gradients live until the norm is taken: one more copy of the trainable parameters'
+    gradients at peak)."""
+    try:
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    except RuntimeError as e:
+        if "checkpoint" in str(e):
+            raise ValueError(REENTRANT) from e
+        raise
+    squares = [g.detach().float().pow(2).sum().to(loss.device) for g in grads if g is not None]  # devices may differ
     return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), device=loss.device)
 
 
-def _sharded(args: Any) -> bool:
-    """FSDP or DeepSpeed, from the trainer's arguments or `accelerate launch`'s configuration (as sidecar.py reads it)."""
-    return bool(getattr(args, "fsdp", None) or getattr(args, "deepspeed", None)
-                or any(os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")))
+def _sharded(args: Any, model: Any = None) -> bool:
+    """FSDP or DeepSpeed: in the trainer's arguments, in `accelerate launch`'s configuration (as sidecar.py reads it),
+    or in the parameters themselves (FSDP2's DTensors, ZeRO-3's partitioned ones)."""
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        return True
+    if any(os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")):
+        return True
+    params = list(model.parameters())[:1] if model is not None else []
+    return any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in params)
 
 
 def _write(path: Path, saved: dict[str, Any]) -> None:
