@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -337,7 +338,10 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
                   "BT": r["metrics"]["overall"]["backward_transfer"], "accuracy": r["metrics"]["overall"]["accuracy_post"]}
                  for r in map(json.loads, (record / "metrics.jsonl").read_text().splitlines()) if r.get("metrics")]
     result = {"arm": arm, "seed": seed, "lr": lr, "args": [a.replace(f"{REPO}/", "") for a in extra], "steps": st.steps,
-              "commit": _commit(), "monitored": monitored, "logs": history}
+              "commit": _commit(), "monitored": monitored, "logs": history,
+              # what shared the machine: the lanes running, and the load average when training ended
+              "machine": {"lanes": int(os.environ.get("WHICH_REMEDY_LANES", "1")), "cores": os.cpu_count(),
+                          "load_after_training": os.getloadavg()}}
     if arm == LORA_PILOT:  # the rule reads the dev loss only: no held-out probe is scored
         model, tok = load_model(str(out))
         model.eval()
@@ -349,8 +353,11 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     held = "held_out_s18" if arm == CONSTANT else "held_out"
     base = BaseCache.load(_out(st) / f"base-{held}.parquet").results
 
+    accuracy = measure_accuracy(st, arm, seed)
+
     def judge(model_dir: Path, tag: str) -> dict:
-        """Held-out probes (as `forgetwatch compare` scores them, against their base cache) and the task losses."""
+        """Held-out probes (as `forgetwatch compare` scores them, against their base cache), the task losses, and GSM8K
+        accuracy where the protocol's rule measures it."""
         t1 = time.time()
         subprocess.run([s18._cli(), "compare", "--model", str(model_dir), "--probes", str(_out(st) / f"{held}.jsonl"),
                         "--base", str(_out(st) / f"base-{held}.parquet"), "--json", "--device", "cpu",
@@ -363,15 +370,17 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         model.eval()
         losses = task_losses(model, tok, st)
         del model
-        return {"F": f, "BT": bt, "outcome": now.outcome.tolist(), "task_losses": losses, "seconds": time.time() - t1}
+        got = {"F": f, "BT": bt, "outcome": now.outcome.tolist(), "task_losses": losses}
+        if accuracy:
+            got["gsm8k_solved"] = gsm8k_solved(model_dir, st)
+        return {**got, "seconds": time.time() - t1}
 
     final = judge(out, "final")
     times["judge_final"] = final.pop("seconds")
-    if measure_accuracy(st, arm, seed):
-        final["gsm8k_solved"] = gsm8k_solved(out, st)
     # rewind: α on the monitored probes (a budget of 0.7 x the run's own final monitored F) and the dev rows only
     t1 = time.time()
-    budget_f = REWIND_SHARE * monitored[-1]["F"]
+    # F is a count over the probes: an α at exactly 0.7 x F is within (0.7 * 0.1 = 0.06999999999999999 < 0.07)
+    budget_f = round(REWIND_SHARE * monitored[-1]["F"], 9) + 1e-9
     rw = rewind(str(out), base_cache=str(_out(st) / "base-monitored.parquet"), task_data=str(_out(st) / "dev.jsonl"), task_max_length=s12.MAX_LENGTH,
                 task_max_examples=None, alphas=REWIND_ALPHAS if not st.smoke else "0.5:1:0.25",
                 budget=f"forgetting={budget_f!r}", budget_bound="point", device="cpu", save=True)
@@ -385,6 +394,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         picks["budget"]["judged"] = final
     else:
         picks["budget"]["judged"] = judge(Path(rw.data["rewound"]), f"a{rw.alpha:g}")
+        picks["budget"]["judged"].pop("seconds")
     if dev_only.alpha == 1.0:
         picks["dev_only"]["judged"] = "final"
     elif dev_only.alpha == rw.alpha:
@@ -396,6 +406,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
                         "--save-at", f"{dev_only.alpha:g}", str(at), "--device", "cpu"],
                        check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
         picks["dev_only"]["judged"] = judge(at, f"a{dev_only.alpha:g}")
+        picks["dev_only"]["judged"].pop("seconds")
     times["total"] = time.time() - t0
     result.update({"budget_F": budget_f, "final": final, "rewind": {"front": front, "picks": picks,
                    "check_alpha_1": rw.data["check_alpha_1"].get("equal"), "seconds": rw.data["seconds"]},
@@ -428,7 +439,7 @@ def gsm8k_solved(model_dir: Path, st: Setting) -> int:
 
 
 def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def _write_done(st: Setting, name: str, result: dict) -> None:
@@ -438,7 +449,7 @@ def _write_done(st: Setting, name: str, result: dict) -> None:
     tmp.replace(_done(st) / f"{name}.json")
 
 
-def run_one(arm: str, seed: int, st: Setting, lr: float | None = None) -> bool:
+def run_one(arm: str, seed: int, st: Setting, lr: float | None = None, lanes: int = 1) -> bool:
     name = run_name(arm, seed, lr)
     if (_done(st) / f"{name}.json").is_file():
         return True
@@ -451,7 +462,8 @@ def run_one(arm: str, seed: int, st: Setting, lr: float | None = None) -> bool:
         cmd += ["--lr", repr(lr)]
     print(f"{time.strftime('%H:%M')} {name}: started", flush=True)
     with open(_out(st) / f"{name}.log", "w") as log:
-        proc = subprocess.run(cmd, env=s18._env(1), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, env={**s18._env(1), "WHICH_REMEDY_LANES": str(lanes)}, cwd=REPO, stdout=log,
+                              stderr=subprocess.STDOUT)
     ok = proc.returncode == 0 and (_done(st) / f"{name}.json").is_file()
     status = "ok" if ok else f"FAILED ({proc.returncode}; see {out}.log)"
     print(f"{time.strftime('%H:%M')} {name}: {status} in {(time.time() - t0) / 60:.1f} min", flush=True)
@@ -461,9 +473,10 @@ def run_one(arm: str, seed: int, st: Setting, lr: float | None = None) -> bool:
 def queue(st: Setting, arms: list[str]) -> list[tuple[str, int, float | None]]:
     """The protocol's order: the LoRA pilots and control, control_sampler, anchor by seed; then lora and penalty; then
     the constant-rate runs."""
-    jobs = [(LORA_PILOT, st.pilot_seed, lr) for lr in LORA_RATES] if "lora" in arms else []
+    jobs = [("control", st.seeds[0], None)] if "control" in arms else []  # first: the accuracy rule reads it
+    jobs += [(LORA_PILOT, st.pilot_seed, lr) for lr in LORA_RATES] if "lora" in arms else []
     for s in st.seeds:
-        jobs += [(a, s, None) for a in ("control", "control_sampler", "anchor") if a in arms]
+        jobs += [(a, s, None) for a in ("control", "control_sampler", "anchor") if a in arms and (a, s) != ("control", st.seeds[0])]
     for s in st.seeds:
         jobs += [(a, s, None) for a in ("lora", "penalty") if a in arms]
     if CONSTANT in arms:
@@ -472,13 +485,22 @@ def queue(st: Setting, arms: list[str]) -> list[tuple[str, int, float | None]]:
 
 
 def ready(job: tuple[str, int, float | None], st: Setting) -> tuple[bool, float | None, str]:
-    arm, _, lr = job
+    arm, seed, lr = job
+    first = ("control", st.seeds[0])
+    if (arm, seed) != first and arm != LORA_PILOT and not _accuracy_rule_settled(st):
+        return (False, None, f"GSM8K accuracy's rule waits for {run_name(*first)}")
     if arm == "lora":
         rate = lora_rate(st)
         return (rate is not None, rate, "LoRA's rate is not decided yet (its pilots run first)")
     if arm == "penalty" and not _penalty_fixed():
         return (False, None, "the penalty's fix (forgetwatch_penalty_scale) has not landed")
     return (True, lr, "")
+
+
+def _accuracy_rule_settled(st: Setting) -> bool:
+    """With fewer than 10 solved at base, whether other runs measure accuracy depends on control-s30's: it runs first."""
+    base = json.loads((_out(st) / "base.json").read_text())
+    return base["gsm8k_solved"] >= ACCURACY_MIN or (_done(st) / f"{run_name('control', st.seeds[0])}.json").is_file()
 
 
 def _penalty_fixed() -> bool:
@@ -494,7 +516,7 @@ def run(st: Setting, arms: list[str], lanes: int) -> bool:
     pending = [j for j in queue(st, arms) if not (_done(st) / f"{run_name(*j[:2], j[2])}.json").is_file()]
     import threading
 
-    lock, ok = threading.Lock(), [True]
+    lock, ok, running = threading.Lock(), [True], [0]
 
     def lane() -> None:
         while True:
@@ -505,11 +527,20 @@ def run(st: Setting, arms: list[str], lanes: int) -> bool:
                     if go:
                         pick = (j, lr)
                         break
-                if pick is None:
-                    return
-                pending.remove(pick[0])
+                if pick is None and not running[0]:
+                    return  # nothing ready and nothing running that could make something ready
+                if pick is not None:
+                    pending.remove(pick[0])
+                    running[0] += 1
+            if pick is None:
+                time.sleep(30)  # a run in the other lane may make a job ready (control-s30, the LoRA pilots)
+                continue
             (arm, seed, _), lr = pick
-            ok[0] = run_one(arm, seed, st, lr) and ok[0]
+            try:
+                ok[0] = run_one(arm, seed, st, lr, lanes) and ok[0]
+            finally:
+                with lock:
+                    running[0] -= 1
 
     with ThreadPoolExecutor(lanes) as ex:
         for f in [ex.submit(lane) for _ in range(lanes)]:
@@ -597,7 +628,7 @@ def analyse(st: Setting) -> dict:
     again = {}
     for seed, r in runs.get(CONSTANT, {}).items():
         kept = REPO / "benchmarks" / "results" / "remedies" / f"{s18.CONTROL}-s{seed}.json"
-        if kept.is_file():
+        if kept.is_file() and not st.smoke:
             k = json.loads(kept.read_text())
             again[seed] = {"outcomes_differing": int(sum(a != b for a, b in zip(k["outcome"], r["final"]["outcome"], strict=True))),
                            "F_s18": k["F"], "F_now": r["final"]["F"], "task_loss_rows_0_99_s18": k["task_loss"],
@@ -606,8 +637,14 @@ def analyse(st: Setting) -> dict:
     missing = [run_name(a, s) for a in ARMS for s in st.seeds if s not in runs.get(a, {})]
     missing += [run_name(CONSTANT, s) for s in st.constant_seeds if s not in runs.get(CONSTANT, {})]
     minutes = {a: s18._stat([r["seconds"]["total"] / 60 for r in by.values()]) for a, by in runs.items()}
+    lanes = {a: sorted({r["machine"]["lanes"] for r in by.values()}) for a, by in runs.items()}
+    gsm8k = {a: {s: {"final": r["final"].get("gsm8k_solved"),
+                     "rewind": (r["rewind"]["picks"]["budget"]["judged"] if isinstance(r["rewind"]["picks"]["budget"]["judged"], dict)
+                                else r["final"]).get("gsm8k_solved")}
+                 for s, r in by.items() if "gsm8k_solved" in r["final"]} for a, by in runs.items()}
     return {"protocol": "benchmarks/protocols/which_remedy.md", "setting": asdict(st), "base": base, "arms": arms,
             "tests": tests, "constant_again": again, "lora_lr": lora, "missing": missing, "minutes": minutes,
+            "lanes": lanes, "gsm8k": gsm8k,
             "runs": {a: {s: {"front": r["rewind"]["front"], "picks": {k: {"alpha": v["alpha"], "case": v.get("case")}
                                                                        for k, v in r["rewind"]["picks"].items()},
                              "budget_F": r["budget_F"], "check_alpha_1": r["rewind"]["check_alpha_1"]}
@@ -629,16 +666,22 @@ def report(result: dict) -> None:
         print(f"| {name} | {len(a['seeds'])} | {pm(a['F'])} | {pm(a['BT'])} | {pm(a['task_loss'], 4)} | "
               f"{pm(a['dev_loss'], 4)} | {pm(a['alpha'], 2)} |")
     print("\n| arm vs reference | seeds | cut in held-out F (95% CI) | per seed (ref − arm) | sign-flip p | McNemar pooled "
-          "| task cost (95% CI) | dev cost |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| held-out 0→1, paired | task cost (95% CI) | dev cost |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, t in result["tests"].items():
         ci = t["cut_F_ci95"]
         mc = t["mcnemar_pooled"]
         mc = f"{mc['forgotten_by_control_only']} : {mc['forgotten_by_remedy_only']} (p {mc['p']:.2g})" if isinstance(mc, dict) else "—"
         cut = "—" if t["cut_F"] is None else f"{t['cut_F']:.1%}" + (f" ({ci[0]:.1%}, {ci[1]:.1%})" if ci else "")
         print(f"| {name} | {len(t['seeds'])} | {cut} | {', '.join(f'{d:+.3f}' for d in t['diff_F_per_seed'])} | "
-              f"{t['p_sign_flip']:.3g} | {mc} | {t['task_cost_paired']:+.1%} ({t['task_cost_ci95'][0]:+.1%}, "
+              f"{t['p_sign_flip']:.3g} | {mc} | {t['mean_diff_BT']:+.3f} | {t['task_cost_paired']:+.1%} ({t['task_cost_ci95'][0]:+.1%}, "
               f"{t['task_cost_ci95'][1]:+.1%}) | {t['dev_cost_paired']:+.1%} |")
+    solved = {f"{a}-s{s}": v for a, by in result["gsm8k"].items() for s, v in by.items()}
+    if result["base"]:
+        print(f"\nGSM8K rows 0-99 solved: base {result['base']['gsm8k_solved']}; "
+              + (", ".join(f"{k} {v}" for k, v in solved.items()) or "no run measured yet"))
+    for arm, m in result["minutes"].items():
+        print(f"{arm}: {pm(m, 1)} min a run (lanes: {', '.join(map(str, result['lanes'].get(arm, [])))}; 2 cores)")
     if result["constant_again"]:
         same = sum(v["outcomes_differing"] == 0 for v in result["constant_again"].values())
         print(f"\nconstant-rate runs trained again: {same} of {len(result['constant_again'])} give §18's held-out outcomes")
