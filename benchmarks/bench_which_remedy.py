@@ -230,11 +230,15 @@ def check_prepared(st: Setting) -> None:
     now = _prepared(st)
     if not st.smoke:
         kept18 = json.loads((REPO / "benchmarks" / "results" / "remedies" / "prepared.json").read_text())
-        for mine, theirs in (("held_out_s18.jsonl", "held_out.jsonl"), ("base_held_out_s18_outcomes", "base_held_out_outcomes"),
+        # §18's held-out file is not made again byte for byte (the suites changed since: issue 44 merges twin options
+        # and refuses probes that cannot flip); its 1,000 base outcomes, in order, are what the reruns are judged on
+        for mine, theirs in (("base_held_out_s18_outcomes", "base_held_out_outcomes"),
                              ("monitored.jsonl", "monitored.jsonl"), ("pool.jsonl", "pool.jsonl"),
                              ("base_outputs_answers", "base_outputs_answers")):
             if kept18.get(theirs) != now[mine]:
                 raise SystemExit(f"--prepare did not make §18's {theirs} again ({now[mine]} vs {kept18.get(theirs)})")
+        if kept18.get("held_out.jsonl") != now["held_out_s18.jsonl"]:
+            print("note: §18's held-out file made again differs in bytes from §18's; its base outcomes are §18's", flush=True)
     s12.check_prepared(now, _done(st))
 
 
