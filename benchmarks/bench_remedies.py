@@ -114,8 +114,26 @@ BOOTSTRAP, BOOTSTRAP_SEED = 1000, 0
 S12_HASHES = ("monitored.jsonl", "held_out.jsonl", "pool.jsonl")  # §12's prepared.json names its held-out draw held_out
 
 
+class SavedSetting:
+    """A frozen dataclass of an experiment's settings, kept in `<out>/setting.json` for the runs it starts (tuples
+    come back as tuples)."""
+
+    @classmethod
+    def load(cls, path: str | None):
+        if not path:
+            return cls()
+        d = json.loads(Path(path).read_text())
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    def save(self) -> Path:
+        Path(self.out).mkdir(parents=True, exist_ok=True)
+        path = Path(self.out) / "setting.json"
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+
 @dataclass(frozen=True)
-class Setting:
+class Setting(SavedSetting):
     """Where and how big: the protocol's setting by default; `--smoke` shrinks it into a temporary directory."""
 
     out: str = str(REPO / "outputs" / "remedies")  # probe files, caches, models, logs (not tracked)
@@ -135,19 +153,6 @@ class Setting:
     keep_seeds: tuple = (6, 7)
     alphas: str = "0:1:0.2"
     smoke: bool = False
-
-    @classmethod
-    def load(cls, path: str | None) -> Setting:
-        if not path:
-            return cls()
-        d = json.loads(Path(path).read_text())
-        return cls(**{**d, "seeds": tuple(d["seeds"]), "keep_seeds": tuple(d["keep_seeds"])})
-
-    def save(self) -> Path:
-        Path(self.out).mkdir(parents=True, exist_ok=True)
-        path = Path(self.out) / "setting.json"
-        path.write_text(json.dumps(asdict(self), indent=1))
-        return path
 
 
 def _out(st: Setting) -> Path:
@@ -198,17 +203,24 @@ def arm_args(arm: str, st: Setting, beta: float | None = None) -> list[str]:
 
 
 # -- preparation ------------------------------------------------------------------------------------------------
-def prepare(st: Setting, threads: int = 2) -> None:
+def base_model(st: Setting, threads: int):
+    """The prepared directory (made if missing) and the base model in eval mode with its tokenizer, on `threads`."""
     import torch
 
     from forgetwatch.models import load_model
-    from forgetwatch.remedies import load_or_make
 
     torch.set_num_threads(threads)
     out = _out(st)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model("smollm2")
     model.eval()
+    return out, model, tok
+
+
+def prepare(st: Setting, threads: int = 2) -> None:
+    from forgetwatch.remedies import load_or_make
+
+    out, model, tok = base_model(st, threads)
     monitored = draw_probes(st, tok)
     _write_task(st)
     if not st.smoke:
@@ -433,7 +445,11 @@ def penalty_2_beta(st: Setting) -> dict:
                         f"{RULE_COST:.1%}, else {RULE_BETA_HIGH_COST:g}",
                 "seeds": list(st.seeds), "control_task_loss": control, "penalty_1_task_loss": p1,
                 "penalty_1_task_cost": cost, "beta": beta}
-    path = _done(st) / "penalty_2.json"
+    return keep_decision(_done(st) / "penalty_2.json", decision)
+
+
+def keep_decision(path: Path, decision: dict) -> dict:
+    """A rule's decision, written once; later, refused if the runs it reads give another (they must not change)."""
     if path.is_file():
         kept = json.loads(path.read_text())
         if kept != decision:

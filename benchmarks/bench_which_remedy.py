@@ -63,7 +63,7 @@ ACCURACY_MIN = 10  # of 100: fewer solved at base and at control-s30 -> accuracy
 
 
 @dataclass(frozen=True)
-class Setting:
+class Setting(s18.SavedSetting):
     out: str = str(REPO / "outputs" / "which_remedy")
     done: str = str(REPO / "benchmarks" / "results" / "which_remedy")
     summary: str = str(REPO / "benchmarks" / "results" / "which_remedy")
@@ -82,19 +82,6 @@ class Setting:
     pilot_seed: int = 29
     base_output_tokens: int = 128
     smoke: bool = False
-
-    @classmethod
-    def load(cls, path: str | None) -> Setting:
-        if not path:
-            return cls()
-        d = json.loads(Path(path).read_text())
-        return cls(**{**d, "seeds": tuple(d["seeds"]), "constant_seeds": tuple(d["constant_seeds"])})
-
-    def save(self) -> Path:
-        Path(self.out).mkdir(parents=True, exist_ok=True)
-        path = Path(self.out) / "setting.json"
-        path.write_text(json.dumps(asdict(self), indent=1))
-        return path
 
     def as_s18(self, held_out_seed: int | None = None) -> s18.Setting:
         """§18's Setting over this one's directory (its probe drawing, its arms' arguments)."""
@@ -173,16 +160,9 @@ def task_losses(model, tok, st: Setting) -> dict:
 
 
 def prepare(st: Setting, threads: int = 2) -> None:
-    import torch
-
-    from forgetwatch.models import load_model
     from forgetwatch.remedies import load_or_make
 
-    torch.set_num_threads(threads)
-    out = _out(st)
-    out.mkdir(parents=True, exist_ok=True)
-    model, tok = load_model("smollm2")
-    model.eval()
+    out, model, tok = s18.base_model(st, threads)
     draw_probes(st, tok)
     if not st.smoke:
         s18._check_s12(out)
@@ -265,13 +245,7 @@ def lora_rate(st: Setting) -> float | None:
     decision = {"rule": "the rate of {} with the lowest dev loss (GSM8K rows 0-49) at step {} of seed {} (ties: the "
                         "smaller)".format(", ".join(f"{r:g}" for r in LORA_RATES), st.steps, st.pilot_seed),
                 "dev_loss": {f"{k:g}": v for k, v in pilots.items()}, "lr": best}
-    if path.is_file():
-        kept = json.loads(path.read_text())
-        if kept != decision:
-            raise SystemExit(f"{path} holds another decision than the pilots give now: {kept} vs {decision}")
-    else:
-        path.write_text(json.dumps(decision, indent=1))
-    return best
+    return s18.keep_decision(path, decision)["lr"]
 
 
 def run_args(arm: str, st: Setting, lr: float | None) -> list[str]:
