@@ -170,11 +170,33 @@ def test_sft_with_the_penalty(tiny_model_dir, dataset_dir, probes_file, pool_fil
                        forgetwatch_penalty_ratio=1.0, forgetwatch_replay_pool=str(pool_file))
     proc = forgetwatch("llamafactory", "train", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    # LLaMA-Factory checkpoints reentrantly by default, which the scale's torch.autograd.grad cannot go through
+    assert "use_reentrant_gc set to false: the 1→0 penalty's scale task_gradient" in proc.stderr
+    assert "Gradient checkpointing enabled." in proc.stdout + proc.stderr  # still checkpointed, non-reentrant
     base = json.loads((out / "forgetwatch" / "penalty_base.json").read_text())
     assert base["ids"] == [f"pool-add{i}" for i in range(8)]
     known = [m for m in base["margin"] if m is not None]  # the items the random base answers right: the hinge's
     rows = [r for r in load_record(out).read_trainer_log() if "loss" in r]
     assert len(rows) == 4 and 0 < len(known) and any("penalty_hinge" in r for r in rows)
+
+
+@requires_llamafactory
+def test_the_penalty_with_reentrant_checkpointing_written_is_refused(tiny_model_dir, dataset_dir, probes_file, pool_file,
+                                                                     tmp_path):
+    """`use_reentrant_gc: true` written by the user is not overridden: the run stops before LLaMA-Factory is called,
+    naming its line and the three ways out; with `forgetwatch_penalty_scale: loss` the same config is accepted."""
+    out = tmp_path / "out"
+    keys = dict(forgetwatch_probes=str(probes_file), forgetwatch_penalty_beta=1.0, forgetwatch_replay_pool=str(pool_file))
+    cfg = write_config(tmp_path / "sft.yaml", tiny_model_dir, dataset_dir, out, "sft", lf={"use_reentrant_gc": True},
+                       **keys)
+    proc = forgetwatch("llamafactory", "train", str(cfg))
+    assert_refused_before_training(proc, out, f"{cfg}, line {line_of(cfg, 'use_reentrant_gc')}: use_reentrant_gc: true "
+                                   "with forgetwatch_penalty_beta", "Set use_reentrant_gc to false",
+                                   "forgetwatch_penalty_scale: loss")
+    from forgetwatch.integrations.llamafactory import prepare
+
+    _, rest = prepare(cfg, ["forgetwatch_penalty_scale=loss"])
+    assert rest["use_reentrant_gc"] is True  # what the user wrote, kept: the loss scale needs no autograd.grad
 
 
 @requires_llamafactory

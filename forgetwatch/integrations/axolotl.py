@@ -47,7 +47,15 @@ from pydantic import Field, create_model
 from ..callback import ForgetWatchCallback
 from ..options import LEGACY_VALUES, ForgetWatchArguments
 from ..remedies.rewinder import rewind_callback
-from .config import KEYS, TYPES, ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
+from .config import (
+    KEYS,
+    TYPES,
+    ConfigKeyError,
+    front_end_arguments,
+    penalty_needs_nonreentrant,
+    where_given,
+    yaml_key_lines,
+)
 
 __all__ = ["PLUGIN", "ForgetWatchArgs", "ForgetWatchPlugin", "arguments", "check_config", "stage"]  # noqa: F822 (made on first use)
 
@@ -134,6 +142,24 @@ def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plug
     return ours
 
 
+def _nonreentrant_for_the_penalty(cfg: dict) -> None:
+    """The raw config, before Axolotl normalises it: with the 1→0 penalty (scale task_gradient) and
+    `gradient_checkpointing` on, `gradient_checkpointing_kwargs` unset is made non-reentrant, which Axolotl would
+    otherwise make reentrant (`penalty_needs_nonreentrant`); `use_reentrant: true` written in the config is refused."""
+    if not cfg.get("gradient_checkpointing"):
+        return
+    args = arguments(cfg) if cfg.get("forgetwatch_penalty_beta") else None
+    kwargs = cfg.get("gradient_checkpointing_kwargs") or {}
+    path = cfg.get("axolotl_config_path")
+    lines = yaml_key_lines(path) if path and Path(str(path)).is_file() else {}
+    if penalty_needs_nonreentrant(args, kwargs.get("use_reentrant"), key="gradient_checkpointing_kwargs.use_reentrant",
+                                  source=str(path or "the Axolotl config"), lines=lines):
+        cfg["gradient_checkpointing_kwargs"] = {**kwargs, "use_reentrant": False}
+        logger.warning("forgetwatch: gradient_checkpointing_kwargs.use_reentrant set to false: the 1→0 penalty's scale "
+                       "task_gradient measures gradients through the checkpointed layers, which reentrant "
+                       "checkpointing does not allow")
+
+
 def _looks_like_ours(entry: Any) -> bool:
     """A `plugins:` entry that is forgetwatch's plugin misspelt: another case, a letter off, a module path off
     (`forgetwatch.integration.axolotl.ForgetwatchPlugin`), or the class without its module path."""
@@ -191,6 +217,7 @@ def _plugin_class():
         def register(self, cfg: dict) -> None:
             # The raw config, before Axolotl's schema drops the keys it does not know: a misspelt key is still there.
             keys = check_config(cfg, need_plugin=False)
+            _nonreentrant_for_the_penalty(cfg)
             if not keys:
                 logger.warning("forgetwatch: the plugin is listed but no forgetwatch_* key is set: nothing is scored "
                                "(set forgetwatch_probes)")

@@ -35,7 +35,7 @@ from ..errors import ConfigKeyError
 from ..options import ForgetWatchArguments, read_legacy
 
 __all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TERM_OPTIONS", "TYPES", "check_keys", "front_end_arguments",
-           "parse_keys", "split_keys", "where_given", "yaml_key_lines"]
+           "parse_keys", "penalty_needs_nonreentrant", "split_keys", "where_given", "yaml_key_lines"]
 
 PREFIX = "forgetwatch_"
 KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(ForgetWatchArguments)}
@@ -267,6 +267,42 @@ def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: st
     except ValueError as e:
         raise ConfigKeyError(_refusal(str(e), ours, source, lines)) from e
     return args, rest
+
+
+def penalty_needs_nonreentrant(args: ForgetWatchArguments | None, reentrant: Any, *, key: str, source: str = "config",
+                               lines: Mapping[str, int | str] | None = None) -> bool:
+    """Whether a front-end's activation checkpointing must be made non-reentrant for the 1→0 penalty (True: the
+    config leaves it to the front-end's reentrant default, and the caller sets `key` off and says so).
+
+    The penalty's `task_gradient` scale (the default) measures two gradients with `torch.autograd.grad`, which reentrant
+    checkpointing cannot go through, and LLaMA-Factory (`use_reentrant_gc`) and Axolotl (`gradient_checkpointing_kwargs`)
+    both checkpoint reentrantly unless told otherwise. Non-reentrant checkpointing computes the same gradients (it is what
+    LLaMA-Factory itself switches to under FSDP2), so an unset choice is switched; one the user wrote is refused, naming
+    its line, since nothing a user wrote is overridden without their say.
+
+    `reentrant`: the value the config gives (None: not given; checkpointing is on).
+
+    Example:
+        >>> args = ForgetWatchArguments(forgetwatch_probes="sciq", forgetwatch_penalty_beta=1.0)
+        >>> penalty_needs_nonreentrant(args, None, key="use_reentrant_gc")
+        True
+        >>> penalty_needs_nonreentrant(args, True, key="use_reentrant_gc", source="c.yaml",
+        ...                            lines={"use_reentrant_gc": 4})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        forgetwatch.errors.ConfigKeyError: c.yaml, line 4: use_reentrant_gc: true with forgetwatch_penalty_beta: ...
+    """
+    if args is None or not args.forgetwatch_penalty_beta or args.forgetwatch_penalty_scale != "task_gradient":
+        return False
+    if reentrant is None:
+        return True
+    if reentrant:
+        raise ConfigKeyError(
+            f"{where_given(source, lines, key.split('.')[0])}: {key}: true with forgetwatch_penalty_beta: the penalty's scale "
+            "task_gradient measures gradients with torch.autograd.grad, which reentrant activation checkpointing does "
+            f"not support. Set {key} to false (the same gradients), turn checkpointing off, or set "
+            "forgetwatch_penalty_scale: loss")
+    return False
 
 
 def yaml_key_lines(path: str | Path) -> dict[str, int]:

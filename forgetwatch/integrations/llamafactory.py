@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from ..docs import docs_hint
-from .config import ConfigKeyError, front_end_arguments, where_given, yaml_key_lines
+from .config import (
+    ConfigKeyError,
+    front_end_arguments,
+    penalty_needs_nonreentrant,
+    where_given,
+    yaml_key_lines,
+)
 
 __all__ = ["TESTED_VERSION", "check", "launch", "main", "prepare", "read_config", "run", "split_config", "train"]
 
@@ -156,6 +162,11 @@ def split_config(config: dict[str, Any], *, source: str, lines: dict[str, int | 
     if stage not in TESTED_STAGES:
         logger.warning("forgetwatch: stage %r: the callback is handed to it, but only %s are tested with LLaMA-Factory",
                        stage, " and ".join(TESTED_STAGES))
+    if not rest.get("disable_gradient_checkpointing") and penalty_needs_nonreentrant(
+            args, rest.get("use_reentrant_gc"), key="use_reentrant_gc", source=source, lines=lines):
+        rest["use_reentrant_gc"] = False  # LLaMA-Factory's default is reentrant; the same gradients, and the scale works
+        logger.warning("forgetwatch: use_reentrant_gc set to false: the 1→0 penalty's scale task_gradient measures "
+                       "gradients through the checkpointed layers, which reentrant checkpointing does not allow")
     return args, rest
 
 

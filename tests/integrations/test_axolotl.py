@@ -199,6 +199,28 @@ def test_a_loss_term_is_refused_where_it_cannot_work(tmp_path, files):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_penalty_floor=1.0))
 
 
+def test_the_penalty_makes_checkpointing_non_reentrant_unless_the_config_says_otherwise(tmp_path, files):
+    """Axolotl makes `gradient_checkpointing: true` reentrant, which the penalty's scale (torch.autograd.grad) cannot go
+    through: with the penalty the plugin makes it non-reentrant (the same gradients) and the run trains, checkpointed;
+    without the penalty Axolotl's own choice is left; `use_reentrant: true` written in the config is refused at
+    loading, with its line."""
+    penalty = {"forgetwatch_penalty_beta": 1.0, "forgetwatch_penalty_ratio": 1.0,
+               "forgetwatch_replay_pool": str(files / "pool.jsonl")}
+    checkpointed = "gradient_checkpointing: true\n"
+    assert load(tmp_path, config_text(files, tmp_path / "out", extra=checkpointed)).gradient_checkpointing_kwargs == {
+        "use_reentrant": True}  # Axolotl's default, untouched without the penalty
+    cfg = load(tmp_path, config_text(files, tmp_path / "out", extra=checkpointed, **penalty))
+    assert cfg.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    written = checkpointed + "gradient_checkpointing_kwargs:\n  use_reentrant: true\n"
+    with pytest.raises(ConfigKeyError) as e:
+        load(tmp_path, config_text(files, tmp_path / "out", extra=written, **penalty))
+    assert (f"config.yaml, line {line_of(tmp_path, 'gradient_checkpointing_kwargs:')}: gradient_checkpointing_kwargs."
+            "use_reentrant: true with forgetwatch_penalty_beta") in str(e.value)
+    out = train(tmp_path, files, "penalty", extra=checkpointed, **penalty)
+    rows = [r for r in load_record(out).read_trainer_log() if "loss" in r]
+    assert len(rows) == 4 and any("penalty_hinge" in r for r in rows)
+
+
 # -- bad input, through Axolotl's own config loading ----------------------------------------------------------------------
 def load(tmp_path: Path, text: str):
     from axolotl.cli.config import load_cfg
