@@ -644,7 +644,14 @@ def analyse(st: Setting) -> dict:
     lora = json.loads((_done(st) / "lora_lr.json").read_text()) if (_done(st) / "lora_lr.json").is_file() else None
     missing = [run_name(a, s) for a in ARMS for s in st.seeds if s not in runs.get(a, {})]
     missing += [run_name(CONSTANT, s) for s in st.constant_seeds if s not in runs.get(CONSTANT, {})]
-    minutes = {a: s18._stat([r["seconds"]["total"] / 60 for r in by.values()]) for a, by in runs.items()}
+    # wall time less the pauses recorded in pauses.json (lanes stopped so that `make test` ran alone)
+    paused: dict[str, float] = {}
+    pauses = _done(st) / "pauses.json"
+    for pause in json.loads(pauses.read_text())["pauses"] if pauses.is_file() else []:
+        for name in pause["runs"]:
+            paused[name] = paused.get(name, 0.0) + pause["seconds"]
+    minutes = {a: s18._stat([(r["seconds"]["total"] - paused.get(run_name(a, s), 0.0)) / 60 for s, r in by.items()])
+               for a, by in runs.items()}
     lanes = {a: sorted({r["machine"]["lanes"] for r in by.values()}) for a, by in runs.items()}
     gsm8k = {a: {s: {"final": r["final"].get("gsm8k_solved"),
                      "rewind": (r["rewind"]["picks"]["budget"]["judged"] if isinstance(r["rewind"]["picks"]["budget"]["judged"], dict)
@@ -689,7 +696,8 @@ def report(result: dict) -> None:
         print(f"\nGSM8K rows 0-99 solved: base {result['base']['gsm8k_solved']}; "
               + (", ".join(f"{k} {v}" for k, v in solved.items()) or "no run measured yet"))
     for arm, m in result["minutes"].items():
-        print(f"{arm}: {pm(m, 1)} min a run (lanes: {', '.join(map(str, result['lanes'].get(arm, [])))}; 2 cores)")
+        print(f"{arm}: {pm(m, 1)} min a run, pauses excluded (lanes: {', '.join(map(str, result['lanes'].get(arm, [])))}; "
+              "2 cores)")
     for label, r in result["razor"].items():
         print(f"held-out F against KL(model ‖ base) on the task's rows, {label}: Spearman {r['spearman']:+.2f} over {r['n']} models")
     if result["constant_again"]:
@@ -724,7 +732,8 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xlabel("held-out GSM8K loss, rows 50-99 (nats per token; lower is better)")
         ax.set_ylabel("held-out F (share of held-out probes forgotten)")
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle("forgetting against task loss; arrows: each run's rewind pick (× at the pick)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
