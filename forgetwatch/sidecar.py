@@ -26,6 +26,7 @@ from typing import Any
 from ._io import atomic_write, read_json, read_json_or_none
 from .cache import read_key
 from .errors import SidecarError
+from .launch import uses_deepspeed, uses_fsdp
 from .record import MODEL_FILES
 from .record_schema import manifest_problem
 
@@ -66,11 +67,11 @@ class SidecarManifest:
         except Exception as e:  # only sharded FSDP checkpoints need them: not worth ending the run for
             logger.warning("forgetwatch: could not write the model's config and tokenizer for `forgetwatch watch` (%s: %s); "
                            "it can still load checkpoints that hold them", type(e).__name__, e)
-        if (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true") and hasattr(model, "peft_config"):
+        if uses_fsdp(args) and hasattr(model, "peft_config"):
             logger.warning("forgetwatch: a LoRA run under FSDP saves adapter-only checkpoints; with sharded ones "
                            "(SHARDED_STATE_DICT) `forgetwatch watch` cannot score them: set fsdp_config state_dict_type "
                            "FULL_STATE_DICT")
-        if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        if uses_deepspeed(args):
             logger.warning("forgetwatch: scoring='sidecar' loads the checkpoints in another process: under ZeRO-3 set "
                            "stage3_gather_16bit_weights_on_model_save true so that they hold full weights, or "
                            "`forgetwatch watch` cannot load them")

@@ -244,17 +244,22 @@ def test_under_clipping_beta_changes_the_trained_model_only_with_task_gradient(t
     assert gaps["task_gradient"] > 0.2, gaps
 
 
-@pytest.mark.parametrize("args, says", [
-    ({"fsdp": "full_shard"}, "under FSDP / DeepSpeed"),
-    ({"deepspeed": "ds.json"}, "under FSDP / DeepSpeed"),
-    ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, "use_reentrant"),
+@pytest.mark.parametrize("args, env, says", [
+    ({"fsdp": "full_shard"}, {}, "under FSDP / DeepSpeed"),
+    ({"deepspeed": "ds.json"}, {}, "under FSDP / DeepSpeed"),
+    ({}, {"ACCELERATE_USE_FSDP": "true"}, "under FSDP / DeepSpeed"),  # `accelerate launch` sets only the environment
+    ({}, {"ACCELERATE_USE_DEEPSPEED": "True"}, "under FSDP / DeepSpeed"),
+    ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {}, "use_reentrant"),
 ])
-def test_task_gradient_refuses_what_it_cannot_measure_before_training(tokenizer, tmp_path, args, says):
+def test_task_gradient_refuses_what_it_cannot_measure_before_training(tokenizer, tmp_path, monkeypatch, args, env, says):
     """Sharded gradients and reentrant checkpointing are refused when training begins, with what to do instead; the
     nats weighting (scale="loss") is not refused."""
     from types import SimpleNamespace
 
     from transformers import TrainerState
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
 
     full = {"fsdp": "", "deepspeed": None, "gradient_checkpointing": False, "gradient_checkpointing_kwargs": None,
             "output_dir": str(tmp_path), **args}
@@ -272,3 +277,11 @@ def test_no_scale_to_set_it_by_skips_the_micro_batch(tokenizer):
     task = sum(x.sum() for x in model.parameters()) * 0.0  # a loss with no gradient
     out = p.rescale(term, task, model)
     assert float(out) == 0.0 and out.requires_grad
+
+
+def test_launch_doctests():
+    import doctest
+
+    from forgetwatch import launch
+
+    assert doctest.testmod(launch).failed == 0

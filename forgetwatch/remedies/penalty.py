@@ -55,6 +55,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .._io import atomic_write, read_json_or_none
+from ..launch import uses_deepspeed, uses_fsdp
 from ..modes import ScoringConfig
 from ..prompts import loglik_request
 from ..requests import encode
@@ -390,11 +391,9 @@ def _grad_norm(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _sharded(args: Any, model: Any = None) -> bool:
-    """FSDP or DeepSpeed: in the trainer's arguments, in `accelerate launch`'s configuration (as sidecar.py reads it),
+    """FSDP or DeepSpeed: in the trainer's arguments, in `accelerate launch`'s configuration (`forgetwatch.launch`),
     or in the parameters themselves (FSDP2's DTensors, ZeRO-3's partitioned ones)."""
-    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
-        return True
-    if any(os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")):
+    if uses_fsdp(args) or uses_deepspeed(args):
         return True
     params = list(model.parameters())[:1] if model is not None else []
     return any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in params)
