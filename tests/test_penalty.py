@@ -269,6 +269,23 @@ def test_task_gradient_refuses_what_it_cannot_measure_before_training(tokenizer,
                                                     model=build_model(tokenizer))
 
 
+def test_reentrant_checkpointing_set_on_the_model_is_refused_before_training(tokenizer, tmp_path):
+    """Checkpointing the trainer's arguments do not show (transformers < 5 makes `gradient_checkpointing=True`
+    reentrant by default; a front-end may enable it on the model) is found on the model's layers; non-reentrant passes."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    args = SimpleNamespace(fsdp="", deepspeed=None, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
+                           output_dir=str(tmp_path))
+    model = build_model(tokenizer)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(ValueError, match="use_reentrant"):
+        penalty(tokenizer).on_train_begin(args, TrainerState(), None, model=model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    penalty(tokenizer).on_train_begin(args, TrainerState(), None, model=model)
+
+
 def test_no_scale_to_set_it_by_skips_the_micro_batch(tokenizer):
     """A task loss whose gradient vanished gives no scale: the micro-batch goes without the penalty (a zero term), not
     with the nats weighting that would outweigh the task."""

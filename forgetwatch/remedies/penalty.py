@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -177,8 +178,7 @@ class MarginPenalty(TrainerCallback):
                                  "gradients on whole parameters, and under FSDP / DeepSpeed a rank holds shards of them: "
                                  "set forgetwatch_penalty_scale loss (MarginPenalty(scale='loss')) and choose beta for "
                                  "it, or train with data parallelism (DDP)")
-            if getattr(args, "gradient_checkpointing", False) and (
-                    (getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant") is True):
+            if _reentrant_checkpointing(args, model):
                 raise ValueError(REENTRANT)
         path = Path(args.output_dir) / "forgetwatch" / BASE_FILE
         ids = [p.id for p in self.items]
@@ -388,6 +388,20 @@ def _grad_norm(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
         raise
     squares = [g.detach().float().pow(2).sum().to(loss.device) for g in grads if g is not None]  # devices may differ
     return torch.stack(squares).sum().sqrt() if squares else torch.zeros((), device=loss.device)
+
+
+def _reentrant_checkpointing(args: Any, model: Any = None) -> bool:
+    """Reentrant activation checkpointing: asked for in the trainer's arguments, or already set on the model's layers
+    (transformers < 5 makes `gradient_checkpointing=True` reentrant when no kwargs say otherwise, and a front-end may
+    enable it on the model itself). Each checkpointed layer holds `functools.partial(checkpoint, use_reentrant=...)`."""
+    if getattr(args, "gradient_checkpointing", False) and (
+            (getattr(args, "gradient_checkpointing_kwargs", None) or {}).get("use_reentrant") is True):
+        return True
+    for module in model.modules() if model is not None else ():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if isinstance(func, functools.partial) and func.keywords.get("use_reentrant") is True:
+            return True
+    return False
 
 
 def _sharded(args: Any, model: Any = None) -> bool:
