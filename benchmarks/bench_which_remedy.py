@@ -321,6 +321,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
             *extra]
     if st.smoke:
         argv = [a if a != "20" or argv[i - 1] != "--warmup_steps" else "1" for i, a in enumerate(argv)]
+    commit = _commit()  # the code the run starts with (it imports it now; a later commit does not change it)
     t0 = time.time()
     main(*make_parser().parse_args_and_config(args=argv), extra_callbacks=[Logs()])
     times = {"train": time.time() - t0}
@@ -329,7 +330,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
                   "BT": r["metrics"]["overall"]["backward_transfer"], "accuracy": r["metrics"]["overall"]["accuracy_post"]}
                  for r in map(json.loads, (record / "metrics.jsonl").read_text().splitlines()) if r.get("metrics")]
     result = {"arm": arm, "seed": seed, "lr": lr, "args": [a.replace(f"{REPO}/", "") for a in extra], "steps": st.steps,
-              "commit": _commit(), "monitored": monitored, "logs": history,
+              "commit": commit, "monitored": monitored, "logs": history,
               # what shared the machine: the lanes running, and the load average when training ended
               "machine": {"lanes": int(os.environ.get("WHICH_REMEDY_LANES", "1")), "cores": os.cpu_count(),
                           "load_after_training": os.getloadavg()}}
