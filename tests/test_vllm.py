@@ -409,6 +409,7 @@ def sidecar_run(smollm_dir, tmp_path_factory):
     data = [{"input_ids": ids, "labels": ids} for ids in (tok(t)["input_ids"] for t in texts)]
     probes = ProbeSet(list(load_probes("arc_easy,mmlu,triviaqa", per_suite=20, seed=1)))
     args = TrainingArguments(str(out), max_steps=4, per_device_train_batch_size=4, learning_rate=3e-4, save_steps=2,
+                             save_only_model=True,  # the watcher reads the weights; optimizer states cost 2 GB of disk
                              logging_steps=1, report_to=[], use_cpu=True, seed=0, disable_tqdm=True)
     callback = ForgetWatchCallback(probes=probes, eval_steps=2, scoring="sidecar", engine="vllm")
     from transformers import DataCollatorForSeq2Seq
@@ -431,8 +432,10 @@ def test_watch_engine_vllm_gives_the_record_the_hf_engine_gives(vllm_engine, sid
     from forgetwatch.record import RunRecord
 
     runs = {name: tmp_path / name for name in ("hf", "vllm")}
-    for d in runs.values():
-        shutil.copytree(sidecar_run, d)
+    for d in runs.values():  # the record copied; the checkpoints, which the watcher only reads, linked (disk)
+        shutil.copytree(sidecar_run, d, ignore=lambda _, names: [n for n in names if n.startswith("checkpoint-")])
+        for ckpt in sidecar_run.glob("checkpoint-*"):
+            (d / ckpt.name).symlink_to(ckpt, target_is_directory=True)
     base_bytes = hashlib.sha256((runs["vllm"] / "forgetwatch" / "base.parquet").read_bytes()).hexdigest()
     took = {}
     _, took["hf"] = _timed(lambda: main(["watch", str(runs["hf"]), "--once", "--engine", "hf"]))
