@@ -586,6 +586,14 @@ def _flat(runs: dict[str, dict[int, dict]]) -> dict[tuple[str, int], dict]:
     return flat
 
 
+def _spearman(pts: list[tuple[float, float, str]]) -> dict:
+    """Spearman's rho of held-out F on KL with its p-value, ties ranked as averages (held-out F repeats across runs)."""
+    from scipy.stats import spearmanr
+
+    rho, p = spearmanr([q[0] for q in pts], [q[1] for q in pts])
+    return {"spearman": float(rho), "p": float(p)}
+
+
 def analyse(st: Setting) -> dict:
     from forgetwatch.cache import BaseCache
 
@@ -621,15 +629,26 @@ def analyse(st: Setting) -> dict:
         compare(arm, f"{arm}@dev", f"the dev loss's own α for {arm}'s run, against its checkpoint", held)
         if arm not in ("control", CONSTANT):
             compare("control", f"{arm}@rewind", f"{arm} rewound, against the plain control's checkpoint", held)
+        if CONTROL_OF.get(arm, "control") != "control":
+            compare(CONTROL_OF[arm], f"{arm}@rewind", f"{arm} rewound, against its own control's checkpoint", held)
+    # the checkpoints' task cost on rows 0-99, the rows §18 reported it on (constant rate), for a like-for-like reading
+    rows_0_99 = {}
+    for arm in ARMS:
+        for ref in {CONTROL_OF.get(arm), "control"} - {None, arm}:
+            seeds = sorted(set(runs.get(arm, {})) & set(runs.get(ref, {})))
+            if seeds:
+                loss = {n: np.mean([runs[n][s]["final"]["task_losses"]["rows_0_99"] for s in seeds]) for n in (arm, ref)}
+                rows_0_99[f"{arm} vs {ref}"] = {"seeds": seeds, "cost": float(loss[arm] / loss[ref] - 1)}
     # RL's Razor (exploratory): does held-out F follow the KL to the base on the task's own rows, across arms and picks?
     razor = {}
     for label, keep in (("cosine, checkpoints", lambda n: n in ARMS), ("cosine, checkpoints and rewind picks",
                         lambda n: n.split("@")[0] in ARMS and not n.endswith("@dev"))):
         pts = [(v["task_kl"], v["F"], n) for (n, _), v in flat.items() if keep(n) and v.get("task_kl") is not None]
         if len(pts) >= 3:
-            kl, f = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-            rank = lambda a: np.argsort(np.argsort(a))  # noqa: E731 (ties are rare in these continuous figures)
-            razor[label] = {"n": len(pts), "spearman": float(np.corrcoef(rank(kl), rank(f))[0, 1]),
+            # within one recipe too: a correlation across arms can be only the arms' difference
+            groups = {"all": pts, **{a: [p for p in pts if p[2].split("@")[0] == a] for a in sorted({p[2].split("@")[0] for p in pts})}}
+            razor[label] = {"n": len(pts), **_spearman(pts),
+                            "within": {g: {"n": len(q), **_spearman(q)} for g, q in groups.items() if g != "all" and len(q) >= 5},
                             "by_arm": {a: {"task_kl": s18._stat([p[0] for p in pts if p[2] == a]),
                                            "F": s18._stat([p[1] for p in pts if p[2] == a])}
                                        for a in sorted({p[2] for p in pts})}}
@@ -660,7 +679,7 @@ def analyse(st: Setting) -> dict:
                  for s, r in by.items() if "gsm8k_solved" in r["final"]} for a, by in runs.items()}
     return {"protocol": "benchmarks/protocols/which_remedy.md", "setting": asdict(st), "base": base, "arms": arms,
             "tests": tests, "constant_again": again, "lora_lr": lora, "missing": missing, "minutes": minutes,
-            "lanes": lanes, "gsm8k": gsm8k, "razor": razor,
+            "lanes": lanes, "gsm8k": gsm8k, "razor": razor, "task_cost_rows_0_99": rows_0_99,
             "runs": {a: {s: {"front": r["rewind"]["front"], "picks": {k: {"alpha": v["alpha"], "case": v.get("case")}
                                                                        for k, v in r["rewind"]["picks"].items()},
                              "budget_F": r["budget_F"], "check_alpha_1": r["rewind"]["check_alpha_1"]}
@@ -699,8 +718,12 @@ def report(result: dict) -> None:
     for arm, m in result["minutes"].items():
         print(f"{arm}: {pm(m, 1)} min a run, pauses excluded (lanes: {', '.join(map(str, result['lanes'].get(arm, [])))}; "
               "2 cores)")
+    for name, c in result["task_cost_rows_0_99"].items():
+        print(f"task cost on GSM8K rows 0-99 (§18's rows), checkpoints, {name}: {c['cost']:+.1%} ({len(c['seeds'])} seeds)")
     for label, r in result["razor"].items():
-        print(f"held-out F against KL(model ‖ base) on the task's rows, {label}: Spearman {r['spearman']:+.2f} over {r['n']} models")
+        within = "; ".join(f"{g} {w['spearman']:+.2f} (p {w['p']:.2g}, {w['n']})" for g, w in r["within"].items())
+        print(f"held-out F against KL(model ‖ base) on the task's rows, {label}: Spearman {r['spearman']:+.2f} "
+              f"(p {r['p']:.2g}) over {r['n']} models; within an arm: {within}")
     if result["constant_again"]:
         same = sum(v["outcomes_differing"] == 0 for v in result["constant_again"].values())
         print(f"\nconstant-rate runs trained again: {same} of {len(result['constant_again'])} give §18's held-out outcomes")
