@@ -217,6 +217,23 @@ def _prepared(st: Setting) -> dict:
     return got
 
 
+def _cpu() -> dict:
+    """The CPU and the kernels torch picked on it: sums differ in their last digits between kinds of machine (the base
+    task loss moved by 4e-6 relative from the sessions before 2026-11-29 to an AMD EPYC with AVX2)."""
+    import torch
+
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
+    return {"cpu": model, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _same_base(kept: dict, now: dict, rel: float = 1e-4) -> bool:
+    """The base task losses agree to `rel` (float sums differ in their last digits between CPUs); the rest exactly."""
+    a, b = kept.get("task_losses", {}), now.get("task_losses", {})
+    return ({k: v for k, v in kept.items() if k != "task_losses"} == {k: v for k, v in now.items() if k != "task_losses"}
+            and a.keys() == b.keys() and all(abs(a[k] - b[k]) <= rel * abs(a[k]) for k in a))
+
+
 def check_prepared(st: Setting) -> None:
     """One preparation for every run kept in git: a fresh `--prepare` must make the same files. §18's held-out draw and
     base outcomes must be §18's (results/remedies/prepared.json), or its runs cannot be judged again on them."""
@@ -232,6 +249,14 @@ def check_prepared(st: Setting) -> None:
                 raise SystemExit(f"--prepare did not make §18's {theirs} again ({now[mine]} vs {kept18.get(theirs)})")
         if kept18.get("held_out.jsonl") != now["held_out_s18.jsonl"]:
             print("note: §18's held-out file made again differs in bytes from §18's; its base outcomes are §18's", flush=True)
+    kept = _done(st) / "prepared.json"
+    if kept.is_file():
+        base = json.loads(kept.read_text()).get("base", {})
+        if base != now.get("base") and _same_base(base, now.get("base", {})):
+            print(f"note: the base task losses differ from the finished runs' in their last digits ({now['base']['task_losses']}"
+                  f" here, {base['task_losses']} kept): this CPU sums in another order; the files and outcomes are the "
+                  "same", flush=True)
+            now = {**now, "base": base}
     s12.check_prepared(now, _done(st))
 
 
@@ -333,7 +358,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
               "commit": commit, "monitored": monitored, "logs": history,
               # what shared the machine: the lanes running, and the load average when training ended
               "machine": {"lanes": int(os.environ.get("WHICH_REMEDY_LANES", "1")), "cores": os.cpu_count(),
-                          "load_after_training": os.getloadavg()}}
+                          "load_after_training": os.getloadavg(), **_cpu()}}
     if arm == LORA_PILOT:  # the rule reads the dev loss only: no held-out probe is scored
         model, tok = load_model(str(out))
         model.eval()
