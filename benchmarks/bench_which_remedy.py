@@ -20,8 +20,10 @@ Files (`--prepare`, seeded, made again the same; outputs/which_remedy/, not trac
 
 Each run writes one JSON into benchmarks/results/which_remedy/ (tracked): held-out outcomes at the final model and at
 rewind's pick(s), the task losses (dev rows 0-49, held-out rows 50-99, and rows 0-99 as §18 read them), rewind's front,
-the monitored curve and the trainer's logs. An unfinished run starts again from scratch; the run's directory is deleted
-once its JSON is written.
+the monitored curve and the trainer's logs. An unfinished run resumes where it stopped: training from its last checkpoint
+(every 25 steps; the Trainer restores the data order, the RNG and the optimizer), the judging stages from the files they
+left (`trained.json`, `judged-<tag>.json`, the rewind's `rewind.json`); the run's JSON says what was resumed. The run's
+directory is deleted once its JSON is written.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ LORA_ARGS = ["--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropo
              "--lora_target_modules", "all-linear"]
 PENALTY_BETA, PENALTY_SCALE = 1.0, "task_gradient"
 COSINE = ["--lr_scheduler_type", "cosine", "--warmup_steps", "20"]
+CHECKPOINT_STEPS = 25  # a stopped run resumes its training from the last of these
 REWIND_ALPHAS, REWIND_SHARE = "0.5:1:0.1", 0.7  # the budget: 0.7 x the run's own final monitored F
 DEV_ROWS, TASK_ROWS = (0, 50), (50, 100)
 ACCURACY_MIN = 10  # of 100: fewer solved at base and at control-s30 -> accuracy "does not measure"
@@ -320,12 +323,19 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
 
     from forgetwatch.cache import BaseCache
     from forgetwatch.models import load_model
-    from forgetwatch.remedies.rewind import pick_alpha, rewind
+    from forgetwatch.remedies.rewind import pick_alpha, read_rewind, rewind
 
     torch.set_num_threads(1)
     name = run_name(arm, seed, lr)
     out = _out(st) / name
+    out.mkdir(parents=True, exist_ok=True)
     history: list[dict] = []
+    started = _stage(out, "started", lambda: {"commit": _commit(), "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    resumes = out / "resumed.json"  # each restart of this run: when, with which code, from which training step
+    resumed: list[dict] = json.loads(resumes.read_text()) if resumes.is_file() else []
+    if not started["fresh"]:
+        resumed.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": _commit()})
+        _write_json(resumes, resumed)
 
     class Logs(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -346,16 +356,33 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
             *extra]
     if st.smoke:
         argv = [a if a != "20" or argv[i - 1] != "--warmup_steps" else "1" for i, a in enumerate(argv)]
-    commit = _commit()  # the code the run starts with (it imports it now; a later commit does not change it)
+    # checkpoints so that a stopped run resumes its training; kept one at a time and deleted once training is done
+    argv += ["--save_strategy", "steps", "--save_steps", str(CHECKPOINT_STEPS), "--save_total_limit", "1"]
+    commit = started["commit"]  # the code the run started with (a resumed run lists its own commits in `resumed`)
     t0 = time.time()
-    main(*make_parser().parse_args_and_config(args=argv), extra_callbacks=[Logs()])
-    times = {"train": time.time() - t0}
+
+    def train() -> dict:
+        last = _last_checkpoint(out)
+        extra_argv = ["--resume_from_checkpoint", str(last)] if last is not None else []
+        if last is not None:
+            resumed[-1]["training_from_step"] = int(last.name.split("-")[1])
+            _write_json(resumes, resumed)
+        main(*make_parser().parse_args_and_config(args=argv + extra_argv), extra_callbacks=[Logs()])
+        # a resumed run's logs before its checkpoint are in the record (the callback mends it across the resume)
+        logs = history if last is None else [json.loads(line) for line in
+                                             (out / "forgetwatch" / "trainer_log.jsonl").read_text().splitlines()]
+        return {"logs": logs, "train": time.time() - t0, "started_training_at": started["value"]["at"]}
+
+    trained = _stage(out, "trained", train)
+    for ckpt in out.glob("checkpoint-*"):  # the rewind and the judges read the final model only
+        shutil.rmtree(ckpt)
+    history, times = trained["value"]["logs"], {"train": trained["value"]["train"]}
     record = out / "forgetwatch"
     monitored = [{"step": r["step"], "F": r["metrics"]["overall"]["forgetting"],
                   "BT": r["metrics"]["overall"]["backward_transfer"], "accuracy": r["metrics"]["overall"]["accuracy_post"]}
                  for r in map(json.loads, (record / "metrics.jsonl").read_text().splitlines()) if r.get("metrics")]
     result = {"arm": arm, "seed": seed, "lr": lr, "args": [a.replace(f"{REPO}/", "") for a in extra], "steps": st.steps,
-              "commit": commit, "monitored": monitored, "logs": history,
+              "commit": commit, "resumed": resumed, "monitored": monitored, "logs": history,
               # what shared the machine: the lanes running, and the load average when training ended
               "machine": {"lanes": int(os.environ.get("WHICH_REMEDY_LANES", "1")), "cores": os.cpu_count(),
                           "load_after_training": os.getloadavg(), **_cpu()}}
@@ -377,12 +404,17 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     def judge(model_dir: Path, tag: str) -> dict:
         """Held-out probes (as `forgetwatch compare` scores them, against their base cache), the task losses, and GSM8K
         accuracy where the protocol's rule measures it."""
+        return _stage(out, f"judged-{tag}", lambda: _judge(model_dir, tag))["value"]
+
+    def _judge(model_dir: Path, tag: str) -> dict:
         t1 = time.time()
-        subprocess.run([s18._cli(), "compare", "--model", str(model_dir), "--probes", str(_out(st) / f"{held}.jsonl"),
-                        "--base", str(_out(st) / f"base-{held}.parquet"), "--json", "--device", "cpu",
-                        "-o", str(out / f"{held}-{tag}.parquet"), "--force"],
-                       check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
-        now = BaseCache.load(out / f"{held}-{tag}.parquet").results
+        scored = out / f"{held}-{tag}.parquet"
+        if not scored.is_file():  # compare writes it whole or not at all: one left by a stopped run is complete
+            subprocess.run([s18._cli(), "compare", "--model", str(model_dir), "--probes", str(_out(st) / f"{held}.jsonl"),
+                            "--base", str(_out(st) / f"base-{held}.parquet"), "--json", "--device", "cpu",
+                            "-o", str(scored), "--force"],
+                           check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
+        now = BaseCache.load(scored).results
         assert list(base.ids) == list(now.ids), "held-out rows out of order"
         f, bt = s12._rates(base.outcome.tolist(), now.outcome.tolist())
         model, tok = load_model(str(model_dir))
@@ -395,16 +427,21 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
             got["gsm8k_solved"] = gsm8k_solved(model_dir, st)
         return {**got, "seconds": time.time() - t1}
 
-    final = judge(out, "final")
+    final = dict(judge(out, "final"))
     times["judge_final"] = final.pop("seconds")
     # rewind: α on the monitored probes (a budget of 0.7 x the run's own final monitored F) and the dev rows only
     t1 = time.time()
     # F is a count over the probes: an α at exactly 0.7 x F is within (0.7 * 0.1 = 0.06999999999999999 < 0.07)
     budget_f = round(REWIND_SHARE * monitored[-1]["F"], 9) + 1e-9
-    rw = rewind(str(out), base_cache=str(_out(st) / "base-monitored.parquet"), task_data=str(_out(st) / "dev.jsonl"), task_max_length=s12.MAX_LENGTH,
-                task_max_examples=None, alphas=REWIND_ALPHAS if not st.smoke else "0.5:1:0.25",
-                budget=f"forgetting={budget_f!r}", budget_bound="point", device="cpu", save=True)
-    times["rewind"] = time.time() - t1
+    rw = read_rewind(out)  # a stopped run's finished rewind (rewind.json is written last, once `rewound` is complete)
+    if rw is None:
+        rw = rewind(str(out), base_cache=str(_out(st) / "base-monitored.parquet"), task_data=str(_out(st) / "dev.jsonl"),
+                    task_max_length=s12.MAX_LENGTH, task_max_examples=None,
+                    alphas=REWIND_ALPHAS if not st.smoke else "0.5:1:0.25", budget=f"forgetting={budget_f!r}",
+                    budget_bound="point", device="cpu", save=True, force=True)
+        times["rewind"] = time.time() - t1
+    else:
+        times["rewind"] = rw.data["seconds"]["total"]
     front = [{"alpha": p["alpha"], "task": p["task"], "forgetting": p["forgetting"], "within_budget": p["within_budget"],
               "monitored_F": p["metrics"]["overall"]["forgetting"]} for p in rw.data["front"]]
     dev_only = pick_alpha([{**p, "within_budget": True} for p in front], budgeted=False)
@@ -413,26 +450,48 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     if rw.alpha == 1.0:
         picks["budget"]["judged"] = final
     else:
-        picks["budget"]["judged"] = judge(Path(rw.data["rewound"]), f"a{rw.alpha:g}")
-        picks["budget"]["judged"].pop("seconds")
+        picks["budget"]["judged"] = {k: v for k, v in judge(Path(rw.data["rewound"]), f"a{rw.alpha:g}").items() if k != "seconds"}
     if dev_only.alpha == 1.0:
         picks["dev_only"]["judged"] = "final"
     elif dev_only.alpha == rw.alpha:
         picks["dev_only"]["judged"] = "budget"
     else:  # the secondary pick, judged too
         at = out / f"dev-only-a{dev_only.alpha:g}"
-        subprocess.run([s18._cli(), "interpolate", "--model", str(out), "--probes", str(_out(st) / "monitored.jsonl"),
-                        "--base", str(_out(st) / "base-monitored.parquet"), "--alphas", f"{dev_only.alpha:g}",
-                        "--save-at", f"{dev_only.alpha:g}", str(at), "--device", "cpu"],
-                       check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
-        picks["dev_only"]["judged"] = judge(at, f"a{dev_only.alpha:g}")
-        picks["dev_only"]["judged"].pop("seconds")
+        if not at.is_dir():  # saved whole or not at all
+            subprocess.run([s18._cli(), "interpolate", "--model", str(out), "--probes", str(_out(st) / "monitored.jsonl"),
+                            "--base", str(_out(st) / "base-monitored.parquet"), "--alphas", f"{dev_only.alpha:g}",
+                            "--save-at", f"{dev_only.alpha:g}", str(at), "--device", "cpu"],
+                           check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
+        picks["dev_only"]["judged"] = {k: v for k, v in judge(at, f"a{dev_only.alpha:g}").items() if k != "seconds"}
     times["total"] = time.time() - t0
     result.update({"budget_F": budget_f, "final": final, "rewind": {"front": front, "picks": picks,
                    "check_alpha_1": rw.data["check_alpha_1"].get("equal"), "seconds": rw.data["seconds"]},
                    "seconds": times})
     _write_done(st, name, result)
     shutil.rmtree(out)
+
+
+def _stage(out: Path, name: str, make) -> dict:
+    """A stage of a run, done once: `<out>/<name>.json` holds its value, so a restarted run takes it from there.
+    Returns {"value": ..., "fresh": whether it was made now}."""
+    path = out / f"{name}.json"
+    if path.is_file():
+        return {"value": json.loads(path.read_text()), "fresh": False}
+    value = make()
+    _write_json(path, value)
+    return {"value": value, "fresh": True}
+
+
+def _write_json(path: Path, value) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+def _last_checkpoint(out: Path) -> Path | None:
+    """The run's newest complete Trainer checkpoint (the Trainer writes trainer_state.json last), or None."""
+    done = [c for c in out.glob("checkpoint-*") if (c / "trainer_state.json").is_file()]
+    return max(done, key=lambda c: int(c.name.split("-")[1]), default=None)
 
 
 def measure_accuracy(st: Setting, arm: str, seed: int) -> bool:
@@ -464,9 +523,7 @@ def _commit() -> str:
 
 def _write_done(st: Setting, name: str, result: dict) -> None:
     _done(st).mkdir(parents=True, exist_ok=True)
-    tmp = _done(st) / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(result))
-    tmp.replace(_done(st) / f"{name}.json")
+    _write_json(_done(st) / f"{name}.json", result)
 
 
 def run_one(arm: str, seed: int, st: Setting, lr: float | None = None, lanes: int = 1) -> bool:
@@ -474,14 +531,14 @@ def run_one(arm: str, seed: int, st: Setting, lr: float | None = None, lanes: in
     if (_done(st) / f"{name}.json").is_file():
         return True
     out = _out(st) / name
-    if out.exists():
-        shutil.rmtree(out)  # an unfinished run starts again from scratch
+    if out.exists() and not (out / "started.json").is_file():
+        shutil.rmtree(out)  # left by a version that could not resume it: it starts again from scratch
     t0 = time.time()
     cmd = [sys.executable, __file__, "--one", arm, str(seed), "--setting", str(_out(st) / "setting.json")]
     if lr is not None:
         cmd += ["--lr", repr(lr)]
-    print(f"{time.strftime('%H:%M')} {name}: started", flush=True)
-    with open(_out(st) / f"{name}.log", "w") as log:
+    print(f"{time.strftime('%H:%M')} {name}: {'resumed' if out.exists() else 'started'}", flush=True)
+    with open(_out(st) / f"{name}.log", "a") as log:
         proc = subprocess.run(cmd, env={**s18._env(1), "WHICH_REMEDY_LANES": str(lanes)}, cwd=REPO, stdout=log,
                               stderr=subprocess.STDOUT)
     ok = proc.returncode == 0 and (_done(st) / f"{name}.json").is_file()
