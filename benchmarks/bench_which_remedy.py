@@ -358,7 +358,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         argv = [a if a != "20" or argv[i - 1] != "--warmup_steps" else "1" for i, a in enumerate(argv)]
     # checkpoints so that a stopped run resumes its training; kept one at a time and deleted once training is done
     argv += ["--save_strategy", "steps", "--save_steps", str(CHECKPOINT_STEPS), "--save_total_limit", "1"]
-    commit = started["commit"]  # the code the run started with (a resumed run lists its own commits in `resumed`)
+    commit = started["value"]["commit"]  # the code the run started with (a resumed run lists its own commits in `resumed`)
     t0 = time.time()
 
     def train() -> dict:
