@@ -17,7 +17,7 @@ COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.
                 tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py \
                 tests/test_faults.py tests/test_dpo.py tests/test_engines.py tests/test_interpolate.py tests/test_penalty.py
 
-.PHONY: setup test test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel check-llamafactory
+.PHONY: setup test test-long test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel check-llamafactory
 
 # $(call venv,DIR,CONSTRAINTS): a fresh venv at DIR with torch, the project and its dev extras, and the data packages.
 # It replaces DIR only if this Makefile made it (the marker .forgetwatch-venv, or .done from older Makefiles).
@@ -56,8 +56,17 @@ $(VENV)/.done: pyproject.toml $(LOCK)
 	$(call venv,$(VENV),-c $(LOCK))
 	touch $@
 
+# `make test` runs one pytest worker per core, up to 4 (pytest-xdist; each worker and what it launches takes one torch
+# thread, tests/conftest.py), a test file to a worker so that a module's fixtures are built once. TEST_WORKERS=0 runs it
+# in this process. The end-to-end runs over 30 s are marked `long` and left to `make test-long`, which CI always runs.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not long" $(XDIST)
+
+test-long: setup
+	$(BIN)/python -m pytest -q -m "long" $(XDIST)
 
 # The oldest versions pyproject allows (requirements/oldest.txt), on the tests that lean on them.
 .venv-oldest/.done: pyproject.toml $(OLDEST)

@@ -12,6 +12,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core (pytest-xdist): each worker's torch, and the scripts and torchrun
+    # launches its tests start, take one intra-op thread, else two workers' OpenMP threads wait on each other's cores
+    # (a tiny-model forward: ~1 ms on one thread, ~80 ms on two with the other core busy). Set before torch's import,
+    # and over CI's OMP_NUM_THREADS=2, which is meant for one process on the machine.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"

@@ -338,7 +338,7 @@ def test_replay_stream_under_ddp_with_sfttrainer(tmp_path):
     assert [[s[1:] for s in m[0]["schedule"]] for m in mixes] == [[s[1:] for s in mixes[0][0]["schedule"]]] * 2
 
 
-@pytest.mark.parametrize("sft", [False, True], ids=["Trainer", "SFTTrainer"])
+@pytest.mark.parametrize("sft", [False, pytest.param(True, marks=pytest.mark.long)], ids=["Trainer", "SFTTrainer"])
 def test_the_kl_anchor_under_ddp(tmp_path, sft):
     """The KL anchor under 2-process DDP: every rank runs an anchor forward at the same micro-batches (as many
     conversations each, drawn apart; a second forward before the backward, which DDP's reducer takes), the run ends,
@@ -371,6 +371,7 @@ def check_penalty_run(tmp_path, fsdp: bool) -> None:
     assert [len(d["rows"]) for d in draws[0]] == [len(d["rows"]) for d in draws[1]] == [1, 1, 1, 1]
 
 
+@pytest.mark.long
 def test_partial_evaluations_score_the_same_probes_on_every_rank(tmp_path):
     """max_share under DDP: the main process plans each partial evaluation (it holds the record's per-probe state and
     the clock) and every rank scores the same probes, split between them; the record flags the partial steps."""

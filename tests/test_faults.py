@@ -179,7 +179,7 @@ def test_the_watched_evaluations_cross_every_kind_of_write(sidecar_run):
     assert writes[last + 1:] in ([], ["budget.json"])
 
 
-@pytest.mark.parametrize("scope", [pytest.param(4, id="step-4"), pytest.param(None, id="whole-run", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scope", [pytest.param(4, id="step-4", marks=pytest.mark.long), pytest.param(None, id="whole-run", marks=pytest.mark.slow)])
 def test_a_watcher_killed_at_any_write_boundary_leaves_a_record_its_restart_completes(sidecar_run, scope, tmp_path, caplog):
     """Every boundary of the evaluation at step 4 (make test), or of the whole run (make test-slow: ~90 s)."""
     pristine, reference, writes = sidecar_run
@@ -223,6 +223,7 @@ def test_the_issue_repro_a_cut_metrics_tail_is_rescored_not_skipped(sidecar_run,
 
 
 # -- the callback ---------------------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_a_training_killed_at_any_write_boundary_resumes_to_the_uninterrupted_record(tokenizer, tmp_path, caplog):
     """Killed while writing the evaluation at step 4 (after checkpoint-2), resumed from checkpoint-2."""
     args = {"save_strategy": "steps", "save_steps": 2}

@@ -108,6 +108,7 @@ def test_fsdp_results_equal_one_process(fsdp_run):
 
 
 @needs_fsdp2
+@pytest.mark.long
 def test_fsdp_accepts_a_cli_built_cache_on_every_rank(tmp_path, tiny_model_dir):
     """`forgetwatch cache` once, then FSDP training with base_cache=: no rank scores the base, none writes a cache."""
     probes_file = tmp_path / "probes.jsonl"
@@ -145,6 +146,7 @@ def test_fsdp_budget_stop_on_every_rank(tmp_path):
 
 
 @needs_fsdp2
+@pytest.mark.long
 def test_fsdp_sidecar_checkpoints_are_merged_and_scored_by_the_watcher(tmp_path):
     """scoring='sidecar' under FSDP2 with sharded checkpoints (pytorch_model_fsdp_0/: no config, no tokenizer, no
     full weights in them): the training ranks score only the base; `forgetwatch watch`, in one process, merges each

@@ -178,6 +178,7 @@ def _axolotl_check(path):
                           text=True, timeout=120)
 
 
+@pytest.mark.long
 def test_the_axolotl_check_needs_no_axolotl(tmp_path):
     """`python -m forgetwatch.integrations.axolotl CONFIG` runs where axolotl is not installed (this venv): the plugin
     class alone needs axolotl, and it is made when Axolotl's loader asks for it."""

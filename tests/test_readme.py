@@ -40,6 +40,7 @@ def test_the_quickstart_names_only_what_the_test_substitutes():
     assert "use_cpu=" in code  # the CPU switch is said in the snippet itself
 
 
+@pytest.mark.long
 def test_the_readme_quickstart_runs_as_pasted(tmp_path):
     model_dir = tmp_path / "model"
     tok = build_tokenizer()

@@ -207,6 +207,7 @@ def _check_record(proc: subprocess.CompletedProcess, output_dir: Path) -> None:
 
 
 @requires_olmo_eval
+@pytest.mark.long
 def test_sft_script_runs(tiny_model_dir, tmp_path):
     # with W&B offline, as for a user who is not logged in: the script ends with the `wandb sync` command
     # the demo's rewind: the eval set (GSM8K rows 0-49) evaluated at the last step, its loss the task measure
@@ -233,6 +234,7 @@ def test_sft_script_runs(tiny_model_dir, tmp_path):
 
 
 @requires_olmo_eval
+@pytest.mark.long
 def test_grpo_script_runs(tiny_model_dir, tmp_path):
     proc = _run("grpo", tiny_model_dir, tmp_path / "out", "--max_completion_length", "8", rewind=True)
     _check_record(proc, tmp_path / "out")
@@ -240,6 +242,7 @@ def test_grpo_script_runs(tiny_model_dir, tmp_path):
 
 
 @requires_olmo_eval
+@pytest.mark.long
 def test_dpo_script_runs(tiny_model_dir, tmp_path):
     """DPO from the recipe: offline preference pairs, the policy scored at every step, the model saved."""
     proc = _run("dpo", tiny_model_dir, tmp_path / "out", rewind=True)
@@ -268,6 +271,7 @@ def test_builtin_preference_pairs_prefer_the_questions_own_solution():
 
 
 @requires_olmo_eval
+@pytest.mark.long
 @pytest.mark.parametrize("stage", ("sft", "grpo"))
 def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
     """`--forgetwatch_replay_mix` alone turns replay on: the pool is the rest of the monitored suites, held out by id,
@@ -286,6 +290,7 @@ def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
 
 
 @requires_olmo_eval
+@pytest.mark.long
 def test_self_distilled_replay_and_the_anchor_from_the_recipe(tiny_model_dir, tmp_path):
     """`--forgetwatch_replay_targets base` and `--forgetwatch_anchor_beta`: the base's answers are made once before
     training (and read back by the next run), replayed, and anchored to; the anchor's KL is in the trainer's logs."""
@@ -359,6 +364,7 @@ def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_rig
 
 
 @requires_olmo_eval
+@pytest.mark.long
 def test_the_1_to_0_penalty_from_the_recipe(tiny_model_dir, tmp_path):
     """`--forgetwatch_penalty_beta`: held-out multiple-choice items of the pool, their base margins read when training
     begins (kept in the record), the hinge in the trainer's logs, its draws steered and recorded like replay."""

@@ -490,6 +490,7 @@ metric_list:
 """
 
 
+@pytest.mark.long
 def test_lm_eval_ifeval_outputs_compare_by_prompt_level_strict_accuracy(tmp_path, capsys):
     """`forgetwatch compare BEFORE AFTER` on lm-eval's ifeval task reads its per-sample prompt_level_strict_acc, with the
     document's instructions as the gold column."""

@@ -294,6 +294,7 @@ def test_lora_adapter_checkpoints_are_scored_on_their_base_model(tokenizer, tiny
 
 
 @requires_olmo_eval
+@pytest.mark.long
 def test_watching_a_recipe_run_as_it_trains(tiny_model_dir, tmp_path):
     """Two terminals: the SFT recipe with `--forgetwatch_scoring sidecar` in one process, `forgetwatch watch` following
     it in another; the watcher ends by itself when training has ended and every checkpoint is scored."""
