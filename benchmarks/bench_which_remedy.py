@@ -21,7 +21,7 @@ Files (`--prepare`, seeded, made again the same; outputs/which_remedy/, not trac
 Each run writes one JSON into benchmarks/results/which_remedy/ (tracked): held-out outcomes at the final model and at
 rewind's pick(s), the task losses (dev rows 0-49, held-out rows 50-99, and rows 0-99 as §18 read them), rewind's front,
 the monitored curve and the trainer's logs. An unfinished run resumes where it stopped: training from its last checkpoint
-(every 25 steps; the Trainer restores the data order, the RNG and the optimizer), the judging stages from the files they
+(every 20 steps; the Trainer restores the data order, the RNG and the optimizer), the judging stages from the files they
 left (`trained.json`, `judged-<tag>.json`, the rewind's `rewind.json`); the run's JSON says what was resumed. The run's
 directory is deleted once its JSON is written.
 """
@@ -60,7 +60,7 @@ LORA_ARGS = ["--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropo
              "--lora_target_modules", "all-linear"]
 PENALTY_BETA, PENALTY_SCALE = 1.0, "task_gradient"
 COSINE = ["--lr_scheduler_type", "cosine", "--warmup_steps", "20"]
-CHECKPOINT_STEPS = 25  # a stopped run resumes its training from the last of these
+CHECKPOINT_STEPS = 20  # a stopped run resumes its training from the last of these (on logging and evaluation steps)
 REWIND_ALPHAS, REWIND_SHARE = "0.5:1:0.1", 0.7  # the budget: 0.7 x the run's own final monitored F
 DEV_ROWS, TASK_ROWS = (0, 50), (50, 100)
 ACCURACY_MIN = 10  # of 100: fewer solved at base and at control-s30 -> accuracy "does not measure"
@@ -336,11 +336,13 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     if not started["fresh"]:
         resumed.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": _commit()})
         _write_json(resumes, resumed)
+    clock = _Clock(out / "clock.json")
 
     class Logs(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
             history.append({"step": state.global_step, **numbers})
+            clock.tick()  # a process stopped later loses at most the time since its last log from the run's time
 
     extra = run_args(arm, st, lr)
     argv = ["--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml", "--report_to", "none",
@@ -359,19 +361,26 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     # checkpoints so that a stopped run resumes its training; kept one at a time and deleted once training is done
     argv += ["--save_strategy", "steps", "--save_steps", str(CHECKPOINT_STEPS), "--save_total_limit", "1"]
     commit = started["value"]["commit"]  # the code the run started with (a resumed run lists its own commits in `resumed`)
-    t0 = time.time()
 
     def train() -> dict:
         last = _last_checkpoint(out)
         extra_argv = ["--resume_from_checkpoint", str(last)] if last is not None else []
-        if last is not None:
+        if last is not None and resumed:
             resumed[-1]["training_from_step"] = int(last.name.split("-")[1])
             _write_json(resumes, resumed)
         main(*make_parser().parse_args_and_config(args=argv + extra_argv), extra_callbacks=[Logs()])
-        # a resumed run's logs before its checkpoint are in the record (the callback mends it across the resume)
-        logs = history if last is None else [json.loads(line) for line in
-                                             (out / "forgetwatch" / "trainer_log.jsonl").read_text().splitlines()]
-        return {"logs": logs, "train": time.time() - t0, "started_training_at": started["value"]["at"]}
+        logs = history
+        if last is not None:
+            # the steps before the checkpoint were logged by an earlier process: the record has them (the callback cuts
+            # what came after the checkpoint, so nothing is there twice). Checkpoints fall on logging steps, so each
+            # logged loss averages its own 10 steps. Each process's Trainer ends with a summary row (train_runtime,
+            # train_loss) over the steps it ran: the last one is kept, and `resumed` says which steps those are.
+            from forgetwatch.record import RunRecord
+
+            logs = RunRecord(out / "forgetwatch").read_trainer_log()
+            logs = [r for r in logs if "train_runtime" not in r] + [r for r in logs if "train_runtime" in r][-1:]
+        # `train`: the wall time of every process up to the end of training, each stopped one to its last log
+        return {"logs": logs, "train": clock.tick(), "clock": clock.total()}
 
     trained = _stage(out, "trained", train)
     for ckpt in out.glob("checkpoint-*"):  # the rewind and the judges read the final model only
@@ -390,7 +399,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         model, tok = load_model(str(out))
         model.eval()
         result["task_losses"] = {"final": task_losses(model, tok, st)}
-        result["seconds"] = {**times, "total": time.time() - t0}
+        result["seconds"] = {**times, "total": clock.tick()}
         _write_done(st, name, result)
         shutil.rmtree(out)
         return
@@ -463,7 +472,8 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
                             "--save-at", f"{dev_only.alpha:g}", str(at), "--device", "cpu"],
                            check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
         picks["dev_only"]["judged"] = {k: v for k, v in judge(at, f"a{dev_only.alpha:g}").items() if k != "seconds"}
-    times["total"] = time.time() - t0
+    # every process's wall time: training's (as `train` counts it) and what came after it, resumed stages included
+    times["total"] = times["train"] + clock.tick() - trained["value"].get("clock", 0.0)
     result.update({"budget_F": budget_f, "final": final, "rewind": {"front": front, "picks": picks,
                    "check_alpha_1": rw.data["check_alpha_1"].get("equal"), "seconds": rw.data["seconds"]},
                    "seconds": times})
@@ -489,9 +499,36 @@ def _write_json(path: Path, value) -> None:
 
 
 def _last_checkpoint(out: Path) -> Path | None:
-    """The run's newest complete Trainer checkpoint (the Trainer writes trainer_state.json last), or None."""
-    done = [c for c in out.glob("checkpoint-*") if (c / "trainer_state.json").is_file()]
+    """The run's newest complete Trainer checkpoint, or None. The Trainer writes trainer_state.json last, not atomically,
+    and deletes the older checkpoint after it: a stop in that write leaves the older one to resume from."""
+    def complete(c: Path) -> bool:
+        try:
+            json.loads((c / "trainer_state.json").read_text())
+            return True
+        except (OSError, ValueError):
+            return False
+
+    done = [c for c in out.glob("checkpoint-*") if c.name.split("-")[1].isdigit() and complete(c)]
     return max(done, key=lambda c: int(c.name.split("-")[1]), default=None)
+
+
+class _Clock:
+    """A run's wall time over its processes: each process's [start, last tick] kept in `path`, summed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.spans = json.loads(path.read_text()) if path.is_file() else []
+        self.spans.append([time.time(), time.time()])
+        self.tick()
+
+    def tick(self) -> float:
+        """Mark this process alive now; the run's time so far."""
+        self.spans[-1][1] = time.time()
+        _write_json(self.path, self.spans)
+        return self.total()
+
+    def total(self) -> float:
+        return sum(b - a for a, b in self.spans)
 
 
 def measure_accuracy(st: Setting, arm: str, seed: int) -> bool:
@@ -863,6 +900,8 @@ def smoke(keep: bool, arms: list[str]) -> None:
     st = Setting(out=str(tmp / "out"), done=str(tmp / "done"), summary=str(tmp / "summary"), monitored=2, s12_held_out=2,
                  pool=4, held_out=2, steps=4, eval_steps=2, logging_steps=2, seeds=(30,), constant_seeds=(6,),
                  base_output_tokens=8, smoke=True)
+    global CHECKPOINT_STEPS
+    CHECKPOINT_STEPS = 2  # the smoke's runs save checkpoints too (4 steps)
     try:
         prepare(st)
         st.save()
