@@ -59,7 +59,8 @@ $(VENV)/.done: pyproject.toml $(LOCK)
 # `make test` runs one pytest worker per core, up to 4 (pytest-xdist; each worker and what it launches takes one torch
 # thread, tests/conftest.py), a test file to a worker so that a module's fixtures are built once. TEST_WORKERS=0 runs it
 # in this process. The end-to-end runs over 30 s are marked `long` and left to `make test-long`, which CI always runs.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
+# (GNU nproc reads OMP_NUM_THREADS, which CI sets: the cores are counted without it.)
+TEST_WORKERS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup

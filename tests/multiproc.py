@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,7 +51,19 @@ def clean_env() -> dict[str, str]:
 
 
 def torchrun(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    """Run tests/ddp_train.py under torchrun; on timeout kill the whole launch (its own session) and fail."""
+    """Run tests/ddp_train.py under torchrun; on timeout kill the whole launch (its own session) and fail. Once more on
+    another port if the port was taken between `free_port()` and the launch (`make test` runs two pytest workers, whose
+    launches can overlap)."""
+    run = _torchrun(out, *args, nproc=nproc)
+    if run.returncode != 0 and PORT_TAKEN.search(run.stdout):  # at the rendezvous, before anything is written
+        run = _torchrun(out, *args, nproc=nproc)
+    return run
+
+
+PORT_TAKEN = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
+
+
+def _torchrun(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     port = free_port()
     env = clean_env()
     env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TOKENIZERS_PARALLELISM="false",

@@ -181,7 +181,7 @@ def test_the_watched_evaluations_cross_every_kind_of_write(sidecar_run):
 
 @pytest.mark.parametrize("scope", [pytest.param(4, id="step-4", marks=pytest.mark.long), pytest.param(None, id="whole-run", marks=pytest.mark.slow)])
 def test_a_watcher_killed_at_any_write_boundary_leaves_a_record_its_restart_completes(sidecar_run, scope, tmp_path, caplog):
-    """Every boundary of the evaluation at step 4 (make test), or of the whole run (make test-slow: ~90 s)."""
+    """Every boundary of the evaluation at step 4 (make test-long), or of the whole run (make test-slow: ~90 s)."""
     pristine, reference, writes = sidecar_run
     for k, how in kill_points(writes, scope):
         out = tmp_path / f"kill-{k}-{how}"
