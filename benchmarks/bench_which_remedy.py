@@ -789,7 +789,9 @@ def analyse(st: Setting) -> dict:
     for pause in json.loads(pauses.read_text())["pauses"] if pauses.is_file() else []:
         for name in pause["runs"]:
             paused[name] = paused.get(name, 0.0) + pause["seconds"]
-    minutes = {a: s18._stat([(r["seconds"]["total"] - paused.get(run_name(a, s), 0.0)) / 60 for s, r in by.items()])
+    # a run whose time was not measured whole (it spanned two sessions before runs kept a clock) has a total of None
+    minutes = {a: s18._stat([(r["seconds"]["total"] - paused.get(run_name(a, s), 0.0)) / 60 for s, r in by.items()
+                             if r["seconds"].get("total") is not None])
                for a, by in runs.items()}
     lanes = {a: sorted({r["machine"]["lanes"] for r in by.values()}) for a, by in runs.items()}
     gsm8k = {a: {s: {"final": r["final"].get("gsm8k_solved"),
