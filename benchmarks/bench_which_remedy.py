@@ -879,6 +879,11 @@ def plot(result: dict, path: Path) -> None:
         ax.set_title(title, fontsize=9)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+        else:  # an interim plot: say so rather than draw an empty frame
+            ax.text(0.5, 0.5, "no run finished yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+    missing = [a for a in (*ARMS, CONSTANT) if not any(n == a for (n, _) in flat)]
+    if missing:
+        fig.text(0.5, 0.005, f"not in yet: {', '.join(missing)}", ha="center", fontsize=8, color="gray")
     fig.suptitle("forgetting against task loss; arrows: each run's rewind pick (× at the pick)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
