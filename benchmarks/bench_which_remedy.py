@@ -867,7 +867,7 @@ def plot(result: dict, path: Path) -> None:
                 continue
             xs = [flat[(arm, s)]["task_loss"] for s in seeds]
             ys = [flat[(arm, s)]["F"] for s in seeds]
-            ax.scatter(xs, ys, color=colors[arm], label=f"{arm} ({len(seeds)} seeds)", s=30, zorder=3)
+            ax.scatter(xs, ys, color=colors[arm], label=f"{arm} ({len(seeds)} seed{'s' * (len(seeds) != 1)})", s=30, zorder=3)
             for s, x, y in zip(seeds, xs, ys, strict=True):
                 pick = flat.get((f"{arm}@rewind", s))
                 if pick and pick["alpha"] != 1.0:
