@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -342,7 +343,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         def on_log(self, args, state, control, logs=None, **kwargs):
             numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
             history.append({"step": state.global_step, **numbers})
-            clock.tick()  # a process stopped later loses at most the time since its last log from the run's time
+            clock.tick()
 
     extra = run_args(arm, st, lr)
     argv = ["--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml", "--report_to", "none",
@@ -379,7 +380,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
 
             logs = RunRecord(out / "forgetwatch").read_trainer_log()
             logs = [r for r in logs if "train_runtime" not in r] + [r for r in logs if "train_runtime" in r][-1:]
-        # `train`: the wall time of every process up to the end of training, each stopped one to its last log
+        # `train`: the wall time of every process up to the end of training, each stopped one to its last tick
         return {"logs": logs, "train": clock.tick(), "clock": clock.total()}
 
     trained = _stage(out, "trained", train)
@@ -513,19 +514,32 @@ def _last_checkpoint(out: Path) -> Path | None:
 
 
 class _Clock:
-    """A run's wall time over its processes: each process's [start, last tick] kept in `path`, summed."""
+    """A run's wall time over its processes: each process's [start, last tick] kept in `path`, summed. A heartbeat ticks
+    every `heartbeat` seconds, so a process stopped at any point (a session's end, mid-judging) loses at most that much
+    from the run's time; before it, one stopped after training lost everything since its last training log."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, heartbeat: float = 60.0):
         self.path = path
+        self._lock = threading.Lock()  # the heartbeat and the stages tick the same file
         self.spans = json.loads(path.read_text()) if path.is_file() else []
         self.spans.append([time.time(), time.time()])
         self.tick()
+        threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
+
+    def _beat(self, every: float) -> None:
+        while True:
+            time.sleep(every)
+            try:
+                self.tick()
+            except OSError:  # the run is done and its folder removed: nothing left to time
+                return
 
     def tick(self) -> float:
         """Mark this process alive now; the run's time so far."""
-        self.spans[-1][1] = time.time()
-        _write_json(self.path, self.spans)
-        return self.total()
+        with self._lock:
+            self.spans[-1][1] = time.time()
+            _write_json(self.path, self.spans)
+            return self.total()
 
     def total(self) -> float:
         return sum(b - a for a, b in self.spans)
