@@ -400,7 +400,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
         model, tok = load_model(str(out))
         model.eval()
         result["task_losses"] = {"final": task_losses(model, tok, st)}
-        result["seconds"] = {**times, "total": clock.tick()}
+        result["seconds"] = {**times, "total": clock.stop()}
         _write_done(st, name, result)
         shutil.rmtree(out)
         return
@@ -474,7 +474,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
                            check=True, env=s18._env(1), stdout=subprocess.DEVNULL)
         picks["dev_only"]["judged"] = {k: v for k, v in judge(at, f"a{dev_only.alpha:g}").items() if k != "seconds"}
     # every process's wall time: training's (as `train` counts it) and what came after it, resumed stages included
-    times["total"] = times["train"] + clock.tick() - trained["value"].get("clock", 0.0)
+    times["total"] = times["train"] + clock.stop() - trained["value"].get("clock", 0.0)
     result.update({"budget_F": budget_f, "final": final, "rewind": {"front": front, "picks": picks,
                    "check_alpha_1": rw.data["check_alpha_1"].get("equal"), "seconds": rw.data["seconds"]},
                    "seconds": times})
@@ -520,26 +520,34 @@ class _Clock:
 
     def __init__(self, path: Path, heartbeat: float = 60.0):
         self.path = path
-        self._lock = threading.Lock()  # the heartbeat and the stages tick the same file
+        self._lock = threading.Lock()  # the heartbeat and the stages write the same file
+        self._stopped = threading.Event()
         self.spans = json.loads(path.read_text()) if path.is_file() else []
         self.spans.append([time.time(), time.time()])
         self.tick()
         threading.Thread(target=self._beat, args=(heartbeat,), daemon=True).start()
 
     def _beat(self, every: float) -> None:
-        while True:
-            time.sleep(every)
-            try:
-                self.tick()
-            except OSError:  # the run is done and its folder removed: nothing left to time
-                return
+        while not self._stopped.wait(every):
+            with self._lock:
+                if not self._stopped.is_set():
+                    self._mark()
+
+    def _mark(self) -> float:
+        self.spans[-1][1] = time.time()
+        _write_json(self.path, self.spans)
+        return self.total()
 
     def tick(self) -> float:
         """Mark this process alive now; the run's time so far."""
         with self._lock:
-            self.spans[-1][1] = time.time()
-            _write_json(self.path, self.spans)
-            return self.total()
+            return self._mark()
+
+    def stop(self) -> float:
+        """The last tick: the heartbeat writes nothing after it (the run's folder is removed next)."""
+        with self._lock:
+            self._stopped.set()
+            return self._mark()
 
     def total(self) -> float:
         return sum(b - a for a, b in self.spans)
