@@ -693,7 +693,9 @@ COMPARISONS = (  # (reference, arm, what): each remedy against its control, pair
     ("control", "anchor", "the KL anchor against the stream-order control (as §18 compared it)"),
     ("control", "lora", "LoRA against full fine-tuning"),
     ("control", "penalty", "the 1→0 penalty (task_gradient, beta 1) against the control"),
+    ("control_sampler@rewind", "anchor@rewind", "both remedies against rewind alone, the same row order"),
 )
+S18_ANCHOR = "anchor_strong"  # §18's KL anchor (beta 5, ratio 0.5) at the constant rate, seeds 6-15
 
 
 def load_runs(st: Setting) -> dict[str, dict[int, dict]]:
@@ -715,7 +717,7 @@ def _flat(runs: dict[str, dict[int, dict]]) -> dict[tuple[str, int], dict]:
             final = r["final"]
             flat[(arm, seed)] = {"F": final["F"], "BT": final["BT"], "task_loss": final["task_losses"]["task"],
                                  "dev_loss": final["task_losses"]["dev"], "outcome": final["outcome"], "alpha": 1.0,
-                                 "task_kl": final.get("task_kl")}
+                                 "task_kl": final.get("task_kl"), "task_loss_0_99": final["task_losses"]["rows_0_99"]}
             for tag, key in (("rewind", "budget"), ("dev", "dev_only")):
                 pick = r["rewind"]["picks"][key]
                 judged = {"final": final, "budget": r["rewind"]["picks"]["budget"]["judged"]}.get(pick["judged"], pick["judged"]) \
@@ -723,7 +725,8 @@ def _flat(runs: dict[str, dict[int, dict]]) -> dict[tuple[str, int], dict]:
                 flat[(f"{arm}@{tag}", seed)] = {"F": judged["F"], "BT": judged["BT"], "task_loss": judged["task_losses"]["task"],
                                                 "dev_loss": judged["task_losses"]["dev"], "outcome": judged["outcome"],
                                                 "alpha": pick["alpha"], "case": pick.get("case"),
-                                                "task_kl": judged.get("task_kl")}
+                                                "task_kl": judged.get("task_kl"),
+                                                "task_loss_0_99": judged["task_losses"]["rows_0_99"]}
     return flat
 
 
@@ -733,6 +736,32 @@ def _spearman(pts: list[tuple[float, float, str]]) -> dict:
 
     rho, p = spearmanr([q[0] for q in pts], [q[1] for q in pts])
     return {"spearman": float(rho), "p": float(p)}
+
+
+def _beside_s18_anchor(runs: dict, flat: dict, base_outcome, note: str) -> dict:
+    """Descriptive, after the fact (not in the protocol): the constant-rate reruns are §18's controls outcome for
+    outcome, so §18's anchor runs pair by seed with their rewind picks on the same held-out draw. By seed, not by row
+    order: the anchor read the sampler's order, the control the stream's. §18's runs record the task loss on GSM8K rows
+    0-99 only (which hold the dev rows the pick read), so the task loss here is on those rows."""
+    pair, out = {}, {}
+    for seed in sorted(runs.get(CONSTANT, {})):
+        kept = REPO / "benchmarks" / "results" / "remedies" / f"{S18_ANCHOR}-s{seed}.json"
+        if kept.is_file():
+            k = json.loads(kept.read_text())
+            pair[(S18_ANCHOR, seed)] = {key: k[key] for key in ("F", "BT", "outcome", "task_loss")}
+            for name in (CONSTANT, f"{CONSTANT}@rewind", f"{CONSTANT}@dev"):
+                pair[(name, seed)] = {**flat[(name, seed)], "task_loss": flat[(name, seed)]["task_loss_0_99"]}
+    seeds = sorted(s for (n, s) in pair if n == S18_ANCHOR)
+    for pick in (f"{CONSTANT}@rewind", f"{CONSTANT}@dev"):
+        if seeds:
+            t = s18._paired(pair, S18_ANCHOR, pick, seeds, s18.BOOTSTRAP_SEED, base_outcome, note)
+            # the task loss gap per seed, as a share of the control's loss (the reruns are §18's controls)
+            gap = [(pair[(S18_ANCHOR, s)]["task_loss"] - pair[(pick, s)]["task_loss"]) / pair[(CONSTANT, s)]["task_loss"]
+                   for s in seeds]
+            t["task_gap_of_control_per_seed"] = gap
+            t["p_sign_flip_task_gap"] = float(s18.sign_flip_p(np.array(gap)[None, :])[0])
+            out[f"{pick} vs {S18_ANCHOR} (§18)"] = t
+    return out
 
 
 def analyse(st: Setting) -> dict:
@@ -802,6 +831,7 @@ def analyse(st: Setting) -> dict:
             again[seed] = {"outcomes_differing": int(sum(a != b for a, b in zip(k["outcome"], r["final"]["outcome"], strict=True))),
                            "F_s18": k["F"], "F_now": r["final"]["F"], "task_loss_rows_0_99_s18": k["task_loss"],
                            "task_loss_rows_0_99_now": r["final"]["task_losses"]["rows_0_99"]}
+    beside = _beside_s18_anchor(runs, flat, outcomes["held_out_s18"], note) if not st.smoke else {}
     lora = json.loads((_done(st) / "lora_lr.json").read_text()) if (_done(st) / "lora_lr.json").is_file() else None
     missing = [run_name(a, s) for a in ARMS for s in st.seeds if s not in runs.get(a, {})]
     missing += [run_name(CONSTANT, s) for s in st.constant_seeds if s not in runs.get(CONSTANT, {})]
@@ -821,7 +851,7 @@ def analyse(st: Setting) -> dict:
                                 else r["final"]).get("gsm8k_solved")}
                  for s, r in by.items() if "gsm8k_solved" in r["final"]} for a, by in runs.items()}
     return {"protocol": "benchmarks/protocols/which_remedy.md", "setting": asdict(st), "base": base, "arms": arms,
-            "tests": tests, "constant_again": again, "lora_lr": lora, "missing": missing, "minutes": minutes,
+            "tests": tests, "constant_again": again, "beside_s18_anchor": beside, "lora_lr": lora, "missing": missing, "minutes": minutes,
             "lanes": lanes, "gsm8k": gsm8k, "razor": razor, "task_cost_rows_0_99": rows_0_99,
             "runs": {a: {s: {"front": r["rewind"]["front"], "picks": {k: {"alpha": v["alpha"], "case": v.get("case")}
                                                                        for k, v in r["rewind"]["picks"].items()},
@@ -870,6 +900,13 @@ def report(result: dict) -> None:
     if result["constant_again"]:
         same = sum(v["outcomes_differing"] == 0 for v in result["constant_again"].values())
         print(f"\nconstant-rate runs trained again: {same} of {len(result['constant_again'])} give §18's held-out outcomes")
+    for name, t in result.get("beside_s18_anchor", {}).items():
+        gap = t["task_gap_of_control_per_seed"]
+        print(f"beside §18's anchor (descriptive; paired by seed, not by row order), {name}: cut in held-out F "
+              f"{t['cut_F']:.1%}, lower in {sum(d > 0 for d in t['diff_F_per_seed'])} of {len(gap)} seeds (sign-flip p "
+              f"{t['p_sign_flip']:.2g}); task loss on rows 0-99 {t['task_cost_paired']:+.1%} of the anchor's, lower in "
+              f"{sum(g > 0 for g in gap)} of {len(gap)} seeds by {np.mean(gap):.1%} of the control's ({min(gap):.1%} to "
+              f"{max(gap):.1%}; sign-flip p {t['p_sign_flip_task_gap']:.2g})")
 
 
 def plot(result: dict, path: Path) -> None:
