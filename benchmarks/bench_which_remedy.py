@@ -696,6 +696,7 @@ COMPARISONS = (  # (reference, arm, what): each remedy against its control, pair
     ("control_sampler@rewind", "anchor@rewind", "both remedies against rewind alone, the same row order"),
 )
 S18_ANCHOR = "anchor_strong"  # §18's KL anchor (beta 5, ratio 0.5) at the constant rate, seeds 6-15
+S18_RUNS = REPO / "benchmarks" / "results" / "remedies"  # §18's committed runs, one JSON each
 
 
 def load_runs(st: Setting) -> dict[str, dict[int, dict]]:
@@ -745,22 +746,21 @@ def _beside_s18_anchor(runs: dict, flat: dict, base_outcome, note: str) -> dict:
     0-99 only (which hold the dev rows the pick read), so the task loss here is on those rows."""
     pair, out = {}, {}
     for seed in sorted(runs.get(CONSTANT, {})):
-        kept = REPO / "benchmarks" / "results" / "remedies" / f"{S18_ANCHOR}-s{seed}.json"
+        kept = S18_RUNS / f"{S18_ANCHOR}-s{seed}.json"
         if kept.is_file():
             k = json.loads(kept.read_text())
             pair[(S18_ANCHOR, seed)] = {key: k[key] for key in ("F", "BT", "outcome", "task_loss")}
             for name in (CONSTANT, f"{CONSTANT}@rewind", f"{CONSTANT}@dev"):
                 pair[(name, seed)] = {**flat[(name, seed)], "task_loss": flat[(name, seed)]["task_loss_0_99"]}
     seeds = sorted(s for (n, s) in pair if n == S18_ANCHOR)
-    for pick in (f"{CONSTANT}@rewind", f"{CONSTANT}@dev"):
-        if seeds:
-            t = s18._paired(pair, S18_ANCHOR, pick, seeds, s18.BOOTSTRAP_SEED, base_outcome, note)
-            # the task loss gap per seed, as a share of the control's loss (the reruns are §18's controls)
-            gap = [(pair[(S18_ANCHOR, s)]["task_loss"] - pair[(pick, s)]["task_loss"]) / pair[(CONSTANT, s)]["task_loss"]
-                   for s in seeds]
-            t["task_gap_of_control_per_seed"] = gap
-            t["p_sign_flip_task_gap"] = float(s18.sign_flip_p(np.array(gap)[None, :])[0])
-            out[f"{pick} vs {S18_ANCHOR} (§18)"] = t
+    for pick in (f"{CONSTANT}@rewind", f"{CONSTANT}@dev") if seeds else ():
+        t = s18._paired(pair, S18_ANCHOR, pick, seeds, s18.BOOTSTRAP_SEED, base_outcome, note)
+        # the task loss gap per seed, as a share of the control's loss (the reruns are §18's controls)
+        gap = [(pair[(S18_ANCHOR, s)]["task_loss"] - pair[(pick, s)]["task_loss"]) / pair[(CONSTANT, s)]["task_loss"]
+               for s in seeds]
+        t["task_gap_of_control_per_seed"] = gap
+        t["p_sign_flip_task_gap"] = float(s18.sign_flip_p(np.array(gap)[None, :])[0])
+        out[f"{pick} vs {S18_ANCHOR} (§18)"] = t
     return out
 
 
@@ -804,7 +804,7 @@ def analyse(st: Setting) -> dict:
     # the checkpoints' task cost on rows 0-99, the rows §18 reported it on (constant rate), for a like-for-like reading
     rows_0_99 = {}
     for arm in ARMS:
-        for ref in {CONTROL_OF.get(arm), "control"} - {None, arm}:
+        for ref in sorted({CONTROL_OF.get(arm), "control"} - {None, arm}):  # sorted: a set's order varies by run
             seeds = sorted(set(runs.get(arm, {})) & set(runs.get(ref, {})))
             if seeds:
                 loss = {n: np.mean([runs[n][s]["final"]["task_losses"]["rows_0_99"] for s in seeds]) for n in (arm, ref)}
@@ -825,7 +825,7 @@ def analyse(st: Setting) -> dict:
     # the constant-rate runs again: the same held-out outcomes as §18's committed runs?
     again = {}
     for seed, r in runs.get(CONSTANT, {}).items():
-        kept = REPO / "benchmarks" / "results" / "remedies" / f"{s18.CONTROL}-s{seed}.json"
+        kept = S18_RUNS / f"{s18.CONTROL}-s{seed}.json"
         if kept.is_file() and not st.smoke:
             k = json.loads(kept.read_text())
             again[seed] = {"outcomes_differing": int(sum(a != b for a, b in zip(k["outcome"], r["final"]["outcome"], strict=True))),
