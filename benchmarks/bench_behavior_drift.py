@@ -11,7 +11,7 @@ Behaviour probes are generated greedily with 128 new tokens (the demo's setting 
 The base is scored once (`--prepare`, `forgetwatch cache`) and shared by the six runs, which run two at a time with
 one thread each (`--run`; a run whose record already reaches step 30 is skipped, so a stopped experiment continues).
 The summary reads each run's local record (per-step outcomes, answer lengths and stops) and computes knowledge and
-behaviour figures apart, with `forgetwatch.metrics` and `forgetwatch.behavior`.
+behaviour figures apart, with `forgetwatch.measures.metrics` and `forgetwatch.measures.behavior`.
 
     python benchmarks/bench_behavior_drift.py --prepare    # probe file + base cache (~5 min)
     python benchmarks/bench_behavior_drift.py --run        # 6 runs, 2 at a time (~50 min on 2 cores)
@@ -46,7 +46,7 @@ def _env() -> dict:
 
 
 def prepare() -> None:
-    from forgetwatch.suites import load_probes, load_suite
+    from forgetwatch.probes.suites import load_probes, load_suite
 
     OUT.mkdir(parents=True, exist_ok=True)
     probes = load_probes(KNOWLEDGE, per_suite=PER_SUITE, seed=0) + load_suite("instructions") + load_suite("over_refusal")
@@ -79,10 +79,10 @@ def run_one(stage: str, seed: int) -> None:
 
 def summarise_run(out: Path) -> dict:
     """Per evaluation step: knowledge F/BT (raw, adjusted), behaviour figures overall and per instruction group."""
-    from forgetwatch.behavior import compute_behavior
-    from forgetwatch.metrics import compute_report
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.record import load_record
+    from forgetwatch.measures.behavior import compute_behavior
+    from forgetwatch.measures.metrics import compute_report
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.record.store import load_record
 
     probes = ProbeSet.from_jsonl(OUT / "probes.jsonl")
     record = load_record(out)

@@ -47,7 +47,7 @@ def main() -> None:
     if args.static:
         if args.engine != "hf":
             ap.error("--static is the HF engine's")
-        from forgetwatch.engines import hf
+        from forgetwatch.scoring.engines import hf
 
         init = hf.HFEngine.__init__
 
@@ -56,7 +56,7 @@ def main() -> None:
 
         hf.HFEngine.__init__ = static_init
 
-    from forgetwatch import modes
+    from forgetwatch.scoring.score import modes
 
     spans: list[tuple[str, float, float]] = []  # (kind, start, seconds)
 

@@ -4,7 +4,7 @@ forgetwatch's batched greedy decoding vs a loop of one `model.generate` per prob
     OMP_NUM_THREADS=1 python benchmarks/bench_generate.py              # 160 probes, ~3 min
     OMP_NUM_THREADS=1 python benchmarks/bench_generate.py --n 32 --chunks 2
 
-Both sides use the same prompt (`forgetwatch.prompts.generation_prompt` with the chat template), the same greedy
+Both sides use the same prompt (`forgetwatch.scoring.prompts.generation_prompt` with the chat template), the same greedy
 `GenerationConfig` (EOS ids of the tokenizer and the model, pad id) and the same answer checking. The probes are split
 into chunks; each chunk is run by both sides in alternating order. "Useful" tokens are the tokens each probe generates
 up to and including its EOS (from the per-probe loop, whose sequences have no padding); tokens/s divides those by each
@@ -25,10 +25,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from forgetwatch import answers  # noqa: E402
-from forgetwatch.models import load_model  # noqa: E402
-from forgetwatch.prompts import generation_prompt  # noqa: E402
-from forgetwatch.scoring import ScoringConfig, score_probes  # noqa: E402
-from forgetwatch.suites import load_suite  # noqa: E402
+from forgetwatch.probes.suites import load_suite  # noqa: E402
+from forgetwatch.scoring.models import load_model  # noqa: E402
+from forgetwatch.scoring.prompts import generation_prompt  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig, score_probes  # noqa: E402
 
 
 def per_probe_loop(model, tok, probes, gen_config):

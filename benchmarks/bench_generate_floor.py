@@ -36,13 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 from bench_behavior import per_probe_loop  # noqa: E402
 
-from forgetwatch.engines import ContinuousBatchingEngine, HFEngine  # noqa: E402
-from forgetwatch.models import load_model  # noqa: E402
-from forgetwatch.probes import ProbeSet  # noqa: E402
-from forgetwatch.prompts import behavior_prompt  # noqa: E402
-from forgetwatch.requests import encode  # noqa: E402
-from forgetwatch.scoring import ScoringConfig, score_probes  # noqa: E402
-from forgetwatch.suites import load_suite  # noqa: E402
+from forgetwatch.probes.probe_set import ProbeSet  # noqa: E402
+from forgetwatch.probes.suites import load_suite  # noqa: E402
+from forgetwatch.scoring.engines import ContinuousBatchingEngine, HFEngine  # noqa: E402
+from forgetwatch.scoring.models import load_model  # noqa: E402
+from forgetwatch.scoring.prompts import behavior_prompt  # noqa: E402
+from forgetwatch.scoring.requests import encode  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig, score_probes  # noqa: E402
 
 
 class SlotCounter:

@@ -35,7 +35,7 @@ NAIVE = """
 import sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from forgetwatch import load_probes, score_probes
-from forgetwatch.models import smollm2_path
+from forgetwatch.scoring.models import smollm2_path
 base = AutoModelForCausalLM.from_pretrained(smollm2_path())
 ft = AutoModelForCausalLM.from_pretrained(sys.argv[1])
 with torch.no_grad():
@@ -63,7 +63,7 @@ def make_checkpoint(out: Path, shards: int) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from forgetwatch.models import smollm2_path
+    from forgetwatch.scoring.models import smollm2_path
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path())
     g = torch.Generator().manual_seed(0)

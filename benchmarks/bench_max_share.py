@@ -57,7 +57,7 @@ class _Stop(Exception):
 def _timed_hooks(spans: list[float], stop_after: int | None = None):
     """Time the callback's hooks (all its work in `train()`); with `stop_after`, end the process's training after that
     many partial evaluations (a `_Stop` out of the hook: the record holds what was committed)."""
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     for name in ("on_train_begin", "on_step_end", "on_train_end"):
         original = getattr(ForgetWatchCallback, name)
@@ -112,7 +112,7 @@ def _lines(out: Path) -> dict[int, dict]:
 def analyse() -> dict:
     import numpy as np
 
-    from forgetwatch.record import load_record
+    from forgetwatch.record.store import load_record
 
     seeds = sorted(int(p.name.split("-s")[1]) for p in OUT.glob("partial-s*") if (p / "timing.json").is_file())
     out = {"share": SHARE, "seeds": {}, "groups_inside": 0, "groups_total": 0, "overall_inside": 0, "overall_total": 0}
@@ -201,8 +201,8 @@ SCALE_SUITES = ("arc_easy", "arc_challenge", "openbookqa", "commonsense_qa", "sc
 
 def scale_probes(path: Path) -> None:
     """Every probe of SCALE_SUITES, then triviaqa up to 10,000 (a seeded draw)."""
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.suites import load_suite
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_suite
 
     probes = [p for name in SCALE_SUITES for p in load_suite(name, n=None, seed=0)]
     probes += list(load_suite("triviaqa", n=10_000 - len(probes), seed=0))

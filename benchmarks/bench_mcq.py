@@ -4,7 +4,7 @@ and the compute floor, on MMLU (long questions) and ARC-Easy (short).
     OMP_NUM_THREADS=1 python benchmarks/bench_mcq.py                # 500 questions per suite (~40 min on 2 shared cores)
     OMP_NUM_THREADS=1 python benchmarks/bench_mcq.py --n 48 --naive-n 8 --chunks 3   # a quick run (~2 min)
 
-Sides, all on the same in-memory fp32 model, one thread, the same prompts (`forgetwatch.prompts.loglik_request`:
+Sides, all on the same in-memory fp32 model, one thread, the same prompts (`forgetwatch.scoring.prompts.loglik_request`:
 context "Question: {q}\\nAnswer:", continuations " {choice}"):
 
     forgetwatch  score_probes(mcq_mode="loglik", batch_size=16): every option packed behind its question in one row
@@ -37,10 +37,10 @@ import _common  # noqa: E402  (sets OMP_NUM_THREADS before torch is imported)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from forgetwatch.models import load_model  # noqa: E402
-from forgetwatch.prompts import loglik_request  # noqa: E402
-from forgetwatch.scoring import ScoringConfig, score_probes  # noqa: E402
-from forgetwatch.suites import load_suite  # noqa: E402
+from forgetwatch.probes.suites import load_suite  # noqa: E402
+from forgetwatch.scoring.models import load_model  # noqa: E402
+from forgetwatch.scoring.prompts import loglik_request  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig, score_probes  # noqa: E402
 
 
 def tokenize(tok, probes):

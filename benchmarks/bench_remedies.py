@@ -207,7 +207,7 @@ def base_model(st: Setting, threads: int):
     """The prepared directory (made if missing) and the base model in eval mode with its tokenizer, on `threads`."""
     import torch
 
-    from forgetwatch.models import load_model
+    from forgetwatch.scoring.models import load_model
 
     torch.set_num_threads(threads)
     out = _out(st)
@@ -239,8 +239,8 @@ def prepare(st: Setting, threads: int = 2) -> None:
 
 def draw_probes(st: Setting, tok):
     """The probe files (seeded: the same every time); returns the monitored probes."""
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.suites import load_probes, load_suite
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_probes, load_suite
 
     out = _out(st)
     out.mkdir(parents=True, exist_ok=True)
@@ -294,7 +294,7 @@ def _check_s12(out: Path) -> None:
 
 
 def _prepared(st: Setting) -> dict:
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
     from forgetwatch.remedies import BaseOutputs
 
     out = _out(st)
@@ -333,8 +333,8 @@ def one(arm: str, seed: int, st: Setting, beta: float | None, done_dir: Path | N
     from sft import main, make_parser
     from transformers import TrainerCallback
 
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.models import load_model
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.scoring.models import load_model
 
     torch.set_num_threads(1)
     out = _out(st) / run_name(arm, seed)
@@ -602,7 +602,7 @@ def _interp_point(step: dict) -> dict:
 def _paired(runs: dict, ref: str, arm: str, seeds: list[int], rng_seed: int, base_outcome, base_note: str) -> dict:
     """`arm` against `ref` over the seeds both have: the per-seed F differences (ref − arm) and their exact sign-flip
     test, the mean cut and paired task cost with bootstrap intervals over seeds, and McNemar pooled over probes × seeds."""
-    from forgetwatch.metrics import mcnemar_exact
+    from forgetwatch.measures.metrics import mcnemar_exact
 
     fc = np.array([runs[(ref, s)]["F"] for s in seeds])
     fr = np.array([runs[(arm, s)]["F"] for s in seeds])
@@ -639,7 +639,7 @@ def _paired(runs: dict, ref: str, arm: str, seeds: list[int], rng_seed: int, bas
 
 
 def analyse(st: Setting) -> dict:
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
 
     prepared = json.loads((_done(st) / "prepared.json").read_text()) if (_done(st) / "prepared.json").is_file() else {}
     base_outcome, base_note = None, f"skipped: no {_out(st) / 'base-held_out.parquet'} (run --prepare)"

@@ -48,8 +48,8 @@ HELD_OUT_TASK = 100  # GSM8K rows 0-99: never trained on
 
 
 def prepare() -> None:
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.suites import load_probes, load_suite
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_probes, load_suite
 
     OUT.mkdir(parents=True, exist_ok=True)
     monitored = load_probes(",".join(SUITES), per_suite=PER_SUITE, seed=0)  # the demo's probes
@@ -126,16 +126,16 @@ def evaluate(name: str) -> dict:
     """Held-out probes (against the base's cached results) and the held-out task loss of one trained model."""
     import torch
 
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.metrics import compute_report
-    from forgetwatch.models import load_model
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.record import load_record
-    from forgetwatch.scoring import score_probes
+    from forgetwatch.measures.metrics import compute_report
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.record.store import load_record
+    from forgetwatch.scoring.models import load_model
+    from forgetwatch.scoring.score import score_probes
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     path = OUT / name if name != "base" else None
-    from forgetwatch.models import smollm2_path
+    from forgetwatch.scoring.models import smollm2_path
 
     model, tok = load_model(str(path or smollm2_path()))
     model.eval()

@@ -99,11 +99,11 @@ def _env() -> dict:
 def prepare() -> None:
     import torch
 
-    from forgetwatch.models import load_model
-    from forgetwatch.probes import ProbeSet
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_probes, load_suite
     from forgetwatch.remedies import load_or_make
-    from forgetwatch.scoring import ScoringConfig, score_probes
-    from forgetwatch.suites import load_probes, load_suite
+    from forgetwatch.scoring.models import load_model
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     torch.set_num_threads(2)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def check_prepared(now: dict, done: Path) -> None:
 
 
 def _prompt_tokens(tok, probe) -> int:
-    from forgetwatch.prompts import question_block
+    from forgetwatch.scoring.prompts import question_block
 
     text = tok.apply_chat_template([{"role": "user", "content": question_block(probe, False)}], tokenize=False,
                                    add_generation_prompt=True)
@@ -196,9 +196,9 @@ def one(arm: str, seed: int, ratio: float) -> None:
     from sft import main, make_parser
     from transformers import TrainerCallback
 
-    from forgetwatch.models import load_model
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.scoring import ScoringConfig, score_probes
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.scoring.models import load_model
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     torch.set_num_threads(1)
     out = OUT / run_name(arm, seed, ratio)

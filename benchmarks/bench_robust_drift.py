@@ -30,9 +30,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forgetwatch.metrics import wilson_interval  # noqa: E402
-from forgetwatch.record import load_record  # noqa: E402
-from forgetwatch.results import CORRECT  # noqa: E402
+from forgetwatch.measures.metrics import wilson_interval  # noqa: E402
+from forgetwatch.record.store import load_record  # noqa: E402
+from forgetwatch.scoring.results import CORRECT  # noqa: E402
 
 OUT = REPO / "outputs" / "robust_drift"
 RESULT = REPO / "benchmarks" / "results" / "robust_drift.json"

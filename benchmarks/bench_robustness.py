@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import numpy as np  # noqa: E402
 
-from forgetwatch.models import load_model  # noqa: E402
-from forgetwatch.robust_metrics import position_bias, robust_figures  # noqa: E402
-from forgetwatch.robustness import plan_variants  # noqa: E402
-from forgetwatch.scoring import ScoringConfig, score_probes  # noqa: E402
-from forgetwatch.suites import load_probes  # noqa: E402
+from forgetwatch.measures.robustness import position_bias, robust_figures, variant_outcomes  # noqa: E402
+from forgetwatch.probes.suites import load_probes  # noqa: E402
+from forgetwatch.probes.variants import plan_variants  # noqa: E402
+from forgetwatch.scoring.models import load_model  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig, score_probes  # noqa: E402
 
 SUITES = "arc_easy,sciq,piqa,hellaswag,triviaqa"
 
@@ -60,7 +60,7 @@ def main() -> None:
         t0 = time.perf_counter()
         results = score_probes(model, tok, plan.scored(), config)
         t_all = time.perf_counter() - t0
-        o = plan.outcomes(results)
+        o = variant_outcomes(plan, results)
         assert np.array_equal(results.outcome[: len(subset)], plain.outcome)  # the probes' own results are unchanged
         cats = [p.category for p in subset]
         suites = sorted({c.split("/")[0] for c in cats}) + ["overall"]

@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import numpy as np  # noqa: E402
 
-import forgetwatch.monitor as cb_module  # noqa: E402
+import forgetwatch.run.monitor as cb_module  # noqa: E402
 from forgetwatch import ForgetWatchCallback  # noqa: E402
-from forgetwatch.monitor import Monitor  # noqa: E402
-from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
-from forgetwatch.record import RunRecord  # noqa: E402
-from forgetwatch.replay import ReplayTracker  # noqa: E402
-from forgetwatch.results import ProbeResults  # noqa: E402
+from forgetwatch.probes.probe_set import Probe, ProbeSet  # noqa: E402
+from forgetwatch.record.replay import ReplayTracker  # noqa: E402
+from forgetwatch.record.store import RunRecord  # noqa: E402
+from forgetwatch.run.monitor import Monitor  # noqa: E402
+from forgetwatch.scoring.results import ProbeResults  # noqa: E402
 
 
 def synthetic_probes(n: int, rng: np.random.Generator) -> ProbeSet:

@@ -53,7 +53,7 @@ FINAL = 30
 
 
 def _done(run_dir: Path) -> bool:
-    from forgetwatch.record import RunRecord
+    from forgetwatch.record.store import RunRecord
 
     rec = run_dir / "forgetwatch"
     return rec.is_dir() and FINAL in RunRecord(rec).eval_steps() and (run_dir / "model.safetensors").exists()
@@ -84,8 +84,8 @@ def run_seed(seed: int) -> dict:
 
 
 def _record(run_dir: Path):
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.record import RunRecord
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.record.store import RunRecord
 
     rec = RunRecord(run_dir / "forgetwatch")
     probes = list(ProbeSet.from_jsonl(rec.root / "probes.jsonl"))
@@ -97,7 +97,7 @@ def _rate(num: np.ndarray, den: np.ndarray) -> float:
 
 
 def analyze_seed(seed: int) -> dict:
-    from forgetwatch.metrics import compute_metrics
+    from forgetwatch.measures.metrics import compute_metrics
 
     sft_rec, probes = _record(OUT / f"sft-s{seed}")
     dpo_rec, dpo_probes = _record(OUT / f"dpo-s{seed}")

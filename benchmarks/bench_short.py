@@ -28,10 +28,10 @@ import _common  # noqa: E402
 import numpy as np  # noqa: E402
 
 from forgetwatch import answers  # noqa: E402
-from forgetwatch.models import load_model  # noqa: E402
-from forgetwatch.results import CORRECT, INVALID  # noqa: E402
-from forgetwatch.scoring import MAX_ALIASES, ScoringConfig, score_probes  # noqa: E402
-from forgetwatch.suites import load_suite  # noqa: E402
+from forgetwatch.probes.suites import load_suite  # noqa: E402
+from forgetwatch.scoring.models import load_model  # noqa: E402
+from forgetwatch.scoring.results import CORRECT, INVALID  # noqa: E402
+from forgetwatch.scoring.score import MAX_ALIASES, ScoringConfig, score_probes  # noqa: E402
 
 
 def rejudge_contains(probes, res) -> np.ndarray:

@@ -59,7 +59,7 @@ def run(mode: str, args, base_cache: Path, probes: Path, out: Path) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     from forgetwatch import ForgetWatchCallback
-    from forgetwatch.models import smollm2_path
+    from forgetwatch.scoring.models import smollm2_path
 
     sys.path.insert(0, str(ROOT / "recipes"))
     from data import load_train_dataset

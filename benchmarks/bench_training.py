@@ -91,7 +91,7 @@ def run_once(cfg: dict, args, with_callback: bool, output_dir: Path, instrument=
     from trl import SFTConfig, SFTTrainer
 
     from forgetwatch import ForgetWatchCallback
-    from forgetwatch.models import smollm2_path
+    from forgetwatch.scoring.models import smollm2_path
 
     path = smollm2_path()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -223,7 +223,7 @@ def main() -> None:
         per_probe = {"demo mix": e_demo / n_probes}
         if not args.skip_default_probes:
             from forgetwatch import load_probes
-            from forgetwatch.scoring import ScoringConfig, score_probes
+            from forgetwatch.scoring.score import ScoringConfig, score_probes
 
             model, tok, fw = kept
             default_set = load_probes(cfg["forgetwatch_probes"], per_suite=100, seed=0)

@@ -47,10 +47,10 @@ def main() -> None:
     import vllm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from forgetwatch.engines.vllm import VLLMEngine
-    from forgetwatch.models import load_model, smollm2_path
-    from forgetwatch.scoring import ScoringConfig, score_probes
-    from forgetwatch.suites import load_probes
+    from forgetwatch.probes.suites import load_probes
+    from forgetwatch.scoring.engines.vllm import VLLMEngine
+    from forgetwatch.scoring.models import load_model, smollm2_path
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     base = str(smollm2_path())
     model, tok = load_model(base, dtype="float32")

@@ -32,8 +32,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forgetwatch.record import load_record  # noqa: E402
-from forgetwatch.results import CORRECT  # noqa: E402
+from forgetwatch.record.store import load_record  # noqa: E402
+from forgetwatch.scoring.results import CORRECT  # noqa: E402
 
 OUT = REPO / "outputs" / "warning"
 SFT = ["recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml", "--report_to", "none",

@@ -107,8 +107,8 @@ def _done(st: Setting) -> Path:
 def draw_probes(st: Setting, tok) -> None:
     """§18's files (its function, with its seed 30 draw kept as held_out_s18.jsonl), then the new seed-31 draw of the
     rest: not monitored, not the pool, not §12's nor §18's held-out."""
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.suites import load_suite
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_suite
 
     out = _out(st)
     monitored = s18.draw_probes(st.as_s18(), tok)  # writes monitored, pool, held_out_s12, held_out (seed 30)
@@ -185,15 +185,15 @@ def prepare(st: Setting, threads: int = 2) -> None:
         s18._check_s12(out)
     n = 100 if not st.smoke else 8
     _write_rows(out / "dev.jsonl", (0, n // 2))
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.suites import load_suite
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_suite
 
     ProbeSet(list(load_suite("gsm8k"))[:n], origin="gsm8k_rows_0_99").to_jsonl(out / "gsm8k.jsonl")  # the task's rows
     for name in ("monitored", "held_out", "held_out_s18", "gsm8k"):
         cot = ["--cot"] if name == "gsm8k" else []  # GSM8K accuracy: reasoning, then "Answer: X" (256 new tokens)
         subprocess.run([s18._cli(), "cache", "--model", "smollm2", "--probes", str(out / f"{name}.jsonl"), *cot,
                         "-o", str(out / f"base-{name}.parquet"), "--device", "cpu"], check=True, env=s18._env(threads))
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
 
     solved = int((BaseCache.load(out / "base-gsm8k.parquet").results.outcome == 1).sum())
     base = {"task_losses": task_losses(model, tok, st), "gsm8k_solved": solved, "gsm8k_rows": n}
@@ -206,7 +206,7 @@ def prepare(st: Setting, threads: int = 2) -> None:
 
 
 def _prepared(st: Setting) -> dict:
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
     from forgetwatch.remedies import BaseOutputs
 
     out = _out(st)
@@ -322,9 +322,9 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
     from sft import main, make_parser
     from transformers import TrainerCallback
 
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.models import load_model
+    from forgetwatch.record.cache import BaseCache
     from forgetwatch.remedies.rewind import pick_alpha, read_rewind, rewind
+    from forgetwatch.scoring.models import load_model
 
     torch.set_num_threads(1)
     name = run_name(arm, seed, lr)
@@ -376,7 +376,7 @@ def one(arm: str, seed: int, st: Setting, lr: float | None) -> None:
             # what came after the checkpoint, so nothing is there twice). Checkpoints fall on logging steps, so each
             # logged loss averages its own 10 steps. Each process's Trainer ends with a summary row (train_runtime,
             # train_loss) over the steps it ran: the last one is kept, and `resumed` says which steps those are.
-            from forgetwatch.record import RunRecord
+            from forgetwatch.record.store import RunRecord
 
             logs = RunRecord(out / "forgetwatch").read_trainer_log()
             logs = [r for r in logs if "train_runtime" not in r] + [r for r in logs if "train_runtime" in r][-1:]
@@ -567,7 +567,7 @@ def measure_accuracy(st: Setting, arm: str, seed: int) -> bool:
 
 def gsm8k_solved(model_dir: Path, st: Setting) -> int:
     """GSM8K rows 0-99 solved (chain of thought, greedy, 256 new tokens), scored as the base cache was."""
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
 
     at = model_dir / "gsm8k.parquet"
     subprocess.run([s18._cli(), "compare", "--model", str(model_dir), "--probes", str(_out(st) / "gsm8k.jsonl"),
@@ -765,7 +765,7 @@ def _beside_s18_anchor(runs: dict, flat: dict, base_outcome, note: str) -> dict:
 
 
 def analyse(st: Setting) -> dict:
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
 
     runs = load_runs(st)
     flat = _flat(runs)

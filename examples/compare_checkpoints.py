@@ -16,8 +16,8 @@ import argparse
 import torch
 
 from forgetwatch import compute_report, load_probes, score_probes
-from forgetwatch.metrics import format_report
-from forgetwatch.models import load_model
+from forgetwatch.measures.metrics import format_report
+from forgetwatch.scoring.models import load_model
 
 
 def main() -> None:

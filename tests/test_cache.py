@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from forgetwatch.cache import BaseCache, CacheFormatError, CacheMismatchError, make_cache_key, read_key
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.results import ProbeResults
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.cache import BaseCache, CacheFormatError, CacheMismatchError, make_cache_key, read_key
+from forgetwatch.scoring.results import ProbeResults
 
 SUFFIXES = [".parquet", ".jsonl"]
 
@@ -88,7 +88,7 @@ def test_roundtrip_keeps_every_column(tmp_path, suffix):
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
 def test_roundtrip_of_real_scoring_config_key(tmp_path, suffix):
-    from forgetwatch.scoring import ScoringConfig
+    from forgetwatch.scoring.score import ScoringConfig
 
     probes = probe_set(3)
     key = make_cache_key(model_key(), probes, ScoringConfig(mcq_mode="generate", system_prompt="Be brief.").key(precision="bfloat16"))
@@ -217,7 +217,7 @@ def test_failed_parquet_write_keeps_the_previous_cache(tmp_path, monkeypatch):
 
 
 def test_failed_jsonl_write_keeps_the_previous_cache(tmp_path, monkeypatch):
-    import forgetwatch.cache as cache_module
+    import forgetwatch.record.cache as cache_module
 
     path, key, old = saved(tmp_path, ".jsonl")
     before = path.read_bytes()
@@ -293,7 +293,7 @@ def test_model_identity_is_the_same_under_sharding_and_training_settings(tokeniz
     import torch
     from conftest import build_model
 
-    from forgetwatch.models import model_identity
+    from forgetwatch.scoring.models import model_identity
 
     model = build_model(tokenizer)
     full = model_identity(model)
@@ -535,9 +535,9 @@ def test_a_cache_row_of_many_ids_lists_the_first_five(tmp_path):
 def test_a_cache_with_overflowed_probes_reads_back_with_them_flagged(tmp_path, suffix):
     """Scoring keeps NaN / inf scores on rows it flags `nonfinite` (their figures are then missing): such a cache, as
     forgetwatch writes it, must load; the same values on a row not flagged are refused."""
-    from forgetwatch.cache import CacheFormatError, make_cache_key
-    from forgetwatch.probes import Probe, ProbeSet
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.probes.probe_set import Probe, ProbeSet
+    from forgetwatch.record.cache import CacheFormatError, make_cache_key
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = ProbeSet([Probe(f"q{i}", "mcq", f"{i}?", ("a", "b"), 0) for i in range(2)])
     r = ProbeResults.empty(probes.ids)

@@ -49,12 +49,12 @@ from forgetwatch import (  # noqa: E402
     score_probes,
 )
 from forgetwatch.answers import LETTERS, mcq_reward  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.run.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.versions import installed_versions, release  # noqa: E402
-from forgetwatch.drift import compute_drift  # noqa: E402
-from forgetwatch.models import model_identity  # noqa: E402
-from forgetwatch.record import RunRecord  # noqa: E402
-from forgetwatch.scoring import ScoringConfig  # noqa: E402
+from forgetwatch.measures.drift import compute_drift  # noqa: E402
+from forgetwatch.scoring.models import model_identity  # noqa: E402
+from forgetwatch.record.store import RunRecord  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig  # noqa: E402
 
 SEED = 0
 SCORING = {"max_new_tokens": 4}  # short-answer probes are generated; 4 tokens keep that fast
@@ -456,7 +456,7 @@ def _numeric(row: dict) -> dict:
 
 def test_the_trainers_own_log_rows_are_kept_for_the_report(sft_run, grpo_runs, tmp_path):
     """on_log copies every row the trainer logs (loss, learning rate, GRPO reward) into the record, on its step."""
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     for trainer, record in ((sft_run.trainer, sft_run.record), (grpo_runs.watched, load_record(grpo_runs.root / "watched"))):
         kept = record.read_trainer_log()
@@ -599,7 +599,7 @@ def test_the_precision_recorded_is_the_one_the_trainer_runs(tokenizer, tmp_path,
     """transformers 4 takes the precision from $ACCELERATE_MIXED_PRECISION too, which any bf16 TrainingArguments made
     earlier in the process leaves at "bf16": a run whose arguments say fp32 then trains and scores under bf16 autocast.
     The base cache must be keyed with the precision really run (found by running accelerate's forward wrapper)."""
-    from forgetwatch.cache import BaseCache
+    from forgetwatch.record.cache import BaseCache
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     trainer = sft_trainer(tokenizer, tmp_path, [watcher()], max_steps=1, bf16=bf16)
@@ -743,7 +743,7 @@ def test_resume_recomputes_after_the_checkpoint(sft_run, tokenizer, tmp_path):
     assert (aside / "evals" / "step-00000004.npz").read_bytes() == abandoned_npz
     assert [json.loads(line) for line in (aside / "metrics.jsonl").read_text().splitlines()] == [abandoned_row]
     assert [json.loads(line) for line in (aside / "trainer_log.jsonl").read_text().splitlines()] == abandoned_log
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     assert f"superseded/{aside.name} (in the record; not in these figures" in make_report(out).read_text()
 
@@ -847,7 +847,7 @@ def test_trackio_gets_the_scalars_and_the_flips_table(trackio_run):
     # the flips of each evaluation as a trackio.Table, row for row the record's
     tables = {int(r["train/global_step"]): r["forgetwatch/flips"] for r in logs if "forgetwatch/flips" in r}
     flips = trackio_run.record.read_flips()
-    from forgetwatch.loggers import TrackioLogger
+    from forgetwatch.run.loggers import TrackioLogger
 
     if release(installed_versions(("trackio",))["trackio"]) < TrackioLogger.TABLES_FROM:  # beside transformers 4: scalars only, said once
         assert not tables and flips

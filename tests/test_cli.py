@@ -21,11 +21,11 @@ from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
     requires_smollm,
 )
 
-from forgetwatch.cache import BaseCache
 from forgetwatch.cli import main
-from forgetwatch.metrics import compute_report
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.suites import list_suites, load_suite
+from forgetwatch.measures.metrics import compute_report
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.probes.suites import list_suites, load_suite
+from forgetwatch.record.cache import BaseCache
 
 
 def _commands(parser=None, path=()) -> list[list[str]]:
@@ -255,7 +255,7 @@ def check_against_caches(report: dict, base_path, post_path, probes: ProbeSet) -
     assert [f["id"] for f in report["flips"]] == changed
     assert sum(f["direction"] == "1→0" for f in report["flips"]) == report["metrics"]["overall"]["forgotten"]
     assert sum(f["direction"] == "0→1" for f in report["flips"]) == report["metrics"]["overall"]["learned"]
-    # the rows a run's flips.jsonl has (`forgetwatch.monitor.flip_rows`), less the step
+    # the rows a run's flips.jsonl has (`forgetwatch.run.monitor.flip_rows`), less the step
     assert all(f["vs_base"] == {"1→0": "forgotten", "0→1": "learned"}[f["direction"]] for f in report["flips"])
 
 
@@ -380,8 +380,8 @@ def test_relative_and_absolute_model_paths_are_one_model_in_the_cache_key(capsys
     callback's identity of it) did not match it, so the base was scored again."""
     from transformers import AutoModelForCausalLM
 
-    from forgetwatch.cache import make_cache_key
-    from forgetwatch.models import model_identity
+    from forgetwatch.record.cache import make_cache_key
+    from forgetwatch.scoring.models import model_identity
 
     model_dir, _, probe_file = tiny_dirs
     monkeypatch.chdir(model_dir.parent)
@@ -481,8 +481,9 @@ def test_real_model_knows_more_than_chance_on_arc_easy(capsys, tmp_path, smollm)
 
 
 def test_short_answer_options_match_scoring():
-    from forgetwatch import answers, scoring
+    from forgetwatch import answers
     from forgetwatch.cli import build_parser
+    from forgetwatch.scoring import score as scoring
 
     sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
     cache = sub.choices["cache"]

@@ -1,4 +1,4 @@
-"""The console line (`forgetwatch.console`): one line per evaluation beside the Trainer's own log lines.
+"""The console line (`forgetwatch.run.console`): one line per evaluation beside the Trainer's own log lines.
 
 The formatter on rows written by hand (milliseconds), then real transformers `Trainer` runs of a tiny model on the CPU
 whose stdout is read back: a line per evaluation with the record's figures, the Trainer's lines still there, with and
@@ -18,8 +18,8 @@ from ddp_train import (  # tests/ is on sys.path (pytest "prepend" import mode)
 )
 
 from forgetwatch import ForgetWatchCallback
-from forgetwatch.console import CONSOLE_LOGGER, format_evaluation, say, worst_categories
-from forgetwatch.record import RunRecord
+from forgetwatch.record.store import RunRecord
+from forgetwatch.run.console import CONSOLE_LOGGER, format_evaluation, say, worst_categories
 
 NAN = float("nan")
 LINE = re.compile(r"^forgetwatch step (\d+)\b")
@@ -143,7 +143,7 @@ def test_console_false_is_quiet(tokenizer, tmp_path, capsys):
 def test_the_worst_categories_are_ranked_by_what_is_sure():
     # one instruction probe that flipped (F 1, Wilson interval 0.21-1) against 15 of 40 (F 0.375, 0.24-0.53): the
     # suite of 40 forgot more for sure, and is named first
-    from forgetwatch.metrics import wilson_interval
+    from forgetwatch.measures.metrics import wilson_interval
 
     def row(k, n):
         low, high = wilson_interval(k, n)
@@ -154,8 +154,8 @@ def test_the_worst_categories_are_ranked_by_what_is_sure():
 
 
 def test_worst_is_chosen_among_the_knowledge_categories_when_the_line_shows_their_f():
-    from forgetwatch.console import headline_categories
-    from forgetwatch.probes import Probe, ProbeSet
+    from forgetwatch.probes.probe_set import Probe, ProbeSet
+    from forgetwatch.run.console import headline_categories
 
     mixed = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1, category="math"),
                       Probe("b", "instruct", "Answer in lower case.", category="change_case",

@@ -19,11 +19,11 @@ from conftest import build_model, build_tokenizer
 from ddp_train import EVAL_STEPS, SCORING, make_probes
 from multiproc import REPO, SCRIPT, TIMEOUT, assert_same, assert_split, check_ok, clean_env, torchrun, trace
 
-from forgetwatch.cache import BaseCache, make_cache_key
-from forgetwatch.distributed import plan_shard, score_distributed, world
-from forgetwatch.models import model_identity
-from forgetwatch.probes import Probe
-from forgetwatch.scoring import ScoringConfig, describe_precision, score_probes
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.record.cache import BaseCache, make_cache_key
+from forgetwatch.run.distributed import plan_shard, score_distributed, world
+from forgetwatch.scoring.models import model_identity
+from forgetwatch.scoring.score import ScoringConfig, describe_precision, score_probes
 
 CONFIG = ScoringConfig()  # what ForgetWatchCallback(probes, eval_steps=...) scores with
 
@@ -113,7 +113,7 @@ def test_score_distributed_in_one_process_is_score_probes(base_results):
 @pytest.mark.parametrize("n_probes,world_size", [(12, 3), (4, 5)], ids=["12-on-3", "4-on-5"])
 def test_score_distributed_merges_shards_in_probe_order(base_results, monkeypatch, n_probes, world_size):
     """The gather and merge, ranks simulated one after another in this process (incl. ranks with no probes)."""
-    import forgetwatch.distributed as fd
+    import forgetwatch.run.distributed as fd
 
     ref, model, tokenizer = base_results
     probes = list(make_probes())[:n_probes]  # includes short-0 (the 6th probe) in the 12

@@ -8,7 +8,7 @@ import torch
 from conftest import build_model
 from test_callback import SEED, assert_same_weights, make_probes, watcher  # tests/ is on sys.path
 
-from forgetwatch.record import load_record
+from forgetwatch.record.store import load_record
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
@@ -56,7 +56,7 @@ def test_dpo_scores_the_policy_leaves_the_reference_and_the_trajectory_alone(tok
     record = load_record(tmp_path / "watched")
     assert record.eval_steps() == [0, 2, 4]
     # the policy is what was scored: at step 4 its scores are those of the trained model, not of the base
-    from forgetwatch.scoring import ScoringConfig, score_probes
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     step4 = record.read_results(4, make_probes().ids)
     now = score_probes(watched.model, tokenizer, make_probes(), ScoringConfig(max_new_tokens=4))

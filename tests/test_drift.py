@@ -10,9 +10,9 @@ import torch
 from conftest import build_model
 from test_scoring import mcq_probes, plain_context, reference_loglik
 
-from forgetwatch.drift import RiskRule, at_risk_mask, compute_drift, option_kl
-from forgetwatch.results import ProbeResults
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.measures.drift import RiskRule, at_risk_mask, compute_drift, option_kl
+from forgetwatch.scoring.results import ProbeResults
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

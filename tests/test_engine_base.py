@@ -1,4 +1,4 @@
-"""One engine on both sides of every flip (forgetwatch/engine_base.py, the cache key's `runtime`): what holds without
+"""One engine on both sides of every flip (forgetwatch/run/base_rescore.py, the cache key's `runtime`): what holds without
 vLLM installed. The whole sidecar run with vLLM is tests/test_vllm.py (`make check-vllm`)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from forgetwatch.cache import BaseCache, make_cache_key
-from forgetwatch.engine_base import VLLM_BASE, base_for_engine, vllm_key
 from forgetwatch.errors import CacheMismatchError, EngineUnavailableError, SidecarError
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.results import ProbeResults
-from forgetwatch.scoring import ScoringConfig
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.cache import BaseCache, make_cache_key
+from forgetwatch.run.base_rescore import VLLM_BASE, base_for_engine, vllm_key
+from forgetwatch.scoring.results import ProbeResults
+from forgetwatch.scoring.score import ScoringConfig
 
 
 def _probes(n=3):
@@ -78,7 +78,7 @@ def test_vllm_cannot_score_a_run_trained_under_autocast(tmp_path):
 
 
 def test_the_base_directory_must_hold_the_weights_the_cache_was_scored_from(tmp_path):
-    from forgetwatch.engine_base import _base_directory
+    from forgetwatch.run.base_rescore import _base_directory
 
     with pytest.raises(SidecarError, match="not a directory here"):
         _base_directory({"name_or_path": str(tmp_path / "gone")})
@@ -88,7 +88,7 @@ def test_the_base_directory_must_hold_the_weights_the_cache_was_scored_from(tmp_
     model = tmp_path / "base"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"x" * 64)
-    from forgetwatch.weights import weights_fingerprint
+    from forgetwatch.scoring.weights import weights_fingerprint
 
     fingerprint = weights_fingerprint(model)
     assert _base_directory({"name_or_path": str(model), "weights": fingerprint}) == str(model)

@@ -6,10 +6,10 @@ import torch
 from conftest import build_model, continuous_sessions, requires_continuous_batching
 from test_scoring import assert_same_results, mcq_probes
 
-from forgetwatch.engines import HFEngine
-from forgetwatch.probes import Probe
-from forgetwatch.requests import GenerateRequest
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.scoring.engines import HFEngine
+from forgetwatch.scoring.requests import GenerateRequest
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -197,7 +197,7 @@ def test_refilling_falls_back_to_static_batches_when_the_cache_cannot_be_merged(
 def test_continuous_batching_gives_the_answers_of_the_hf_engine(tokenizer, chat):
     """Mixed prompt lengths, per-request budgets, stop strings (matched after the fact) and ends of turn from the
     model's EOS list: transformers' continuous batching gives the HF engine's answers, token counts and endings."""
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     prompts = _prompts(30)
     if chat:
@@ -221,7 +221,7 @@ def test_continuous_batching_gives_the_answers_of_the_hf_engine(tokenizer, chat)
 
 @requires_continuous_batching
 def test_continuous_batching_flags_nonfinite_logits(tokenizer):
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     model = build_model(tokenizer)
     with torch.no_grad():
@@ -255,7 +255,7 @@ def test_continuous_batching_where_it_cannot_run_says_why(tokenizer, caplog):
     engine's answers. A model without continuous batching (a wrapper) likewise."""
     import logging
 
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     model = build_model(tokenizer)
     with pytest.raises(ValueError, match=r"engine='continuous' cannot run here: .*sync_ranks.*Use engine='hf'"):
@@ -283,7 +283,7 @@ def test_continuous_batching_where_it_cannot_run_says_why(tokenizer, caplog):
     assert "engine='continuous' cannot run here" in caplog.text and "has no continuous batching" in caplog.text
     assert "generating with the HF engine's refilling batch instead" in caplog.text
     assert got == want
-    from forgetwatch.engines.continuous import _config_class
+    from forgetwatch.scoring.engines.continuous import _config_class
 
     if _config_class() is None:  # transformers 4 (make test-oldest): the real model cannot either, and says why
         assert "has no `ContinuousBatchingConfig`" in ContinuousBatchingEngine(model, tokenizer).unavailable
@@ -297,7 +297,7 @@ def test_continuous_batching_under_autocast(tokenizer, caplog):
     transformers failed every request there and the engine returned empty answers."""
     import logging
 
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     requests = [GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(3))]
     model = build_model(tokenizer).to(torch.bfloat16)
@@ -327,7 +327,7 @@ def test_continuous_batching_under_autocast(tokenizer, caplog):
 def test_a_request_continuous_batching_fails_raises_instead_of_an_empty_answer(tokenizer):
     """transformers ends a request that failed in its generation thread as finished, with no tokens: that must not
     come back as an empty answer (a wrong figure), but as the error."""
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     model = build_model(tokenizer)
 
@@ -347,7 +347,7 @@ def test_a_models_own_continuous_batching_manager_is_not_taken_over(tokenizer, c
     (no log-probabilities: NaN would go unseen) and destroyed on exit: the HF engine generates instead, said once."""
     import logging
 
-    from forgetwatch.engines import ContinuousBatchingEngine
+    from forgetwatch.scoring.engines import ContinuousBatchingEngine
 
     model = build_model(tokenizer)
     requests = [GenerateRequest(p, 4, (), f"p{i}") for i, p in enumerate(_prompts(2))]

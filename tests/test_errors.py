@@ -18,22 +18,22 @@ from forgetwatch.errors import ForgetWatchError
 # Each error's builtin base (kept so that `except ValueError` code written before the root existed still works) and
 # the modules it was defined in before it moved to errors.py, which still import it.
 BUILTIN_BASE = {
-    "CacheFormatError": (ValueError, ["cache"]),
-    "CacheMismatchError": (ValueError, ["cache"]),
+    "CacheFormatError": (ValueError, ["record.cache"]),
+    "CacheMismatchError": (ValueError, ["record.cache"]),
     "ConfigKeyError": (ValueError, ["integrations.config"]),
     "EngineUnavailableError": (ValueError, []),
-    "InstructionFormatError": (ValueError, ["instructions"]),
+    "InstructionFormatError": (ValueError, ["answers.instructions"]),
     "InterpolationError": (ValueError, ["remedies.interpolate"]),
-    "ProbeFormatError": (ValueError, ["probes"]),
-    "ProbeSetChangedError": (ValueError, ["segments"]),
-    "ProbeSetError": (ValueError, ["requests", "scoring"]),
-    "RecordError": (ValueError, ["record"]),
-    "RecordInUseError": (BlockingIOError, ["lock"]),
-    "RecordUnwritableError": (OSError, ["lock"]),
-    "RecordWriteError": (OSError, ["monitor"]),
-    "RobustnessError": (ValueError, ["robustness"]),
-    "SamplesFormatError": (ValueError, ["samples"]),
-    "SidecarError": (ValueError, ["watch"]),
+    "ProbeFormatError": (ValueError, ["probes.probe_set"]),
+    "ProbeSetChangedError": (ValueError, ["record.segments"]),
+    "ProbeSetError": (ValueError, ["scoring.requests", "scoring.score"]),
+    "RecordError": (ValueError, ["record.store"]),
+    "RecordInUseError": (BlockingIOError, ["record.lock"]),
+    "RecordUnwritableError": (OSError, ["record.lock"]),
+    "RecordWriteError": (OSError, ["run.monitor"]),
+    "RobustnessError": (ValueError, ["probes.variants"]),
+    "SamplesFormatError": (ValueError, ["measures.samples"]),
+    "SidecarError": (ValueError, ["run.watcher"]),
 }
 
 
@@ -85,7 +85,7 @@ def test_the_error_tree_catches_what_it_does_without_the_root():
         raise errors.RecordInUseError("held by run-a")
 
 
-def test_old_import_paths_still_work():
+def test_errors_are_reachable_where_they_are_raised():
     for name, (_, modules) in BUILTIN_BASE.items():
         for module in modules:
             assert getattr(importlib.import_module(f"forgetwatch.{module}"), name) is getattr(errors, name), (module, name)

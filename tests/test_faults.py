@@ -27,12 +27,12 @@ from test_callback import (  # tests/ is on sys.path (pytest "prepend" import mo
 )
 from transformers import TrainerCallback
 
-import forgetwatch.record as record_module
+import forgetwatch.record.store as record_module
 from forgetwatch.cli import main as cli
-from forgetwatch.lock import RecordInUseError
-from forgetwatch.record import RecordError, RunRecord
-from forgetwatch.report import make_report
-from forgetwatch.watch import Watcher
+from forgetwatch.record.lock import RecordInUseError
+from forgetwatch.record.store import RecordError, RunRecord
+from forgetwatch.report.render import make_report
+from forgetwatch.run.watcher import Watcher
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
@@ -238,7 +238,7 @@ def test_a_training_killed_at_any_write_boundary_resumes_to_the_uninterrupted_re
         out = tmp_path / f"kill-{k}-{how}"
         in_killed_child(lambda out=out: sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args).train(), k, how)
         assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
-        with caplog.at_level(logging.WARNING, logger="forgetwatch.record"):
+        with caplog.at_level(logging.WARNING, logger="forgetwatch.record.store"):
             caplog.clear()
             sft_trainer(tokenizer, out, [watcher(**OPTIONS)], **args, restore_callback_states_from_checkpoint=True).train(
                 resume_from_checkpoint=str(out / "checkpoint-2"))
@@ -300,7 +300,7 @@ def test_a_second_training_into_a_live_runs_output_dir_is_refused_then_takes_ove
         assert sorted(p.name for p in tmp_path.iterdir()) == before and (out / "forgetwatch" / "metrics.jsonl").is_file()
     finally:
         kill(first)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.lock"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.record.lock"):
         sft_trainer(tokenizer, out, [watcher()]).train()  # preempted: the next run takes over, saying whose lock it was
     assert f"pid {first}" in caplog.text and "gone without releasing it" in caplog.text
     assert [r["step"] for r in RunRecord(out / "forgetwatch").read_metrics()] == [0, 2, 4, 6]  # not interleaved
@@ -339,7 +339,7 @@ def test_report_says_what_is_wrong_with_a_mixed_record(sidecar_run, tmp_path, ca
     z = dict(rec.read_eval(4))
     z["fingerprint"] = np.asarray("0123456789abcdef")
     np.savez(rec.eval_path(4), **z)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.report"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.report.render"):
         page = make_report(out).read_text()
     for text in ("step(s) 4 more than once", "out of order", "step(s) 6 have an evals/ file but no metrics.jsonl line",
                  "scored on probe set 0123456789abcdef"):
@@ -377,7 +377,7 @@ def test_damaged_record_files_are_named_with_their_line(sidecar_run, tmp_path):
 
 def test_a_corrupt_sharded_checkpoint_is_skipped_and_another_users_is_not_unpickled(sidecar_run, tmp_path, caplog):
     """torch's CheckpointException is a BaseException: it used to escape `except Exception` and end the watcher."""
-    from forgetwatch.models import FSDP_SHARDS
+    from forgetwatch.scoring.models import FSDP_SHARDS
 
     pristine, _, _ = sidecar_run
     out = tmp_path / "run"
@@ -389,7 +389,7 @@ def test_a_corrupt_sharded_checkpoint_is_skipped_and_another_users_is_not_unpick
         (ckpt / FSDP_SHARDS).mkdir()
         (ckpt / FSDP_SHARDS / ".metadata").write_bytes(b"not a pickle")
     os.chown(out / "checkpoint-4" / FSDP_SHARDS / ".metadata", 65534, 65534)  # another user's (tests run as root here)
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.run.watcher"):
         assert Watcher(out, device="cpu").run(once=True) == 1  # checkpoint-6 still scores
     assert "could not score" in caplog.text and "checkpoint-2" in caplog.text
     assert "belongs to another user" in caplog.text and "checkpoint-4" in caplog.text
@@ -409,8 +409,8 @@ class Overflow(TrainerCallback):
 
 
 def test_scores_that_overflow_are_flagged_in_every_scoring_mode(tokenizer):
-    from forgetwatch.probes import Probe, ProbeSet
-    from forgetwatch.scoring import ScoringConfig, score_probes
+    from forgetwatch.probes.probe_set import Probe, ProbeSet
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     behaviour = [Probe("inst0", "instruct", "Write one word in lowercase.", category="instructions",
                        instructions=("punctuation:no_comma",), kwargs=({},)),
@@ -451,9 +451,9 @@ def test_a_run_that_overflows_logs_missing_figures_and_a_budget_that_cannot_judg
 
 def test_figures_of_nan_probes_are_left_out_of_the_loggers(tmp_path):
     """A category without a NaN probe keeps its figures; every group holding one logs none, and the count is logged."""
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.monitor import Monitor
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.run.monitor import Monitor
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = make_probes()
     base = ProbeResults.empty(probes.ids)
@@ -491,8 +491,8 @@ def test_figures_of_nan_probes_are_left_out_of_the_loggers(tmp_path):
 
 def test_a_probe_longer_than_the_models_context_is_refused_before_scoring_with_its_id(tokenizer):
     """The tiny model has 512 positions; rotary models would go past them silently, learned ones with an IndexError."""
-    from forgetwatch.probes import Probe, ProbeSet
-    from forgetwatch.scoring import ScoringConfig, score_probes
+    from forgetwatch.probes.probe_set import Probe, ProbeSet
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     model = build_model(tokenizer)
     long = "the quick brown fox " * 200
@@ -509,7 +509,7 @@ def test_a_probe_longer_than_the_models_context_is_refused_before_scoring_with_i
 
 def test_a_forked_child_does_not_keep_its_parents_lock(tmp_path):
     """DataLoader workers are forked while the lock is held: the lock must end with its holder, not its last worker."""
-    from forgetwatch.lock import acquire
+    from forgetwatch.record.lock import acquire
 
     lock = acquire(tmp_path, "scoring", run="parent")
     started = tmp_path / "child-started"
@@ -544,7 +544,7 @@ def test_compare_refuses_a_checkpoint_that_overflows(tokenizer, tiny_model_dir, 
 def test_watch_once_that_skipped_a_checkpoint_fails_and_its_advice_completes_the_record(sidecar_run, tmp_path, capsys):
     """`watch --once` used to exit 0 with steps missing from the record; now it exits 1 naming them, and doing what it
     says (mend the checkpoints, run the same command again) scores what the record lacks."""
-    from forgetwatch.models import FSDP_SHARDS
+    from forgetwatch.scoring.models import FSDP_SHARDS
 
     pristine, _, _ = sidecar_run
     out = tmp_path / "run"

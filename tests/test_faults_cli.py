@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgetwatch.cache import BaseCache
 from forgetwatch.cli import build_parser, main
-from forgetwatch.probes import ProbeSet
+from forgetwatch.probes.probe_set import ProbeSet
+from forgetwatch.record.cache import BaseCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

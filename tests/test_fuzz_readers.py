@@ -22,7 +22,7 @@ import pytest
 
 from forgetwatch import ProbeFormatError, ProbeSet, load_probes
 from forgetwatch.cli import main
-from forgetwatch.samples import SamplesFormatError, compare_samples
+from forgetwatch.measures.samples import SamplesFormatError, compare_samples
 
 SEED = 26
 STAMP = "2026-01-01T00-00-00"

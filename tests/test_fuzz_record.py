@@ -26,10 +26,10 @@ import pytest
 from test_callback import sft_trainer, watcher  # tests/ is on sys.path (pytest "prepend" import mode)
 from test_faults import OPTIONS
 
-import forgetwatch.report as report
+import forgetwatch.report.render as report
 from forgetwatch.errors import ForgetWatchError
-from forgetwatch.record import load_record
-from forgetwatch.watch import Watcher
+from forgetwatch.record.store import load_record
+from forgetwatch.run.watcher import Watcher
 
 # the whole pass (2,250 inputs, about 100 s) runs in `make test-slow`; `test_the_faults_the_fuzz_found_are_named` keeps
 # one input of each kind it found in the default suite

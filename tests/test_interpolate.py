@@ -163,7 +163,7 @@ def test_the_plot_and_a_task_probe_set(tuned, capsys, tmp_path):
     (("--task-data", "BAD"), "line 2: a task example needs"),
 ])
 def test_bad_input_is_refused_before_any_scoring(tuned, capsys, monkeypatch, tmp_path, extra, says):
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
     bad = tmp_path / "bad.jsonl"
@@ -198,7 +198,7 @@ def test_weights_that_are_not_floats_are_refused_before_scoring(tuned, capsys, m
 
     from safetensors.torch import save_file
 
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     quantised = tmp_path / "fp8"
     shutil.copytree(tuned["ft"], quantised)
@@ -215,16 +215,16 @@ def test_weights_that_are_not_floats_are_refused_before_scoring(tuned, capsys, m
 def test_the_sweep_runs_without_the_command_line(tuned, capsys, tmp_path):
     """The library's sweep is what `interpolate` prints: the front at a grid of α, the α chosen within a budget and the
     model saved there, with no parser (issue 42: a later `rewind` calls it)."""
-    from forgetwatch.budgets import Budget, parse_budget
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.probes import ProbeSet
+    from forgetwatch.measures.budgets import Budget, parse_budget
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.record.cache import BaseCache
     from forgetwatch.remedies.sweep import (
         InterpolationSweep,
         choose_alpha,
         interpolation_front,
         resolve_base_model,
     )
-    from forgetwatch.scoring import ScoringConfig
+    from forgetwatch.scoring.score import ScoringConfig
 
     printed = interpolate(capsys, tuned, "--alphas", "0,1", "--task-data", str(tuned["task"]), "--task-max-length", "48")
     probes = ProbeSet.from_jsonl(tuned["probes"])
@@ -272,7 +272,7 @@ def _copy(src, dst):
 def test_adapter_parts_that_alpha_cannot_scale_are_refused_before_scoring(tuned, capsys, monkeypatch, tmp_path, part, says):
     """Only the LoRA update B A is scaled by α: layers kept whole (modules_to_save), DoRA's magnitude, trained biases
     and trained token rows would stay at α = 1, so α = 0 would not be the base (review of issue 30)."""
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
     adapter = _copy(tuned["lora"], tmp_path / "adapter")
@@ -334,7 +334,7 @@ def test_task_rows_that_cannot_be_read_by_the_model_are_refused_before_scoring(t
     """Chat rows need the checkpoint's chat template, and an answer cut away by --task-max-length has no loss: refused
     (by line; the cut only when it takes every row) before any α is scored (review of issue 30: the template error came
     mid-loop)."""
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
     assert cli(run(tuned, "--alphas", "0,1", "--task-data", str(tuned["task"]), "--task-max-length", "4")) == 2
@@ -352,7 +352,7 @@ def test_task_rows_that_cannot_be_read_by_the_model_are_refused_before_scoring(t
 
 
 def test_outputs_are_never_replaced_without_force(tuned, capsys, monkeypatch, tmp_path):
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
     notes = tmp_path / "notes.txt"
@@ -374,7 +374,7 @@ def test_a_chat_template_that_does_not_render_the_prompt_as_a_prefix_is_refused(
     """The answer's tokens start where the prompt (with the generation prompt) ends: only right when the template
     renders the prompt as a prefix of the whole conversation. One that does not (here, as with templates that rewrite
     earlier turns) is refused by line rather than scoring a misplaced span (review of issue 30)."""
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
     odd = _copy(tuned["ft"], tmp_path / "odd-template")
@@ -431,7 +431,7 @@ def test_a_sharded_checkpoint_is_streamed_and_saved_shard_by_shard(tuned, capsys
 
 # -- a second review of issue 30 (2026-11-26): what got past the first -------------------------------------------
 def _no_scoring(monkeypatch):
-    import forgetwatch.scoring as scoring
+    import forgetwatch.scoring.score as scoring
 
     monkeypatch.setattr(scoring, "score_probes", lambda *a, **k: pytest.fail("scored"))
 

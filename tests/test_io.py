@@ -263,7 +263,7 @@ def test_the_temporary_file_name_carries_host_and_pid(tmp_path):
 def test_gzipped_jsonl_is_read_with_the_same_errors(tmp_path):
     import gzip
 
-    from forgetwatch.suites import _read_local
+    from forgetwatch.probes.suites import _read_local
 
     path = tmp_path / "requests.jsonl.gz"
     with gzip.open(path, "wb") as f:

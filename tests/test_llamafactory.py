@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.record import load_record
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.store import load_record
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,12 +1,12 @@
-"""Tests for forgetwatch.metrics: the worked examples of notes/metrics.md, invariants and input checks."""
+"""Tests for forgetwatch.measures.metrics: the worked examples of notes/metrics.md, invariants and input checks."""
 
 import math
 
 import numpy as np
 import pytest
 
-from forgetwatch import metrics
-from forgetwatch.metrics import (
+from forgetwatch.measures import metrics
+from forgetwatch.measures.metrics import (
     ForgettingMetrics,
     compute_metrics,
     compute_report,

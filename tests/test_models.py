@@ -1,4 +1,4 @@
-"""forgetwatch.models: where the offline SmolLM2 checkpoint is kept."""
+"""forgetwatch.scoring.models: where the offline SmolLM2 checkpoint is kept."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from forgetwatch import models
+from forgetwatch.scoring import models
 
 
 def test_the_smollm2_checkpoint_is_kept_per_transformers_major_version(tmp_path, monkeypatch):

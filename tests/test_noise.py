@@ -8,9 +8,9 @@ from conftest import build_model
 from test_callback import BF16, SCORING, make_probes, metric_rows, sft_trainer, watcher
 
 from forgetwatch import BaseCache, load_record
-from forgetwatch.metrics import compute_report
-from forgetwatch.noise import NoiseFloor, min_detectable_forgetting
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.measures.metrics import compute_report
+from forgetwatch.measures.noise import NoiseFloor, min_detectable_forgetting
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Probing within a time budget (`max_share`, `forgetwatch.partial`).
+"""Probing within a time budget (`max_share`, `forgetwatch.measures.partial`).
 
 The design and its estimator on synthetic flips with a known truth (many draws: unbiased, intervals that cover at
 their nominal level, also when the whole rotation runs with at-risk probes chosen from earlier draws); then real
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgetwatch.partial import (
+from forgetwatch.measures.partial import (
     CERTAIN_AT_RISK,
     CERTAIN_DUE,
     CERTAIN_FLIPPED,
@@ -226,7 +226,7 @@ TINY_SHARE = 1e-4
 
 
 def _behaviour_probes():
-    from forgetwatch.probes import Probe
+    from forgetwatch.probes.probe_set import Probe
 
     return [Probe(f"inst{i}", "instruct", f"Write about topic {i}. Answer in lowercase.", category="change_case",
                   instructions=("change_case:english_lowercase",), kwargs=({},)) for i in range(4)]
@@ -235,8 +235,8 @@ def _behaviour_probes():
 def _run(tokenizer, out: Path, max_share: float | None, max_steps: int = 6, eval_steps: int = 1, **overrides):
     from test_callback import make_probes, sft_trainer
 
-    from forgetwatch.callback import ForgetWatchCallback
-    from forgetwatch.probes import ProbeSet
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     probes = ProbeSet(list(make_probes()) + _behaviour_probes())
     callback = ForgetWatchCallback(probes, eval_steps=eval_steps, max_share=max_share, max_new_tokens=4,
@@ -266,7 +266,7 @@ def two_runs(tmp_path_factory):
 
 
 def test_full_passes_are_exactly_the_run_without_max_share(two_runs):
-    from forgetwatch.record import load_record
+    from forgetwatch.record.store import load_record
 
     (full, _), (part, _) = two_runs["full"], two_runs["partial"]
     lines = {r["step"]: r for r in _lines(part)}
@@ -287,7 +287,7 @@ def test_full_passes_are_exactly_the_run_without_max_share(two_runs):
 
 
 def test_partial_steps_score_the_at_risk_probes_and_a_sample_and_keep_the_rest(two_runs):
-    from forgetwatch.record import load_record
+    from forgetwatch.record.store import load_record
 
     (full, _), (part, callback) = two_runs["full"], two_runs["partial"]
     a, b = load_record(full), load_record(part)
@@ -323,7 +323,7 @@ def test_partial_steps_score_the_at_risk_probes_and_a_sample_and_keep_the_rest(t
 
 
 def test_the_probes_that_flipped_at_the_last_evaluation_are_scored_at_the_next(two_runs):
-    from forgetwatch.record import load_record
+    from forgetwatch.record.store import load_record
 
     part, callback = two_runs["partial"]
     b = load_record(part)
@@ -372,7 +372,7 @@ def test_a_resume_in_the_middle_of_a_rotation_goes_on_with_it(tmp_path):
 def test_max_share_is_checked_before_training():
     from test_callback import make_probes
 
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     for bad in (0, 1, 1.5, -0.1, "0.1", True):
         with pytest.raises(ValueError, match="`max_share` must be a number between 0 and 1"):
@@ -382,7 +382,7 @@ def test_max_share_is_checked_before_training():
 
 def test_the_report_draws_partial_evaluations_as_estimates(two_runs, tmp_path):
     pytest.importorskip("matplotlib")
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     part, _ = two_runs["partial"]
     page = make_report(part, tmp_path / "report").read_text()
@@ -390,7 +390,7 @@ def test_the_report_draws_partial_evaluations_as_estimates(two_runs, tmp_path):
 
 
 def test_partial_evaluations_are_logged_flagged_under_the_usual_keys(two_runs):
-    from forgetwatch.monitor import scalars_of
+    from forgetwatch.run.monitor import scalars_of
 
     part, _ = two_runs["partial"]
     lines = {r["step"]: r for r in _lines(part)}
@@ -402,7 +402,7 @@ def test_partial_evaluations_are_logged_flagged_under_the_usual_keys(two_runs):
 
 
 def test_a_metrics_line_with_a_damaged_partial_field_is_named(tmp_path):
-    from forgetwatch.record import RecordError, RunRecord
+    from forgetwatch.record.store import RecordError, RunRecord
 
     record = RunRecord(tmp_path)
     record.append_metrics({"step": 5, "epoch": 0.1, "seconds": 1.0, "metrics": {"overall": {}}, "partial": {"k": "ten"}})
@@ -416,7 +416,7 @@ def test_a_budget_that_would_stop_at_a_partial_evaluation_stops_on_an_exact_pass
     from conftest import build_tokenizer
     from test_callback import make_probes, sft_trainer
 
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     callback = ForgetWatchCallback(make_probes(), eval_steps=1, max_share=TINY_SHARE, max_new_tokens=4, console=False,
                                    budget={"forgetting": 0.0}, budget_bound="point", on_budget="stop")
@@ -447,8 +447,8 @@ def test_with_the_base_from_a_cache_the_first_partial_evaluation_is_a_pilot(two_
     from conftest import build_tokenizer
     from test_callback import make_probes, sft_trainer
 
-    from forgetwatch.callback import ForgetWatchCallback
-    from forgetwatch.probes import ProbeSet
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     part, _ = two_runs["partial"]
     probes = ProbeSet(list(make_probes()) + _behaviour_probes())
@@ -470,9 +470,9 @@ def test_a_probe_whose_latest_result_was_nan_is_scored_again_at_the_next_partial
     """Its stale NaN would blank its groups' estimates until it is due: it is scored for certain instead."""
     from test_callback import make_probes
 
-    from forgetwatch.drift import RiskRule
-    from forgetwatch.monitor import Monitor
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.measures.drift import RiskRule
+    from forgetwatch.run.monitor import Monitor
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = make_probes()
     n = len(probes)
@@ -495,7 +495,7 @@ def test_robustness_changes_are_counted_from_one_full_pass_to_the_next_across_pa
     from conftest import build_tokenizer
     from test_callback import make_probes, sft_trainer
 
-    from forgetwatch.callback import ForgetWatchCallback
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     callback = ForgetWatchCallback(make_probes(), eval_steps=1, max_share=TINY_SHARE, max_new_tokens=4, console=False,
                                    robustness=2)

@@ -21,7 +21,7 @@ from test_callback import (  # noqa: E402
 )
 
 from forgetwatch import BaseCache, load_record  # noqa: E402
-from forgetwatch.models import model_identity  # noqa: E402
+from forgetwatch.scoring.models import model_identity  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,7 +79,7 @@ def test_merged_lora_scores_the_same_as_the_adapter_model(lora_runs, tokenizer):
 
     from accelerate.utils import extract_model_from_parallel
 
-    from forgetwatch.scoring import ScoringConfig, score_probes
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     trainer, _, _, _ = lora_runs
     # in place: a deep copy would keep calling the original's forward through the wrapper's closure

@@ -16,9 +16,9 @@ from test_anchor import _trainer
 from test_callback import make_probes
 
 from forgetwatch import ForgetWatchCallback, Probe, ProbeSet, score_probes
-from forgetwatch.record import RunRecord
+from forgetwatch.record.store import RunRecord
 from forgetwatch.remedies.penalty import BASE_FILE, MarginPenalty
-from forgetwatch.scoring import ScoringConfig
+from forgetwatch.scoring.score import ScoringConfig
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -299,6 +299,6 @@ def test_no_scale_to_set_it_by_skips_the_micro_batch(tokenizer):
 def test_launch_doctests():
     import doctest
 
-    from forgetwatch import launch
+    from forgetwatch.run import launch
 
     assert doctest.testmod(launch).failed == 0

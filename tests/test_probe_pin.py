@@ -13,11 +13,11 @@ import pytest
 from test_callback import SCORING, StepCounter, make_probes, sft_trainer  # tests/ is on sys.path
 
 from forgetwatch import ForgetWatchCallback, ProbeSetChangedError
-from forgetwatch.cache import CacheMismatchError
 from forgetwatch.cli import main as cli
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.record import RunRecord
-from forgetwatch.report import summarize_run
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.cache import CacheMismatchError
+from forgetwatch.record.store import RunRecord
+from forgetwatch.report.render import summarize_run
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),

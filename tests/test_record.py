@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from forgetwatch.record import RecordError, RunRecord
-from forgetwatch.results import ProbeResults
+from forgetwatch.record.store import RecordError, RunRecord
+from forgetwatch.scoring.results import ProbeResults
 
 
 def make_record(root: Path, steps: list[int], last_log_step: int) -> RunRecord:
@@ -117,7 +117,7 @@ def test_an_append_that_runs_out_of_space_leaves_whole_lines(tmp_path):
     record = make_record(tmp_path / "forgetwatch", [0], last_log_step=0)
     script = f"""
 import resource, signal, os
-from forgetwatch.record import RunRecord
+from forgetwatch.record.store import RunRecord
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG) instead of killing us
 record = RunRecord({str(record.root)!r})
 size = os.path.getsize(record.root / "flips.jsonl")

@@ -27,10 +27,10 @@ from test_faults import (  # tests/ is on sys.path (pytest "prepend" import mode
 )
 
 from forgetwatch.cli import main as cli
-from forgetwatch.models import FSDP_SHARDS
-from forgetwatch.record import RunRecord
-from forgetwatch.report import summarize_run
-from forgetwatch.watch import Watcher
+from forgetwatch.record.store import RunRecord
+from forgetwatch.report.render import summarize_run
+from forgetwatch.run.watcher import Watcher
+from forgetwatch.scoring.models import FSDP_SHARDS
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),

@@ -1,4 +1,4 @@
-"""ReplayTracker (incremental) against the vectorised definitions in forgetwatch.metrics."""
+"""ReplayTracker (incremental) against the vectorised definitions in forgetwatch.measures.metrics."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from forgetwatch.metrics import first_forgotten_index, forgetting_events
-from forgetwatch.probes import Probe
-from forgetwatch.replay import ReplayTracker, replay_examples
+from forgetwatch.measures.metrics import first_forgotten_index, forgetting_events
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.record.replay import ReplayTracker, replay_examples
 
 
 def _probes(n: int) -> list[Probe]:

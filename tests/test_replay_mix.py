@@ -13,8 +13,8 @@ from datasets import Dataset
 from test_callback import make_probes  # tests/ is on sys.path (pytest "prepend" import mode)
 
 from forgetwatch import ForgetWatchCallback
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.record import RunRecord
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.store import RunRecord
 from forgetwatch.remedies import mix_replay
 from forgetwatch.remedies.mixing import category_weights
 

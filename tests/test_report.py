@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from forgetwatch.cli import main
-from forgetwatch.metrics import compute_report
-from forgetwatch.probes import Probe, ProbeSet
-from forgetwatch.record import RunRecord
-from forgetwatch.report import CUT, _final_flips, _matrix_layout, _states, make_report
-from forgetwatch.results import ProbeResults
+from forgetwatch.measures.metrics import compute_report
+from forgetwatch.measures.robustness import variant_outcomes
+from forgetwatch.probes.probe_set import Probe, ProbeSet
+from forgetwatch.record.store import RunRecord
+from forgetwatch.report.render import CUT, _final_flips, _matrix_layout, _states, make_report
+from forgetwatch.scoring.results import ProbeResults
 
 STEPS = (0, 10, 20, 30)
 SCRIPT = "<script>alert('x')</script> Which gas do plants absorb?"
@@ -387,7 +388,7 @@ def test_matrix_rows_grouped_by_category_forgotten_first_and_labels_thinned():
 
 def test_report_of_many_probes_draws(tmp_path):
     """2,000 probes in 57 categories: the picture is drawn (antialiased rows), every band labelled (they fit at 14 in)."""
-    from forgetwatch.report import _plot_matrix
+    from forgetwatch.report.render import _plot_matrix
 
     rng = np.random.default_rng(0)
     probes = ProbeSet([Probe(f"p/{i}", "mcq", f"q{i}", ("a", "b", "c", "d"), 0, category=f"subject_{i % 57:02d}")
@@ -411,7 +412,7 @@ def test_the_per_category_titles_lie_within_the_figure(n_categories, metric):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from forgetwatch.report import _plot_by_category
+    from forgetwatch.report.render import _plot_by_category
 
     cats = [f"subject_{i}" for i in range(n_categories)]
     n = 12 * n_categories
@@ -510,9 +511,9 @@ def _robust_monitor_record(run: Path, evaluations, mcq_mode: str = "loglik", beh
     """A record written by `Monitor` with robustness on (2 variants of each knowledge probe), from synthetic results:
     at base every probe and variant is right; `evaluations` gives (step, ids of the probes and variants wrong then).
     A wrong multiple-choice answer picks the option after the gold one."""
-    from forgetwatch.cache import BaseCache, make_cache_key
-    from forgetwatch.monitor import Monitor
-    from forgetwatch.robustness import make_plan
+    from forgetwatch.probes.variants import make_plan
+    from forgetwatch.record.cache import BaseCache, make_cache_key
+    from forgetwatch.run.monitor import Monitor
 
     probes = _probes()
     if behaviour:
@@ -531,7 +532,7 @@ def _robust_monitor_record(run: Path, evaluations, mcq_mode: str = "loglik", beh
     monitor.open(run, BaseCache(make_cache_key({}, probes, {}, plan.key()), results, None, variants), "float32", [], None)
     for step, wrong in evaluations:
         results, variants = scored(set(wrong))
-        monitor.report(results, step, 0.0, 1.0, plan.outcomes(results, variants))
+        monitor.report(results, step, 0.0, 1.0, variant_outcomes(plan, results, variants))
     return RunRecord(run / "forgetwatch")
 
 

@@ -27,13 +27,13 @@ from wandb_offline import find_run_file, finish_offline_run, read_history, read_
 
 import forgetwatch.remedies.rewind as rewind_module  # noqa: E402
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback  # noqa: E402
-from forgetwatch.cache import BaseCache  # noqa: E402
 from forgetwatch.cli import main as cli  # noqa: E402
 from forgetwatch.errors import InterpolationError  # noqa: E402
-from forgetwatch.monitor import figure_rows  # noqa: E402
+from forgetwatch.record.cache import BaseCache  # noqa: E402
 from forgetwatch.remedies.rewind import RULE, pick_alpha, read_rewind  # noqa: E402
 from forgetwatch.remedies.rewinder import RewindCallback, rewind_callback  # noqa: E402
-from forgetwatch.scoring import score_with_key  # noqa: E402
+from forgetwatch.run.monitor import figure_rows  # noqa: E402
+from forgetwatch.scoring.score import score_with_key  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
@@ -95,7 +95,7 @@ class Snapshot(TrainerCallback):
 
 def rescore(model_dir: Path, record: Path) -> dict:
     """`model_dir` loaded and scored as the record's base cache was (its settings and precision), figures against it."""
-    from forgetwatch.probes import ProbeSet
+    from forgetwatch.probes.probe_set import ProbeSet
 
     probes = ProbeSet.from_jsonl(record / "probes.jsonl")
     cache = BaseCache.load(record / "base.parquet").for_probes(probes.ids)
@@ -221,7 +221,7 @@ def test_wandb_gets_the_summary_the_front_and_its_plot(run):
 
 
 def test_the_report_shows_the_rewind(run, tmp_path, capsys):
-    from forgetwatch.report import make_report
+    from forgetwatch.report.render import make_report
 
     page = make_report(run.out, tmp_path).read_text(encoding="utf-8")
     assert 'id="rewind"' in page and (tmp_path / "rewind.png").is_file() and 'src="rewind.png"' in page

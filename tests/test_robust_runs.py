@@ -37,13 +37,14 @@ from test_callback import (  # noqa: E402
 from wandb_offline import find_run_file, finish_offline_run, read_history  # noqa: E402
 
 from forgetwatch import BaseCache, ForgetWatchCallback, load_record, score_probes  # noqa: E402
+from forgetwatch.measures.robustness import variant_outcomes
 from forgetwatch.options import ForgetWatchArguments  # noqa: E402
 from forgetwatch.cli import main as cli  # noqa: E402
-from forgetwatch.models import load_checkpoint  # noqa: E402
-from forgetwatch.record import RunRecord  # noqa: E402
-from forgetwatch.robust_metrics import SCALARS, robust_rows  # noqa: E402
-from forgetwatch.robustness import RobustnessError, make_plan  # noqa: E402
-from forgetwatch.scoring import ScoringConfig  # noqa: E402
+from forgetwatch.scoring.models import load_checkpoint  # noqa: E402
+from forgetwatch.record.store import RunRecord  # noqa: E402
+from forgetwatch.measures.robustness import SCALARS, robust_rows  # noqa: E402
+from forgetwatch.probes.variants import RobustnessError, make_plan  # noqa: E402
+from forgetwatch.scoring.score import ScoringConfig  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
@@ -113,7 +114,7 @@ def test_robust_figures_are_right_when_the_checkpoints_are_scored_again(robust_r
     record, probes = robust_run.record, robust_run.callback.probes
     plan = make_plan(probes, K)
     cache = BaseCache.load(record.root / "base.parquet")
-    base = plan.outcomes(cache.results, cache.variants)
+    base = variant_outcomes(plan, cache.results, cache.variants)
     np.testing.assert_array_equal(record.read_robust(0).right, base.right)
     category = np.array([probes[pid].category for pid in base.ids])
     groups = {"overall": np.ones(len(base.ids), bool), **{c: category == c for c in CATEGORIES}}
@@ -122,7 +123,7 @@ def test_robust_figures_are_right_when_the_checkpoints_are_scored_again(robust_r
         model, _ = load_checkpoint(robust_run.out / f"checkpoint-{step}", dtype="float32", device="cpu")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             full = score_probes(model, tokenizer, plan.scored(), ScoringConfig(**SCORING))
-        now = plan.outcomes(*plan.split(full))
+        now = variant_outcomes(plan, *plan.split(full))
         recorded = record.read_robust(step)
         assert recorded.ids == now.ids
         np.testing.assert_array_equal(recorded.right, now.right, err_msg=f"step {step}")
@@ -158,7 +159,7 @@ def test_the_base_cache_is_keyed_by_its_variants(robust_run, tokenizer, tmp_path
     right = BaseCache.load(path).variants
     plan2 = make_plan(robust_run.callback.probes, 2)
     np.testing.assert_array_equal(load_record(tmp_path / "fewer").read_robust(0).right,
-                                  plan2.outcomes(cache.results, right).right)  # the cache's own first 2 variants
+                                  variant_outcomes(plan2, cache.results, right).right)  # the cache's own first 2 variants
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         sft_trainer(tokenizer, tmp_path / "other", [watcher(base_cache=str(path), robustness=4)], max_steps=2).train()
@@ -215,7 +216,7 @@ def test_the_sidecar_record_holds_the_same_variants(robust_run, tokenizer, tmp_p
 
 def test_a_watcher_asked_for_variants_the_base_cache_lacks_says_how_to_make_it(tokenizer, tmp_path):
     sft_trainer(tokenizer, tmp_path, [watcher(scoring="sidecar")], max_steps=2).train()
-    from forgetwatch.watch import SidecarError, Watcher
+    from forgetwatch.run.watcher import SidecarError, Watcher
 
     with pytest.raises(SidecarError, match=r"holds no variants.*--robustness 2 .*-o .*base\.parquet --force"):
         Watcher(tmp_path, device="cpu", robustness=2)
@@ -331,9 +332,9 @@ def test_compare_with_a_nan_variant_keeps_the_plain_comparison(tokenizer, tiny_m
 def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path, caplog):
     """A variant scored NaN (an fp16 overflow) is no answer: its groups' robust figures are missing, with the reason, and
     a robust budget cannot judge them; the probes as asked keep their figures, and a plain budget is judged."""
-    from forgetwatch.budgets import Budget, parse_budget
-    from forgetwatch.cache import make_cache_key
-    from forgetwatch.monitor import Monitor
+    from forgetwatch.measures.budgets import Budget, parse_budget
+    from forgetwatch.record.cache import make_cache_key
+    from forgetwatch.run.monitor import Monitor
 
     probes = make_probes()
     plan = make_plan(probes, 2)
@@ -347,7 +348,7 @@ def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path, cap
     monitor.open(tmp_path, BaseCache(key, results, None, variants), "float32", [], None)
     variants.nonfinite[variants.ids.index("cmp3~v2")] = True
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
-        monitor.report(results, 2, 0.1, 1.0, plan.outcomes(results, variants))
+        monitor.report(results, 2, 0.1, 1.0, variant_outcomes(plan, results, variants))
     assert "the robust figures of overall, compare are missing" in caplog.text
     record = RunRecord(tmp_path / "forgetwatch")
     rows = metric_rows(record)[2]["metrics"]
@@ -359,16 +360,16 @@ def test_a_nan_variant_makes_the_robust_figures_missing(tokenizer, tmp_path, cap
     (event,) = record.read_events()
     assert event["event"] == "budget_cannot_judge" and event["keys"] == ["compare/consistency_drop"]
     assert "have a variant scored NaN or inf" in event["reason"]
-    from forgetwatch.robust_metrics import format_robust
+    from forgetwatch.measures.robustness import format_robust
 
     table = format_robust({k: v for k, v in rows.items() if "robust_n" in v})
     assert "compare: robust figures missing: 1 of 8 probes have a variant scored NaN or inf" in table
 
 
 def test_right_as_asked_but_no_longer_in_every_variant_is_a_flip_of_its_own_kind(tmp_path):
-    from forgetwatch.cache import make_cache_key
-    from forgetwatch.monitor import Monitor
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.record.cache import make_cache_key
+    from forgetwatch.run.monitor import Monitor
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = make_probes()
     plan = make_plan(probes, 2)
@@ -393,7 +394,7 @@ def test_right_as_asked_but_no_longer_in_every_variant_is_a_flip_of_its_own_kind
     base = BaseCache(make_cache_key({}, probes, {}, plan.key()), *scored(set())[:1], None, scored(set())[1])
     monitor.open(tmp_path, base, "float32", [tables], None)
     for step, wrong in ((2, {"add0~v2", "cnt1"}), (4, {"cnt1"})):
-        monitor.report(*scored(wrong)[:1], step, 0.0, 1.0, plan.outcomes(*scored(wrong)))
+        monitor.report(*scored(wrong)[:1], step, 0.0, 1.0, variant_outcomes(plan, *scored(wrong)))
     flips = RunRecord(tmp_path / "forgetwatch").read_flips()
     assert [(f["step"], f["id"], f["direction"], f["vs_base"]) for f in flips] == [
         (2, "cnt1", "1→0", "forgotten"), (2, "add0", "robust→fragile", "robust at base"),
@@ -440,7 +441,7 @@ def test_robustness_0_scores_no_variants_and_a_watcher_names_what_differs(robust
                                                                           capsys):
     """`--robustness 0`: compare and watch leave a cache's / callback's variants aside; a watcher asked for other
     variants than the cache's says which part of them differs."""
-    from forgetwatch.watch import SidecarError, Watcher
+    from forgetwatch.run.watcher import SidecarError, Watcher
 
     probes = tmp_path / "probes.jsonl"
     make_probes().to_jsonl(probes)
@@ -480,7 +481,7 @@ def test_a_sidecar_resume_that_turns_robustness_on_gives_the_watcher_the_variant
     assert "under other options" not in caplog.text  # a fresh run keeps the base it wrote
     assert not BaseCache.load(out / "forgetwatch" / "base.parquet").key.get("variants")
     # the resume turns robustness on: the record's base has no variants, and the error says how to make a cache that has
-    from forgetwatch.cache import CacheMismatchError
+    from forgetwatch.record.cache import CacheMismatchError
 
     without = sft_trainer(tokenizer, out, [robust_watcher(scoring="sidecar")], save_strategy="steps", save_steps=2)
     with pytest.raises(CacheMismatchError, match=rf"made with: forgetwatch cache .*--robustness {K}"):

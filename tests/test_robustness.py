@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from forgetwatch.probes import Probe
-from forgetwatch.robust_metrics import fragile_probes, position_bias, robust_figures
-from forgetwatch.robustness import (
+from forgetwatch.measures.robustness import fragile_probes, position_bias, robust_figures, variant_outcomes
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.probes.variants import (
     FRAMES,
     NOISES,
     RobustnessError,
@@ -71,7 +71,7 @@ def test_more_variants_keep_the_fewer_ones_and_a_seed_moves_only_the_typos():
 
 def test_variants_are_the_same_in_another_process():
     """Every rank and the watcher must draw the same typos: no salted `hash()`."""
-    code = ("from forgetwatch.probes import Probe; from forgetwatch.robustness import make_variants; "
+    code = ("from forgetwatch.probes.probe_set import Probe; from forgetwatch.probes.variants import make_variants; "
             f"p = Probe('q1', 'mcq', {MCQ.question!r}, {MCQ.choices!r}, 1); "
             "print([v.probe.question for v in make_variants(p, 47, lettered=True, seed=3)])")
     here = str([v.probe.question for v in make_variants(MCQ, 47, lettered=True, seed=3)])
@@ -146,9 +146,9 @@ def test_variants_scored_with_the_probes_give_each_variants_own_result(tokenizer
     from conftest import build_model
     from test_scoring import mcq_probes
 
-    from forgetwatch.results import CORRECT
-    from forgetwatch.robustness import SEP, plan_variants
-    from forgetwatch.scoring import ScoringConfig, score_probes
+    from forgetwatch.probes.variants import SEP, plan_variants
+    from forgetwatch.scoring.results import CORRECT
+    from forgetwatch.scoring.score import ScoringConfig, score_probes
 
     model = build_model(tokenizer)
     probes = [*mcq_probes(6), SHORT, BEHAVIOUR]
@@ -159,7 +159,7 @@ def test_variants_scored_with_the_probes_give_each_variants_own_result(tokenizer
     assert [p.id for p in scored[: len(probes)]] == [p.id for p in probes]
     assert len(scored) == len(probes) + 3 * 6  # m0..m4 and s1 get 3 variants; m5 (left out) and b1 (behaviour) none
     results = score_probes(model, tokenizer, scored, config)
-    out = plan.outcomes(results)
+    out = variant_outcomes(plan, results)
     assert out.ids == ["m0", "m1", "m2", "m3", "m4", "s1"] and out.right.shape == (6, 4)
     assert out.right[:, 0].tolist() == [results.outcome[results.ids.index(i)] == CORRECT for i in out.ids]
     for r, pid in enumerate(out.ids):
@@ -178,7 +178,7 @@ def test_variants_scored_with_the_probes_give_each_variants_own_result(tokenizer
 
 def test_a_probe_id_holding_the_variant_separator_is_refused():
     with pytest.raises(RobustnessError, match=r"probe id 'a~v1' holds '~v'.*rename the probe"):
-        from forgetwatch.robustness import plan_variants
+        from forgetwatch.probes.variants import plan_variants
 
         plan_variants([Probe("a~v1", "short", "?", answers=("x",))], 1, lettered=True)
 
@@ -193,7 +193,7 @@ def test_noise_lands_in_the_question_not_in_the_frame():
 
 def _results_of(plan, pred):
     """ProbeResults of `plan.scored()` where the model chooses `pred(probe)` (a position) for every probe."""
-    from forgetwatch.results import CORRECT, WRONG, ProbeResults
+    from forgetwatch.scoring.results import CORRECT, WRONG, ProbeResults
 
     scored = plan.scored()
     r = ProbeResults.empty([p.id for p in scored])
@@ -207,37 +207,37 @@ def test_position_bias_is_measured_on_balanced_shifts_only():
     """2-option probes whose gold answer is always "A", 3 variants each: one shift and two frames, so over all forms
     gold stands at "A" 3 times in 4. Only the pure shifts (gold once at each position) tell a model that always says
     "A" (bias 0.5) from one that is always right (0): over all forms both would read 0.25."""
-    from forgetwatch.robustness import plan_variants
+    from forgetwatch.probes.variants import plan_variants
 
     probes = [Probe(f"t{i}", "mcq", f"Is {i} a number?", ("yes", "no"), 0) for i in range(4)]
     plan = plan_variants(probes, 3, lettered=True)
-    always_a = plan.outcomes(_results_of(plan, lambda p: 0))
-    right = plan.outcomes(_results_of(plan, lambda p: p.gold))
+    always_a = variant_outcomes(plan, _results_of(plan, lambda p: 0))
+    right = variant_outcomes(plan, _results_of(plan, lambda p: p.gold))
     assert always_a.balanced.tolist() == [[True, True, False, False]] * 4
     assert position_bias(always_a.chosen, always_a.gold, always_a.num_choices, always_a.balanced) == 0.5
     assert position_bias(right.chosen, right.gold, right.num_choices, right.balanced) == 0.0
     assert position_bias(always_a.chosen, always_a.gold, always_a.num_choices) == 0.25  # unmasked: the confusion
     assert position_bias(right.chosen, right.gold, right.num_choices) == 0.0
     # a probe without all its shifts among its variants counts for nothing
-    few = plan_variants(probes, 1, lettered=True).outcomes(_results_of(plan_variants(probes, 1, lettered=True), lambda p: 0))
+    few = variant_outcomes(plan_variants(probes, 1, lettered=True), _results_of(plan_variants(probes, 1, lettered=True), lambda p: 0))
     assert few.balanced.all()  # 2 options: the probe and its one shift
-    assert not plan_variants([MCQ], 2, lettered=True).outcomes(
-        _results_of(plan_variants([MCQ], 2, lettered=True), lambda p: 0)).balanced.any()  # 4 options, 2 shifts of 3
+    assert not variant_outcomes(plan_variants([MCQ], 2, lettered=True),
+                                _results_of(plan_variants([MCQ], 2, lettered=True), lambda p: 0)).balanced.any()  # 4 options, 2 shifts of 3
 
 
 def test_nonfinite_answers_are_no_choice_and_not_right():
-    from forgetwatch.robustness import plan_variants
+    from forgetwatch.probes.variants import plan_variants
 
     plan = plan_variants([MCQ], 3, lettered=True)
     r = _results_of(plan, lambda p: p.gold)
     r.nonfinite = np.zeros(len(r.ids), bool)
     r.nonfinite[2] = True  # argmax over NaN: a position that is no choice
-    out = plan.outcomes(r)
+    out = variant_outcomes(plan, r)
     assert out.chosen[0, 2] == -1 and not out.right[0, 2] and out.right[0, [0, 1, 3]].all()
 
 
 def test_plan_refuses_ids_it_does_not_know_and_takes_numpy_integers():
-    from forgetwatch.robustness import plan_variants
+    from forgetwatch.probes.variants import plan_variants
 
     with pytest.raises(RobustnessError, match=r"1 probe id\(s\) to score variants of are not in the probe set \(first: 'nope'\)"):
         plan_variants([MCQ, SHORT], 1, lettered=True, only=["q1", "nope"])
@@ -248,9 +248,9 @@ def test_plan_refuses_ids_it_does_not_know_and_takes_numpy_integers():
 def test_a_cache_without_variants_keeps_probe_ids_that_hold_the_separator(tmp_path, ext):
     """Without robustness a probe's id may hold "~v" (ids are the user's; only `plan_variants` refuses them): its
     cache is read back as probes, not refused as rows of variants its key does not name."""
-    from forgetwatch.cache import BaseCache, CacheFormatError, make_cache_key
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.record.cache import BaseCache, CacheFormatError, make_cache_key
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = ProbeSet([Probe("doc~v2", "short", "?", answers=("x",)), SHORT])
     results = ProbeResults.empty(probes.ids)

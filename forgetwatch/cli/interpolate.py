@@ -12,7 +12,7 @@ from .._io import strict_json
 from ..commands import quote
 from ..docs import docs_hint
 from ..options import add_flag
-from ..suites import load_probes
+from ..probes.suites import load_probes
 from .common import (
     check_output,
     exists_error,
@@ -65,7 +65,7 @@ def add_interpolate(sub) -> None:
 
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
-    from ..budgets import Budget, parse_budget
+    from ..measures.budgets import Budget, parse_budget
     from ..remedies.interpolate import InterpolationError, alpha_grid, load_task_data
     from ..remedies.sweep import (
         InterpolationSweep,

@@ -49,7 +49,7 @@ def add_rewind(sub) -> None:
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
-    from ..drift import RiskRule
+    from ..measures.drift import RiskRule
     from ..remedies.rewind import rewind
     from ..remedies.sweep import format_interpolation
 

@@ -1,4 +1,4 @@
-"""`forgetwatch wandb-workspace`: save a W&B workspace laid out for forgetwatch's figures (`forgetwatch.wandb_workspace`)."""
+"""`forgetwatch wandb-workspace`: save a W&B workspace laid out for forgetwatch's figures (`forgetwatch.run.wandb_workspace`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def add_workspace(sub) -> None:
 
 
 def cmd_workspace(args: argparse.Namespace) -> int:
-    from ..wandb_workspace import describe, save_workspace, sections_of_record
+    from ..run.wandb_workspace import describe, save_workspace, sections_of_record
 
     sections = sections_of_record(args.run)
     if args.json:

@@ -44,9 +44,9 @@ from typing import Any
 
 from pydantic import Field, create_model
 
-from ..callback import ForgetWatchCallback
 from ..options import LEGACY_VALUES, ForgetWatchArguments
 from ..remedies.rewinder import rewind_callback
+from ..run.callback import ForgetWatchCallback
 from .config import (
     KEYS,
     TYPES,

@@ -159,7 +159,7 @@ def parse_keys(keys: Mapping[str, Any], *, source: str = "config",
     try:
         args = ForgetWatchArguments(**values)
         if args.forgetwatch_probes:
-            from ..callback import ForgetWatchCallback
+            from ..run.callback import ForgetWatchCallback
 
             ForgetWatchCallback.from_args(args)
         if args.forgetwatch_rewind:

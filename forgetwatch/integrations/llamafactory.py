@@ -216,7 +216,7 @@ def _remedies_in_sft_trainer(fw_args, rest: dict[str, Any], callback) -> Iterato
 def _resolve_model(rest: dict[str, Any]) -> None:
     """`model_name_or_path: smollm2` is the offline SmolLM2-135M-Instruct, as in forgetwatch's recipes."""
     if rest.get("model_name_or_path") == "smollm2":
-        from ..models import smollm2_path
+        from ..scoring.models import smollm2_path
 
         rest["model_name_or_path"] = str(smollm2_path())
 
@@ -289,8 +289,8 @@ def run(fw_args, rest: dict[str, Any]) -> None:
     """LLaMA-Factory's `run_exp` on `rest`, with the callback when `fw_args` is set (from `prepare`)."""
     from llamafactory.train.tuner import run_exp
 
-    from ..callback import ForgetWatchCallback
     from ..remedies.rewinder import rewind_callback
+    from ..run.callback import ForgetWatchCallback
 
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args else []
     rewind = rewind_callback(fw_args, str(rest.get("stage", "sft"))) if fw_args else None  # after the monitor

@@ -25,6 +25,7 @@ Example:
 Only `protocols` and `build` load with this package; the rest (torch) on first use.
 """
 
+from .._lazy import lazy
 from .build import Remedies, base_outputs_for, build_remedies, check_remedies, needs_base_outputs, replay_pool
 from .protocols import CheckpointedLossTerm, LossTerm, MonitorView
 
@@ -49,26 +50,14 @@ __all__ = [
     "rewind_callback",
 ]
 
-_LAZY = {
+__getattr__, __dir__ = lazy(__name__, globals(), {
     "BaseOutputs": ".base_outputs",
     "load_or_make": ".base_outputs",
     "make_base_outputs": ".base_outputs",
     "KLAnchor": ".anchor",
     "MarginPenalty": ".penalty",
     "add_loss_term": ".trainer",
-    "mix_replay": ".replay",
+    "mix_replay": ".replay_dataset",
     "RewindCallback": ".rewinder",
     "rewind_callback": ".rewinder",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+})

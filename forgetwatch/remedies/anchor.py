@@ -206,7 +206,7 @@ def draw_rows(sampler: ReplayMixer, ratio: float, micro_batch: int, batch_size: 
 def _identity(model: Any) -> dict[str, Any]:
     import os
 
-    from ..models import architecture_id, model_identity
+    from ..scoring.models import architecture_id, model_identity
 
     if isinstance(model, (str, os.PathLike)):
         from transformers import AutoConfig

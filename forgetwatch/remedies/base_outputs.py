@@ -36,8 +36,8 @@ import numpy as np
 
 from .._io import atomic_write, file_lock
 from ..options import default
-from ..probes import Probe
-from ..prompts import PROMPT_VERSION, question_block
+from ..probes.probe_set import Probe
+from ..scoring.prompts import PROMPT_VERSION, question_block
 
 __all__ = ["BaseOutputs", "load_or_make", "make_base_outputs", "outputs_key", "pool_probes", "tokenizer_identity"]
 
@@ -111,7 +111,7 @@ class BaseOutputs:
               pool: dict[str, Any] | None = None) -> None:
         """Refuse outputs made by another model or tokenizer (the anchor's log-probabilities would mean nothing), or,
         given `pool` (`{"fingerprint", "n"}`), for another pool."""
-        from ..cache import diff_keys
+        from ..record.cache import diff_keys
 
         mine = {k: v for k, v in tokenizer_identity(tokenizer).items() if k != "name_or_path"}
         expect: dict[str, Any] = {"tokenizer": mine}
@@ -165,7 +165,7 @@ class BaseOutputs:
         """Read a file written by `save`; with `expect` (an `outputs_key`), refuse it unless the keys match."""
         import pyarrow.parquet as pq
 
-        from ..cache import diff_keys
+        from ..record.cache import diff_keys
 
         path = Path(path)
         if not path.is_file():
@@ -203,7 +203,7 @@ def pool_probes(pool: Any, exclude: Any = None) -> list[Probe]:
     JSONL / list of unlabelled prompts (`{"prompt": "...", "category": "...", "id": optional}`), which become
     harmless-request probes (answered by generation in the chat template)."""
     from .._io import read_jsonl
-    from ..suites import load_probes
+    from ..probes.suites import load_probes
 
     if isinstance(exclude, (str, os.PathLike)):
         exclude = load_probes(str(exclude))  # suite names or a probe file, as `forgetwatch base-outputs --exclude` takes
@@ -254,8 +254,8 @@ def make_base_outputs(model: Any, tokenizer: Any, pool: Any, *, exclude: Any = N
         max_new_tokens: the generation budget of generated answers; one that does not end within it is left out
             (replaying a cut answer would teach stopping mid-sentence), and counted in a warning.
     """
-    from ..models import model_identity
-    from ..scoring import ScoringConfig, score_probes
+    from ..scoring.models import model_identity
+    from ..scoring.score import ScoringConfig, score_probes
 
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("base outputs are conversations: the tokenizer has no chat template (set one, e.g. from the "
@@ -335,7 +335,7 @@ def _add_topk(model, tokenizer, rows: list[dict[str, Any]], top_k: int, max_leng
     """Tokenize each conversation as the trainer will, and keep the base's top-k log-probabilities over its answer."""
     import torch
 
-    from ..forward import model_device, pad_token_id, untouched
+    from ..scoring.forward import model_device, pad_token_id, untouched
 
     for r in rows:
         messages = [{"role": "user", "content": r["user"]}, {"role": "assistant", "content": r["answer"]}]
@@ -377,7 +377,7 @@ def load_or_make(path: str | os.PathLike, model: Any, tokenizer: Any, pool: Any,
     Example:
         >>> outs = load_or_make("base_outputs.parquet", "smollm2", tok, "arc_easy:200,sciq:200")  # doctest: +SKIP
     """
-    from ..models import architecture_id, free_memory, load_model, model_identity
+    from ..scoring.models import architecture_id, free_memory, load_model, model_identity
 
     path = Path(path)
     # held while checking and making: runs sharing one file wait for the first to make it, then read it

@@ -55,7 +55,7 @@ def needs_base_outputs(fw_args: Any) -> bool:
 def replay_pool(fw_args: Any) -> str:
     """The pool that replay, the anchor and the penalty draw from: `forgetwatch_replay_pool`, or the rest of the
     monitored suites (the monitored probes are held out by id)."""
-    from ..suites import is_probe_file
+    from ..probes.suites import is_probe_file
 
     pool = fw_args.forgetwatch_replay_pool
     if pool is None:
@@ -225,7 +225,7 @@ def build_remedies(fw_args: Any, *, stage: str, callback: MonitorView | None, tr
         path = remedies.base_outputs.source
         remedies.summary.append(f"base outputs: {len(remedies.base_outputs)} answers of the base in {path}")
     if fw_args.forgetwatch_replay_mix:
-        from .replay import mix_replay
+        from .replay_dataset import mix_replay
 
         if train_dataset is None:
             raise ValueError("forgetwatch_replay_mix needs the training examples (`train_dataset=`)")
@@ -271,7 +271,7 @@ def base_outputs_for(fw_args: Any, training_args: Any, model: Any, callback: Mon
     """The base's answers to the pool (`forgetwatch.remedies.BaseOutputs`): read from `forgetwatch_base_outputs` when
     made for this model, tokenizer and pool, else made now by the base (the main process first; the other ranks then
     read them). A multi-process launch without the file is refused, with the command that makes it."""
-    from ..suites import is_probe_file
+    from ..probes.suites import is_probe_file
     from .base_outputs import load_or_make
 
     if max_length is None:
@@ -305,6 +305,6 @@ def base_outputs_for(fw_args: Any, training_args: Any, model: Any, callback: Mon
 def _architecture(model_path: str | Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
-    from ..models import architecture_id
+    from ..scoring.models import architecture_id
 
     return {"architecture": architecture_id(AutoConfig.from_pretrained(str(model_path)))}

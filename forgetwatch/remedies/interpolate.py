@@ -513,7 +513,7 @@ def held_out_loss(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]] | S
                   max_length: int = 1024, batch_size: int = 8) -> float:
     """Mean negative log-likelihood per answer token (nats) of `rows` (`load_task_data`, or `encode_task_rows`' pairs):
     the whole text for `text` rows, the answer only for `messages` (the last turn) and `prompt` + `completion` rows."""
-    from ..forward import model_device, pad_token_id
+    from ..scoring.forward import model_device, pad_token_id
 
     pairs = list(rows) if rows and isinstance(rows[0], tuple) else encode_task_rows(tokenizer, rows, max_length)
     device = model_device(model)

@@ -1,4 +1,4 @@
-"""An explicit 1→0 penalty: push back when a probe the base knew loses its margin (issue 30).
+"""An explicit 1→0 penalty: push back when a probe the base knew loses its margin.
 
 Harmon et al. end on "objectives that explicitly penalise 1→0" as the first next step. `MarginPenalty` does that on a
 pool of held-out multiple-choice items (the rest of the monitored suites, never the monitored probes): at every training
@@ -56,10 +56,10 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .._io import atomic_write, read_json_or_none
-from ..launch import uses_deepspeed, uses_fsdp
-from ..modes import ScoringConfig
-from ..prompts import loglik_request
-from ..requests import encode
+from ..run.launch import uses_deepspeed, uses_fsdp
+from ..scoring.modes import ScoringConfig
+from ..scoring.prompts import loglik_request
+from ..scoring.requests import encode
 from .anchor import check_beta, check_draws, draw_rows
 from .mixing import ReplayMixer
 from .protocols import MonitorView
@@ -361,7 +361,7 @@ class MarginPenalty(TrainerCallback):
         return out
 
     def _encode(self, probe: Any) -> tuple[list[int], list[list[int]]]:
-        """Token ids as log-likelihood scoring builds them (`forgetwatch.engines.hf`): the question, then each option
+        """Token ids as log-likelihood scoring builds them (`forgetwatch.scoring.engines.hf`): the question, then each option
         as encode(context + option) past the context's tokens."""
         chat = self.config.uses_chat(self.tokenizer, generative=False)
         context, options = loglik_request(probe, self.tokenizer, chat, self.config.system_prompt)
@@ -405,7 +405,7 @@ def _reentrant_checkpointing(args: Any, model: Any = None) -> bool:
 
 
 def _sharded(args: Any, model: Any = None) -> bool:
-    """FSDP or DeepSpeed: in the trainer's arguments, in `accelerate launch`'s configuration (`forgetwatch.launch`),
+    """FSDP or DeepSpeed: in the trainer's arguments, in `accelerate launch`'s configuration (`forgetwatch.run.launch`),
     or in the parameters themselves (FSDP2's DTensors, ZeRO-3's partitioned ones)."""
     if uses_fsdp(args) or uses_deepspeed(args):
         return True

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from ..modes import ScoringConfig
-    from ..probes import ProbeSet
+    from ..probes.probe_set import ProbeSet
+    from ..scoring.modes import ScoringConfig
     from .mixing import ReplayMixer
 
 __all__ = ["CheckpointedLossTerm", "LossTerm", "MonitorView"]

@@ -8,7 +8,7 @@ and the HTML report. α = 1 is always scored and must give the run's final evalu
 in rewind.json, and a mismatch is said loudly.
 
 `RewindCallback` (forgetwatch.remedies.rewinder) runs this at the end of training; `forgetwatch rewind OUTPUT_DIR` on a
-finished run. The weights are moved and scored by `forgetwatch.sweep` (torch lives there); this module is plain logic.
+finished run. The weights are moved and scored by `forgetwatch.remedies.sweep` (torch lives there); this module is plain logic.
 
 Example:
     >>> result = rewind("outputs/sft-run", task_data="held_out.jsonl")  # doctest: +SKIP
@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._io import atomic_write, read_json, strict_json
-from ..budgets import ROBUST_BUDGETS, Budget, parse_budget
-from ..cache import BaseCache
 from ..errors import InterpolationError
+from ..measures.budgets import ROBUST_BUDGETS, Budget, parse_budget
 from ..options import default
-from ..probes import ProbeSet
+from ..probes.probe_set import ProbeSet
+from ..record.cache import BaseCache
 
 __all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_checkpoint", "rewind", "read_rewind",
            "rewind_section", "REWOUND", "REWIND_FILE"]
@@ -217,7 +217,7 @@ def _manifest(record: Path) -> dict[str, Any]:
 
 def _risk_rule(record: Path) -> Any:
     """The run's at-risk rule where the record says it (a sidecar run's manifest), else the options' defaults."""
-    from ..drift import RiskRule
+    from ..measures.drift import RiskRule
 
     options = _manifest(record).get("callback", {})
     return RiskRule(options.get("at_risk_margin", default("at_risk_margin")), options.get("at_risk_drop"))
@@ -228,7 +228,7 @@ def _scoring_config(key: Mapping[str, Any], record: Path, batch_size: int | None
     engine (not in the key) as given, else a sidecar run's manifest's, else the options' defaults."""
     import dataclasses
 
-    from ..modes import NOT_IN_KEY, ScoringConfig
+    from ..scoring.modes import NOT_IN_KEY, ScoringConfig
 
     scoring = dict(key.get("scoring", {}))
     fields = {f.name for f in dataclasses.fields(ScoringConfig)} - set(NOT_IN_KEY)
@@ -306,7 +306,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         risk_rule: the run's at-risk rule (default: a sidecar run's, else the options'), for the at-risk count α = 1 is
             checked on.
         device: where to score. save: write `rewound/` (False: score and pick only). force: replace `rewound/`.
-        loggers: `forgetwatch.loggers` backends to give the summary, the front table and the plot (at `step`).
+        loggers: `forgetwatch.run.loggers` backends to give the summary, the front table and the plot (at `step`).
         allow_other_model: as `forgetwatch interpolate --allow-other-model`.
         progress: `progress(alpha, i, n)` before each α is scored.
 
@@ -318,8 +318,8 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         >>> result.alpha, result.rewound  # doctest: +SKIP
         (0.7, PosixPath('outputs/sft-run/rewound'))
     """
-    from ..lock import acquire
-    from ..record import RunRecord
+    from ..record.lock import acquire
+    from ..record.store import RunRecord
     from .interpolate import alpha_grid, load_task_data
     from .sweep import InterpolationSweep, resolve_base_model
 
@@ -425,8 +425,8 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
 
 def _score_heldout(sweep: Any, monitored: ProbeSet, heldout: ProbeSet | str, alpha: float) -> dict[str, Any]:
     """Held-out probes at θ(0) (their base), θ(α) and θ(1), figures against θ(0): never read by the pick."""
-    from ..monitor import figure_rows
-    from ..suites import load_probes
+    from ..probes.suites import load_probes
+    from ..run.monitor import figure_rows
 
     probes = load_probes(heldout)
     mine = set(monitored.ids)

@@ -1,4 +1,4 @@
-"""`RewindCallback`: at the end of training, the step back toward the base (`forgetwatch.rewind`), picked and saved.
+"""`RewindCallback`: at the end of training, the step back toward the base (`forgetwatch.remedies.rewind`), picked and saved.
 
 It runs after training, on the final model: it saves that model into the record (`<record>/rewind/checkpoint`, removed
 once the rewind succeeded), scores θ(α) on a copy loaded from there, and never touches the trainer's model object, its
@@ -26,10 +26,10 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..budgets import ROBUST_BUDGETS, Budget, parse_budget
-from ..console import say
 from ..errors import InterpolationError
+from ..measures.budgets import ROBUST_BUDGETS, Budget, parse_budget
 from ..options import ForgetWatchArguments, default
+from ..run.console import say
 from .rewind import REWOUND, rewind
 
 __all__ = ["RewindCallback", "rewind_callback", "eval_set_loss"]
@@ -44,7 +44,7 @@ _NO_LM_LABELS = ("DPOConfig", "GRPOConfig", "KTOConfig", "ORPOConfig", "CPOConfi
 
 class RewindCallback(TrainerCallback, ExportableState):
     """At the end of training, score the final model moved back toward the base at each α of a grid, pick α and save
-    that model to `<output_dir>/rewound/` (`forgetwatch.rewind.rewind`; the rule: `forgetwatch.rewind.RULE`).
+    that model to `<output_dir>/rewound/` (`forgetwatch.remedies.rewind.rewind`; the rule: `forgetwatch.remedies.rewind.RULE`).
 
     Add it after `ForgetWatchCallback` (it reads the record that callback writes, final evaluation included). The task
     loss is `data`'s when given, else the trainer's eval set's (the mean loss per label token of its batches) when an
@@ -75,7 +75,7 @@ class RewindCallback(TrainerCallback, ExportableState):
                  budget: Mapping[str, float] | str | None = None, budget_bound: str = default("budget_bound"),
                  base_cache: str | None = None, config: Any = None, risk_rule: Any = None, force: bool = False,
                  stage: str | None = None, console: bool = True):
-        from ..suites import load_probes
+        from ..probes.suites import load_probes
         from .interpolate import alpha_grid, load_task_data
 
         alpha_grid(alphas)  # refused now, not after training
@@ -87,11 +87,11 @@ class RewindCallback(TrainerCallback, ExportableState):
         if self.budget is not None and any(lim.metric in ROBUST_BUDGETS for lim in self.budget.limits):
             raise ValueError("`budget` on robust figures: rewind scores no robustness variants; leave those limits out")
         if isinstance(config, Mapping):  # as `state()` saves it in a checkpoint
-            from ..scoring import ScoringConfig
+            from ..scoring.score import ScoringConfig
 
             config = ScoringConfig(**config)
         if isinstance(risk_rule, (list, tuple)):
-            from ..drift import RiskRule
+            from ..measures.drift import RiskRule
 
             risk_rule = RiskRule(*risk_rule)
         self.budget_bound, self.base_cache, self.config, self.risk_rule = budget_bound, base_cache, config, risk_rule
@@ -134,7 +134,7 @@ class RewindCallback(TrainerCallback, ExportableState):
         labelled = lm_labels(args) if self.stage is None else self.stage == "sft"
         evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
         if self.rows is not None:
-            from ..callback import _tokenizer
+            from ..run.callback import _tokenizer
             from .interpolate import encode_task_rows
 
             encode_task_rows(_tokenizer(processing_class), self.rows, source=self.data)  # a row it cannot read: now
@@ -154,10 +154,10 @@ class RewindCallback(TrainerCallback, ExportableState):
     def on_train_end(self, args, state, control, model=None, processing_class=None, eval_dataloader=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        from ..callback import _tokenizer
-        from ..forward import model_device
-        from ..loggers import make_loggers
-        from ..record import RunRecord
+        from ..record.store import RunRecord
+        from ..run.callback import _tokenizer
+        from ..run.loggers import make_loggers
+        from ..scoring.forward import model_device
 
         record = Path(args.output_dir) / "forgetwatch"
         scratch = record / "rewind"
@@ -219,8 +219,8 @@ def rewind_callback(args: ForgetWatchArguments, stage: str | None = None) -> Rew
     if args.forgetwatch_scoring == "sidecar":
         raise ValueError("forgetwatch_rewind needs the final evaluation in the training process, and forgetwatch_scoring="
                          "sidecar leaves it to `forgetwatch watch`: rewind after training with `forgetwatch rewind OUTPUT_DIR`")
-    from ..drift import RiskRule
-    from ..scoring import ScoringConfig
+    from ..measures.drift import RiskRule
+    from ..scoring.score import ScoringConfig
 
     o = args.unprefixed()
     config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
@@ -256,7 +256,7 @@ def eval_set_loss(dataloader: Any) -> Callable[[Any], float]:
     def loss(model: Any) -> float:
         import torch
 
-        from ..forward import model_device
+        from ..scoring.forward import model_device
 
         names = _forward_names(model)
         device = model_device(model)
@@ -319,7 +319,7 @@ def _check_model(model: Any) -> None:
 
 def _check_base(record: Path, given: str | None) -> None:
     """The base model's weights must be on disk (or on the Hub) at the end: refuse now a base built in memory."""
-    from ..cache import read_key
+    from ..record.cache import read_key
 
     path = _base_cache(record, given)
     key = read_key(path) if path else None

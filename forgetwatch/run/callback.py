@@ -1,0 +1,793 @@
+"""`ForgetWatchCallback`: per-probe forgetting (1→0) and backward transfer (0→1), live, in any HF Trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import logging
+import math
+import os
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from ..docs import docs_hint
+from ..errors import EngineUnavailableError
+from ..measures.budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
+from ..measures.drift import RiskRule
+from ..measures.partial import Design, ShareBudget
+from ..measures.robustness import variant_outcomes
+from ..options import (
+    GROUPS,
+    REMEDIES,
+    ForgetWatchArguments,
+    changed,
+    default,
+    options_doc,
+    options_from_kwargs,
+    options_from_record,
+)
+from ..options import options as option_list
+from ..probes.probe_set import ProbeSet
+from ..probes.suites import load_probes
+from ..probes.variants import make_plan
+from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
+from ..record.lock import RecordInUseError, RecordUnwritableError, acquire
+from ..record.segments import check_probes, start_segment
+from ..record.store import RunRecord
+from ..scoring.fit import ProbeFit, drop_unfit, measure_fit, write_dropped
+from ..scoring.models import model_identity
+from ..scoring.results import ProbeResults
+from ..scoring.score import ScoringConfig, describe_precision, full_precision
+from .distributed import broadcast_from_main, score_distributed
+from .loggers import make_loggers
+from .monitor import PREFIX, Monitor
+from .sidecar import SidecarManifest
+from .steering import ReplaySteering
+
+__all__ = ["ForgetWatchCallback"]
+
+logger = logging.getLogger(__name__)
+
+
+# Callbacks alive in this process, to find the user's object again after the Trainer restores a new one from a checkpoint.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+class ForgetWatchCallback(TrainerCallback, ExportableState):
+    """Scores a frozen probe set every `eval_steps` and logs, per probe against the base model, what was forgotten.
+
+    At the start of training the model is the base: unless a matching base cache is given, it is scored then
+    and the cache written. Every `eval_steps` optimizer steps (and at the end) the model being trained is
+    scored again, under the training precision, and the callback logs `forgetwatch/forgetting` (1→0 rate),
+    `forgetwatch/backward_transfer` (0→1), their chance-adjusted versions, `accuracy`, `net_change` and
+    `invalid_rate`, overall and as `forgetwatch_<metric>/<category>`, on the trainer's global-step axis, to
+    each `report_to` backend (wandb, tensorboard, mlflow, trackio), plus a W&B table of the probes that
+    flipped. It always writes a local record under `<output_dir>/forgetwatch/` (see `forgetwatch.record.store`).
+
+    It never changes training: scoring consumes no randomness (RNG states are restored anyway), restores every
+    module's train/eval flag, keeps no gradients, and never touches the trainer's own logs. A failing logging
+    backend is switched off with a warning; training goes on.
+
+    Args:
+        probes: a `ProbeSet`, a JSONL path, or built-in suite names (a list or "arc_easy,mmlu").
+        eval_steps: score every this many optimizer steps (default 50).
+        **options: any other option of `forgetwatch options` (`forgetwatch docs options`) by its name without the `forgetwatch_`
+            prefix: `per_suite=50`, `mcq_mode="loglik_norm"`, `budget={"forgetting": 0.05}`, `scoring="sidecar"`, ...
+            They are listed below. The remedies' options (`anchor_beta`, `replay_mix`, ...) are not the callback's:
+            `forgetwatch.remedies` builds them. A name that is not an option is refused, naming the closest.
+        args: the options as parsed `ForgetWatchArguments`, instead of keywords (as `from_args`): the remedies' options
+            in it are left to `forgetwatch.remedies`.
+
+    Example:
+        >>> from forgetwatch import ForgetWatchCallback
+        >>> trainer = SFTTrainer(model=model, args=SFTConfig(..., report_to="wandb"), train_dataset=ds,
+        ...                      callbacks=[ForgetWatchCallback(probes="probes.jsonl", eval_steps=50)])  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(self, probes: ProbeSet | str | list[str] | None = None, eval_steps: int | None = None, *,
+                 args: ForgetWatchArguments | None = None, **options: Any):
+        if options.pop("_from_state", False):  # a checkpoint's state (the Trainer calls `cls(**state["args"])`)
+            args, options = _options_of_state(options), {}
+        if args is not None and options:
+            raise TypeError(f"pass the options as `args` or as keywords, not both (got args and {', '.join(options)})")
+        # given as parsed arguments: the remedies' fields are theirs (a recipe's fw_args sets them), not refused here
+        args = options_from_kwargs(**(args.to_kwargs() if args is not None else options))
+        if probes is not None:
+            args = dataclasses.replace(args, forgetwatch_probes=probes)
+        if eval_steps is not None:
+            args = dataclasses.replace(args, forgetwatch_eval_steps=eval_steps)
+        remedies = changed(args, names={o.name for o in option_list() if o.group == REMEDIES})
+        if remedies:
+            raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them from "
+                             "ForgetWatchArguments with `forgetwatch.remedies.build_remedies` (replay, the KL anchor, the "
+                             f"1→0 penalty: {docs_hint('replay')}) or `forgetwatch.remedies.rewind_callback` ({docs_hint('rewind')})")
+        o = args.unprefixed()
+        probes, eval_steps = o["probes"], o["eval_steps"]
+        if probes is None:
+            raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
+        if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
+            raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
+        self.eval_steps = eval_steps
+        self.config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
+        self.base_cache = o["base_cache"]
+        scoring, budget, on_budget = o["scoring"], o["budget"], o["on_budget"]
+        if scoring == "sidecar" and budget and on_budget in ("save", "stop"):
+            raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
+                             "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
+                             "scoring='inline'")
+        if scoring == "inline" and self.config.engine == "vllm":
+            raise EngineUnavailableError("engine='vllm' loads a model from its directory and cannot score the model in "
+                                         "training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
+                                         "vllm` beside training (it scores each saved checkpoint), or use engine='hf'")
+        if self.config.engine == "vllm":
+            # vLLM is the watcher's (the options say so); this process scores only the base, with transformers, and
+            # never starts a vLLM beside training's memory. The watcher scores the base again with vLLM
+            # (`forgetwatch.run.base_rescore`), so both sides of each flip come from one engine
+            self.config = dataclasses.replace(self.config, engine="hf")
+        self.scoring = scoring
+        share = o["max_share"]
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
+            raise ValueError(f"`max_share` must be a number between 0 and 1 (the share of train() probing may take, e.g. "
+                             f"0.1), or None to score every probe at every evaluation; got {share!r}")
+        self.max_share = float(share) if share is not None else None
+        self._share: ShareBudget | None = None  # the time budget's account, from train begin (`forgetwatch.measures.partial`)
+        self._clock: tuple[float, int] = (0.0, 0)  # when and at which step the last evaluation (or train begin) ended
+        self.unfit_probes = o["unfit_probes"]
+        self._fit: ProbeFit | None = None  # how the probes fit the model's context (`fit_probes`), once measured
+        self._dropped: dict[str, int] = {}  # with unfit_probes="drop": the probes left out, and their lengths in tokens
+        # the options as given (a ProbeSet object is not an option: the record keeps it as probes.jsonl)
+        self.options = dataclasses.replace(args, forgetwatch_probes=probes if isinstance(probes, str) else None)
+        self._use_probes(load_probes(probes, per_suite=o["per_suite"], seed=o["seed"]))
+        if self.unfit_probes == "refuse":  # with "drop" the set may still shrink: checked once it is known (`fit_probes`)
+            self._check_base_cache()
+        self._started = False
+        self._start_id: str | None = None  # this training start's id (on_train_begin), in its checkpoints and manifest
+        self._serial = next(_SERIAL)
+        _LIVE.add(self)
+        self._has_base = False
+        self._record_root: Path | None = None
+        self._scored_step: int | None = None
+        self._is_main = True
+        self._progress = True
+        self.steering = ReplaySteering()  # replay streams this run steers (`mix_replay`, the anchor's, the penalty's)
+        self._locks: list = []  # the record's writer locks (main process), held from train begin to train end
+        self._stopped = False  # probing stopped: an evaluation could not be written (`_probing_stopped`)
+
+    @classmethod
+    def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
+        """Build the callback from parsed `ForgetWatchArguments` (its remedy options are `forgetwatch.remedies`')."""
+        return cls(args=args)
+
+    def _use_probes(self, probes: ProbeSet) -> None:
+        """Score `probes`: the budget, the variants and the monitor are built for them (again, when some are dropped)."""
+        o = self.options.unprefixed()
+        self.probes = probes
+        self.budget = Budget(parse_budget(o["budget"]), o["on_budget"], o["budget_bound"], probes.groups) if o["budget"] else None
+        # which variants of which probes are scored besides them (None: robustness off); refused here, before training
+        self.plan = make_plan(probes, o["robustness"], o["robust_per_suite"], self.config.mcq_mode)
+        if self.budget is not None and self.plan is None:
+            needs = [lim.key for lim in self.budget.limits if lim.metric in ROBUST_BUDGETS]
+            if needs:
+                raise ValueError(f"budget {', '.join(needs)}: robust figures need variants; set `robustness` (e.g. 5)")
+        self.risk_rule = RiskRule(o["at_risk_margin"], o["at_risk_drop"])
+        # what happens to each evaluation's results (figures, record, loggers, budget): shared with `forgetwatch watch`
+        self.monitor = Monitor(probes, self.budget, self.risk_rule, log_table=o["log_table"], replay=o["replay"],
+                               plan=self.plan, console="forgetwatch" if o["console"] else None)
+
+    def _check_base_cache(self) -> None:
+        base_cache = self.base_cache
+        if base_cache and Path(base_cache).is_file():
+            # Fail before any training step is spent: a cache for another probe set can never match. (A cache of an
+            # older format is rebuilt at the start of training, with a warning that says how to make it once.)
+            try:
+                cache = BaseCache.load(base_cache)
+            except CacheMismatchError:
+                cache = None
+            ids = cache.results.ids if cache is not None else []
+            if cache is not None and set(ids) == set(self.probes.ids) and len(ids) == len(self.probes) and \
+                    ProbeSet([self.probes[i] for i in ids]).fingerprint == cache.key["probes"]["fingerprint"]:
+                return  # these probes in the cache's (and a resumed record's) order: the order is no change
+            if cache is not None:
+                expect = {"probes": {"fingerprint": self.probes.fingerprint, "n": len(self.probes)}}
+                cache.check(expect, ignore=("format", "model", "scoring"), path=base_cache)
+
+    def fit_probes(self, model: Any, processing_class: Any, *, warn: bool = True) -> None:
+        """Measure the probes (and their variants) against the model's context, from the tokenizer and the model's
+        config, running nothing: a probe that does not fit is refused with `ProbeSetError` (naming the probes, their
+        suites, the context and the ways out), or, with `unfit_probes="drop"`, left out of the set with a warning.
+
+        The Trainer calls it through `on_init_end`, so a probe set that cannot be scored stops the Trainer's
+        constructor, before any logger (W&B, ...) has started a run. A callback added later with
+        `trainer.add_callback` is checked in `on_train_begin`, which runs after the `report_to` loggers started theirs
+        (the Trainer puts them first, and a callback gets no handle on the Trainer to move itself): call this then,
+        before `trainer.train()`, to be refused before them too. Measured once; later calls return at once.
+
+        Example:
+            >>> trainer.add_callback(watch)  # doctest: +SKIP
+            >>> watch.fit_probes(trainer.model, trainer.processing_class)  # doctest: +SKIP
+        """
+        if self._fit is not None:
+            return
+        fit = measure_fit(model, _tokenizer(processing_class), self.plan.scored() if self.plan else list(self.probes),
+                          self.config)
+        over = fit.unfit
+        if over and self.unfit_probes == "refuse":
+            raise fit.refusal()  # not kept: asked again (on_train_begin after a caught refusal), it refuses again
+        self._fit = fit
+        if over:
+            kept, self._dropped = drop_unfit(self.probes, fit, warn=warn)
+            self._use_probes(kept)
+        if self.unfit_probes != "refuse":  # the set is known now (__init__ checked it already under "refuse")
+            self._check_base_cache()
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ForgetWatchCallback:
+        """The callback a checkpoint's saved state describes, written by any version (as the Trainer rebuilds it)."""
+        instance = cls(**{**state["args"], "_from_state": True})
+        for name, value in state["attributes"].items():
+            setattr(instance, name, value)
+        return instance
+
+    # -- ExportableState: survives `resume_from_checkpoint` -------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        args = self.options.to_kwargs()
+        if args["probes"] is None and self._record_root is not None:
+            args["probes"] = str(self._record_root / "probes.jsonl")  # a ProbeSet object is restored from the record
+        # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
+        # `_start_id` goes into every checkpoint's trainer_state.json: the watcher tells which training start wrote it
+        # `_from_state`: the Trainer passes these args back to __init__, which then reads them as a record of any version
+        return {"args": {**args, "_from_state": True}, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True,
+                                             "_start_id": self._start_id}}
+
+    @property
+    def evaluated_steps(self) -> list[int]:
+        """The global steps scored so far (0 is the base)."""
+        return self.monitor.evaluated_steps
+
+    @evaluated_steps.setter
+    def evaluated_steps(self, steps: list[int]) -> None:  # the Trainer sets it when it restores the callback
+        self.monitor.evaluated_steps = list(steps)
+
+    # -- results for Python users ---------------------------------------------------------------------------
+    @property
+    def record_dir(self) -> Path | None:
+        return self._record_root
+
+    def replay_examples(self) -> list[dict[str, Any]]:
+        """Forgotten probes so far, as training examples (see `forgetwatch.record.replay.replay_examples`)."""
+        return self.monitor.tracker.examples() if self.monitor.tracker is not None else []
+
+    def attach_mixer(self, mixer) -> None:
+        """Steer a replay stream (`forgetwatch.remedies.mix_replay` calls this): after each evaluation its category
+        weights follow the per-category forgetting, and its history goes into the record."""
+        self.steering.attach(mixer, self.scoring)
+
+    # -- trainer events -------------------------------------------------------------------------------------
+    def on_init_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        # The end of the Trainer's constructor: the report_to loggers start their runs in on_train_begin, which runs
+        # theirs before ours, so a probe set that cannot be scored is refused here, before any of them logs anything.
+        tokenizer = processing_class if processing_class is not None else kwargs.get("tokenizer")
+        if model is not None and tokenizer is not None:  # without them on_train_begin says what is missing
+            self.fit_probes(model, tokenizer, warn=state.is_world_process_zero)
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if model is None:  # transformers passes the model to every hook; a release that stopped would end here
+            import transformers
+
+            raise RuntimeError(f"ForgetWatchCallback got no `model` in on_train_begin (transformers {transformers.__version__}): "
+                               "the trainer no longer passes it to callbacks. Please report this with your versions.")
+        tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
+        # measured in on_init_end, unless the callback was added after the Trainer was built or restored from a
+        # checkpoint (a restored one drops what its first run dropped, so it finds the user's object by its probes)
+        self.fit_probes(model, tokenizer, warn=state.is_world_process_zero)
+        if getattr(self, "_restored", False):
+            self._share_state_with_the_users_object()
+        self._started = True
+        self._stopped = False  # a resume, the record mended: probing goes on
+        self._start_id = uuid.uuid4().hex  # the main process's goes into the checkpoints and the manifest
+        self._is_main = state.is_world_process_zero
+        self._progress = not args.disable_tqdm
+        record = RunRecord(Path(args.output_dir) / PREFIX)
+        self._record_root = record.root  # on every rank and in every mode (the Monitor opens it on the main process only)
+        autocast = _training_autocast(model, args)
+        scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
+        key = make_cache_key(model_identity(model), self.probes, scoring_key, self.plan.key() if self.plan else None)
+        own_cache = record.root / "base.parquet"
+        cache_path = Path(self.base_cache) if self.base_cache else own_cache
+        resuming = state.global_step > 0
+        # One training (and one scorer) per record, decided before an earlier record is moved aside: a second run into a
+        # live run's output_dir would move its record away under it and interleave their steps. Refused on every rank.
+        busy = broadcast_from_main(self._take_locks(args) if self._is_main else None)
+        if busy is not None:
+            raise busy
+        # The record's probe set is pinned by its evaluations: a resume with other probes is refused here, before any
+        # scoring (or, with probe_change="new_segment", starts a new segment once a base for them is found). Decided on
+        # the main process, which reads the record, and told to every rank, as the refusals around it.
+        change = None
+        if resuming:
+            order, change, error = broadcast_from_main(self._pin(record) if self._is_main else None)
+            if error is not None:
+                self._release_locks()  # refused: the record is free for the run that follows the advice
+                raise error
+            if order is not None:  # the record's probes in another order: scored in the record's (its npz rows)
+                self._use_probes(ProbeSet([self.probes[i] for i in order], origin=self.probes.origin))
+                key = make_cache_key(model_identity(model), self.probes, scoring_key, self.plan.key() if self.plan else None)
+        # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
+        # see, a cache written while another reads) would score apart and the others wait forever.
+        cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
+        if error is not None:
+            self._release_locks()
+            raise error
+        if self._is_main and not resuming and record.set_aside() and cache is not None and cache_path == own_cache:
+            cache.save(own_cache)  # the base this run uses, from the record it just set aside
+        if self._is_main and resuming:
+            try:  # the resumed run logs those steps again
+                record.truncate_after(state.global_step, names=("trainer_log.jsonl",), start=self._start_id)
+            except Exception:  # the report's loss panel is not worth a run (nor other ranks waiting on this one)
+                logger.exception("forgetwatch: could not cut trainer_log.jsonl back to step %d", state.global_step)
+        if self._is_main and change is not None:  # a base for the new probes was found: the old segment moves aside
+            start_segment(record.root, change, state.global_step, self.probes, start=self._start_id)
+            if cache is not None and not (record.root / "base.parquet").exists():
+                cache.save(record.root / "base.parquet")  # the new segment's base, beside it (its report's picture)
+        self._share = ShareBudget(self.max_share) if self.max_share is not None and self.scoring == "inline" else None
+        t_begin = time.perf_counter()
+        if cache is None:
+            t0 = time.perf_counter()
+            base, variants = self._score(model, tokenizer, progress=self._is_main and not args.disable_tqdm,
+                                         desc="forgetwatch: scoring the base model")
+            logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
+            if self._share is not None:
+                self._share.note_full(time.perf_counter() - t0, len(self.probes))
+            cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args), variants)
+            if self._is_main:
+                # A cache the user gave is never overwritten: a fresh one goes into this run's record.
+                cache.save(record.root / "base.parquet" if self.base_cache else cache_path)
+        self._has_base = True
+        # Every rank tracks the last step it scored, so all ranks agree on the final evaluation (the record,
+        # kept by the main process only, cannot tell the other ranks).
+        self._scored_step = state.global_step
+        if self._is_main and self._dropped:
+            write_dropped(record.root, self._fit.limit, len(self.probes), self._dropped)
+        if self.scoring == "sidecar":
+            if self._is_main:
+                self._start_sidecar(args, state, cache, record, scoring_key["precision"], model, tokenizer)
+            self._begin_replay(args, state)
+            return
+        if not self._is_main:
+            self._begin_replay(args, state)
+            self._start_clock(state, t_begin)
+            return
+
+        loggers = make_loggers(args.report_to, args.output_dir, getattr(args, "logging_dir", None))
+        if any(lg.name == "wandb" for lg in loggers):
+            self._log_config()
+        # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
+        self.monitor.budgeted = self._share is not None
+        self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
+                          start=self._start_id)
+        if self._share is not None and resuming:
+            try:  # the run's account goes on where it stopped (this start's base scoring is added by _start_clock)
+                if kept := self.monitor.share_account():
+                    self._share = ShareBudget.from_dict(self.max_share, kept)
+            except Exception:  # an account the record cannot give back: a fresh one, said; training goes on
+                logger.exception("forgetwatch: could not read back the time account of max_share; it starts again")
+        if self.options.forgetwatch_wandb_workspace:
+            self._save_workspace(loggers, args.output_dir)
+        self._begin_replay(args, state)
+        self._start_clock(state, t_begin)
+
+    def _start_clock(self, state, t_begin: float) -> None:
+        """With max_share: the probing so far (the base scored, the record opened) counts against the share."""
+        if self._share is not None:
+            now = time.perf_counter()
+            self._share.note(probe=now - t_begin)
+            self._clock = (now, state.global_step)
+
+    @staticmethod
+    def _save_workspace(loggers, output_dir) -> None:
+        """`wandb_workspace`: the W&B workspace, from the base evaluation just recorded (never raises)."""
+        runs = [lg.run for lg in loggers if lg.name == "wandb"]
+        if not runs:
+            logger.warning("forgetwatch: wandb_workspace is on but this run does not log to W&B (report_to); no workspace")
+            return
+        from .wandb_workspace import save_for_run
+
+        save_for_run(runs[0], output_dir)
+
+    def _begin_replay(self, args, state) -> None:
+        last = None  # the weights of the last evaluation before a resume take effect again
+        if self._is_main and state.global_step > 0 and self.steering.mixers and self.evaluated_steps \
+                and self.evaluated_steps[-1] > 0:
+            last = (self.evaluated_steps[-1], self.monitor.category_forgetting())
+        self.steering.begin(args, state, self._record_root, self._is_main, last)
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        # global_step is the same on every rank, so all ranks score together (a wall-clock trigger would deadlock).
+        # The last step is scored here too, not in on_train_end: by then the report_to integrations (which run
+        # first) may have ended their runs (mlflow, trackio).
+        if self.scoring == "sidecar":
+            if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps
+                    or control.should_training_stop):
+                control.should_save = True  # `forgetwatch watch` scores the checkpoint
+            if self._is_main:
+                self.steering.write(self._record_root)
+            return control
+        if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps) and not self._probing_stopped():
+            breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state,
+                                      saving=bool(control.should_save or control.should_training_stop)
+                                      or self._saves_at(args, state, state.global_step),
+                                      args=args)
+            if self.budget is not None and self.budget.on_budget in ("save", "stop"):
+                # Decided where the gathered results are, then shared: ranks that stopped or saved apart would hang.
+                act = broadcast_from_main(bool(breaches) if self._is_main else None)
+                if act and self.budget.on_budget == "save":
+                    control.should_save = True
+                elif act:
+                    control.should_training_stop = True
+        if self._is_main:
+            self.steering.write(self._record_root)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # The trainer's own rows (loss, learning rate, GRPO reward), kept so the report can draw them on the step axis
+        # beside the forgetting curves (the demo saves no checkpoint, so there is often no trainer_state.json). Read
+        # only: `logs` is the dict every other callback gets next.
+        if not self._is_main or self._record_root is None or not logs:
+            return
+        try:
+            # a NaN / inf loss is written as null: strict JSON readers (jq, browsers) reject NaN
+            row = {k: (v if math.isfinite(v) else None) for k, v in logs.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith(PREFIX + "/")}
+            if row:
+                RunRecord(self._record_root).append_trainer_log({"step": state.global_step, "epoch": state.epoch, **row})
+        except Exception:  # a full disk must not end the run
+            logger.exception("forgetwatch: could not keep the trainer's log row at step %d; training goes on", state.global_step)
+
+    def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.scoring == "sidecar":
+            if self._is_main:
+                self._sidecar.update(finished=True, final_step=state.global_step)
+                self._release_locks()
+            return
+        if self._scored_step != state.global_step and not self._probing_stopped():
+            self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state,
+                           saving=True)  # the end of training: a full pass
+        if self._is_main:
+            self.steering.write(self._record_root)
+            self.monitor.finish()
+            self._release_locks()
+
+    # -- one writer per record ---------------------------------------------------------------------------------
+    def _take_locks(self, args) -> Exception | None:
+        """Take the record's training lock (and, scoring inline, its scoring lock); the error to raise when another live
+        process holds one (`RecordInUseError`) or the directory cannot be written (`RecordUnwritableError`)."""
+        self._release_locks()
+        run = f"{args.run_name or Path(args.output_dir).name} (training)"
+        try:
+            for role in ("training", "scoring"):
+                self._locks.append(acquire(args.output_dir, role, run=run))
+            if self.scoring == "sidecar":
+                # the watcher scores this run: free its lock, having made sure that no watcher of an earlier run still
+                # writes here (moving the record aside would hand it this run's record)
+                self._locks.pop().release()
+        except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
+            self._release_locks()
+            # another writer, or a directory nobody can write in (a read-only file system is no writer's fault)
+            return e if isinstance(e, (RecordInUseError, RecordUnwritableError)) else RecordInUseError(f"{type(e).__name__}: {e}")
+        return None
+
+    def _release_locks(self) -> None:
+        for lock in getattr(self, "_locks", []):
+            lock.release()
+        self._locks = []
+
+    # -- sidecar mode: the training process scores nothing -----------------------------------------------------
+    def _start_sidecar(self, args, state, cache: BaseCache, record: RunRecord, precision: str, model, tokenizer) -> None:
+        """What `forgetwatch watch` needs to score the checkpoints as this process would (`forgetwatch.run.sidecar`)."""
+        self._sidecar = SidecarManifest(record.root)
+        self._sidecar.start(args, state, options=self.options, config=self.config, precision=precision, probes=self.probes,
+                            cache=cache, start_id=self._start_id, model=model, tokenizer=tokenizer)
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _score(self, model, tokenizer, progress: bool, desc: str) -> tuple[ProbeResults, ProbeResults | None]:
+        """The probes' results and, with robustness on, their variants' rows, scored together in one pass (variants
+        share the probes' batches)."""
+        if self.plan is None:
+            return score_distributed(model, tokenizer, self.probes, self.config, progress=progress, desc=desc), None
+        full = score_distributed(model, tokenizer, self.plan.scored(), self.config, progress=progress, desc=desc)
+        return self.plan.split(full)
+
+    def _score_reference(self, model, tokenizer, precision: str, args) -> ProbeResults | None:
+        """The base scored again in fp32 without autocast, for the noise floor; None when the training precision is
+        fp32 already (nothing to compare) or the weights are not fp32 (no fp32 answer without a copy)."""
+        if precision == "float32":
+            return None
+        with full_precision(model) as ok:
+            if not ok:
+                logger.info("forgetwatch: the weights are %s, so the base has no fp32 reference and the precision noise floor "
+                            "is unknown; a `forgetwatch cache` of the fp32 model has one", precision)
+                return None
+            return score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
+                                     desc="forgetwatch: the base in fp32 (noise floor)")
+
+    def _pin(self, record: RunRecord) -> tuple[list[int] | None, Any, Exception | None]:
+        """(the run's probes' positions in the record's order when they are the same probes in another order, the change
+        to start a new segment for, the refusal): `forgetwatch.record.segments.check_probes`, on the main process."""
+        try:
+            probes, change = check_probes(record.root, self.probes, self.options.forgetwatch_probe_change,
+                                          who="the resumed run")
+        except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
+            return None, None, e
+        order = [self.probes.index_of(p.id) for p in probes] if probes is not self.probes else None
+        return order, change, None
+
+    def _find_base(self, key: dict, cache_path: Path, own_cache: Path, step: int) -> tuple[BaseCache | None, Exception | None]:
+        """The base cache to use (results in probe order), or None to score the base now; or the error a resume must
+        stop with."""
+        resuming = step > 0
+        # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
+        # the base was scored at the start, the one written into the record.
+        problems, mismatched = [], False
+        for path in dict.fromkeys([cache_path, own_cache] if resuming else [cache_path]):
+            if not path.is_file():
+                problems.append(f"{path}: no such file")
+                if not resuming and self.base_cache:
+                    logger.warning("forgetwatch: base_cache %s does not exist; scoring the base model now. A cache this run "
+                                   "accepts: %s", path, self._cache_command(key))
+                continue
+            try:
+                # rows checked against the probes too: a key can match while rows edited by hand do not
+                return BaseCache.load(path, expect=key).for_probes(self.probes.ids, path), None
+            except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
+                problems.append(str(e))
+                mismatched = True
+                if not resuming:
+                    logger.warning("forgetwatch: %s\nScoring the base model now. A cache this run accepts: %s",
+                                   e, self._cache_command(key))
+        if not resuming:
+            return None, None
+        error = CacheMismatchError if mismatched else FileNotFoundError
+        return None, error(
+            f"resuming at step {step} needs the base model's results from the first run (the model has already changed), "
+            "and none matches:\n  " + "\n  ".join(problems) + "\nPass `base_cache=` pointing to the cache the first run used"
+            + (f", or, where the resume changed what the cache holds (robustness, or the probes with "
+               f"probe_change='new_segment'), one of the base model made with: {self._cache_command(key)}"
+               if mismatched else ".")
+        )
+
+    def _cache_command(self, key: dict) -> str:
+        """The `forgetwatch cache` command that makes a cache matching `key` (model, probes, scoring, precision)."""
+        from ..commands import cache_command
+
+        origin = self.probes.origin
+        if origin.startswith("suites:"):
+            probes = origin.removeprefix("suites:")
+            per_suite, seed = self.options.forgetwatch_per_suite, self.options.forgetwatch_seed
+            probes += (f" --per-suite {per_suite}" if per_suite else "") + (f" --seed {seed}" if seed else "")
+        elif origin.endswith(".jsonl"):
+            probes = origin
+        else:  # a ProbeSet built in code: the run's record keeps it as JSONL
+            probes = str(self._record_root / "probes.jsonl") if self._record_root else "probes.jsonl"
+        return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet",
+                             robustness=self.options.forgetwatch_robustness or None,
+                             robust_per_suite=self.options.forgetwatch_robust_per_suite)
+
+    def _share_state_with_the_users_object(self) -> None:
+        """With `restore_callback_states_from_checkpoint=True` the Trainer replaces the user's callback by a new one built
+        from the checkpoint, so the object the user holds would never see the run. Find it (same probes and options, never
+        started, the latest made) and let it share this instance's attributes: it then reads the live record, steps, replay."""
+        same = dataclasses.replace(self.options, forgetwatch_probes=None)
+        mine = [cb for cb in list(_LIVE) if cb is not self and not cb._started and cb.probes.fingerprint == self.probes.fingerprint
+                and dataclasses.replace(cb.options, forgetwatch_probes=None) == same]
+        if mine:
+            users = max(mine, key=lambda cb: cb._serial)
+            self.steering = users.steering  # the replay streams it steers are not in the saved state
+            users.__dict__ = self.__dict__
+
+    def _probing_stopped(self) -> bool:
+        """Whether an evaluation could not be written to the record, so that probing stopped there (the monitor said so,
+        once, with what to do): the main process knows, every rank is told (a collective, at each evaluation step, so
+        that all ranks skip the scoring together). Training goes on untouched."""
+        if not self._stopped:
+            self._stopped = bool(broadcast_from_main(self.monitor.write_failure is not None if self._is_main else None))
+        return self._stopped
+
+    def _evaluate(self, model, processing_class, state, saving: bool = False, args: Any = None) -> list[Breach]:
+        """Score the model now and report it (main process); the budget limits newly exceeded (empty elsewhere). With
+        max_share, a partial evaluation unless `saving` (a checkpoint is saved at this step) or it is the last step."""
+        if not self._has_base:
+            raise RuntimeError("ForgetWatchCallback: on_train_begin did not run; add the callback before `trainer.train()`")
+        t0 = time.perf_counter()
+        design = None
+        if self._share is not None:
+            self._share.note(train=t0 - self._clock[0], steps=state.global_step - self._clock[1])
+            design = self._design(args, state, saving)
+        # a bar as for the base (an evaluation can pause training for minutes), unless the trainer's bars are off
+        progress, desc = self._is_main and self._progress, f"forgetwatch: step {state.global_step}"
+        tokenizer = _tokenizer(processing_class)
+        if design is None:
+            results, variants = self._score(model, tokenizer, progress=progress, desc=desc)
+        else:  # variants are scored at the full passes only
+            results, variants = self._score_part(model, tokenizer, design, progress, desc), None
+            if self._trips(results, design):  # a budget would save or stop here: that step gets an exact pass
+                design = None
+                results, variants = self._score(model, tokenizer, progress=progress, desc=f"{desc} (budget: every probe)")
+        seconds = time.perf_counter() - t0
+        account = None
+        if self._share is not None:
+            if design is None:
+                self._share.note_full(seconds, len(self.probes))
+            self._share.note(probe=seconds)
+            account = self._share.to_dict()
+        logger.info("forgetwatch: scored %d probes at step %d in %.1fs", len(results), state.global_step, seconds)
+        self._scored_step = state.global_step
+        robust = variant_outcomes(self.plan, results, variants) if self.plan is not None and design is None else None
+        breaches = []
+        if self._is_main:
+            if design is not None:
+                try:
+                    results = self.monitor.merged(results)
+                except Exception:  # never end training over a partial evaluation: this step is left out, said
+                    logger.exception("forgetwatch: could not merge the partial evaluation at step %d; it is not recorded",
+                                     state.global_step)
+                    results = None
+        if self._is_main and results is not None:
+            breaches = self.monitor.report(results, state.global_step, state.epoch or 0.0, seconds, robust, design=design,
+                                           share=account)
+        if self._share is not None:  # the figures and the record's writing count as probing too
+            now = time.perf_counter()
+            self._share.note(probe=now - t0 - seconds)
+            self._clock = (now, state.global_step)
+        if self.steering.mixers:
+            self.steering.steer(state.global_step, None if self.monitor.figures_missing else self.monitor.category_forgetting(),
+                                self._is_main)
+        return breaches
+
+    # -- max_share: partial evaluations (`forgetwatch.measures.partial`) -------------------------------------------------------
+    @staticmethod
+    def _saves_at(args, state, step: int) -> bool:
+        """Whether the Trainer saves a checkpoint at `step` by its save strategy "steps" (the current step's save is
+        also read from `control.should_save`)."""
+        strategy = getattr(getattr(args, "save_strategy", None), "value", getattr(args, "save_strategy", None))
+        every = getattr(state, "save_steps", 0) or 0
+        return strategy == "steps" and every > 0 and step % every == 0
+
+    def _design(self, args, state, saving: bool) -> Design | None:
+        """The design of this evaluation, None for a full pass: decided on the main process (which holds the record's
+        per-probe state and the clock) and the same on every rank."""
+        def decide() -> Design | None:
+            step, last = state.global_step, state.max_steps
+            if saving or step >= last or step == 0:
+                return None
+            # the evaluations still to come after this one (counted, not listed: max_steps may be large) and how many
+            # of them are full passes: the last step, and those at a checkpoint
+            first = step - step % self.eval_steps + self.eval_steps
+            later = len(range(first, last, self.eval_steps))
+            every = getattr(state, "save_steps", 0) or 0
+            saved = 0
+            if self._saves_at(args, state, every or 1) and every:
+                lcm = math.lcm(self.eval_steps, int(every))
+                saved = len(range(first + (-first) % lcm, last, lcm))
+            full_left = 1 + saved
+            must, kinds = self.monitor.must_score(), self.monitor.kinds()
+            counts = {k: int((kinds == k).sum()) for k in dict.fromkeys(kinds.tolist())}
+            partial_left = 1 + later + 1 - full_left
+            fraction = self._share.fraction(step, last, partial_left, full_left,
+                                            {k: int((must & (kinds == k)).sum()) for k in counts}, counts)
+            if fraction >= 1.0:
+                return None
+            steady = self._share.steady(step, last, partial_left, full_left, counts)
+            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed, steady)
+
+        try:
+            design = decide() if self._is_main else None
+        except Exception:  # never end training over the plan: a full pass instead
+            logger.exception("forgetwatch: could not plan a partial evaluation at step %d; scoring every probe",
+                             state.global_step)
+            design = None
+        return broadcast_from_main(design)
+
+    def _trips(self, scored: ProbeResults, design: Design) -> bool:
+        """With a budget that saves or stops: whether this partial evaluation would trip it (decided on the main
+        process, where the record is, and the same on every rank)."""
+        if self.budget is None or self.budget.on_budget not in ("save", "stop"):
+            return False
+        trip = None
+        if self._is_main:
+            try:
+                trip = self.monitor.would_trip(self.monitor.merged(scored), design)
+            except Exception:
+                logger.exception("forgetwatch: could not judge the partial evaluation against the budget")
+                trip = False
+        return bool(broadcast_from_main(trip))
+
+    def _score_part(self, model, tokenizer, design: Design, progress: bool, desc: str) -> ProbeResults:
+        """The probes `design` scores, each kind in a call of its own, timed (the sizing's cost per probe of each kind)."""
+        parts = []
+        for kind in dict.fromkeys(design.kinds.tolist()):
+            chosen = np.flatnonzero(design.scored & (design.kinds == kind))
+            if not len(chosen):
+                continue
+            t0 = time.perf_counter()
+            parts.append(score_distributed(model, tokenizer, [self.probes[int(i)] for i in chosen], self.config,
+                                           progress=progress, desc=f"{desc} ({kind}, partial)"))
+            self._share.note_cost(kind, time.perf_counter() - t0, len(chosen))
+        return ProbeResults.concat(parts)
+
+    def _log_config(self) -> None:
+        try:
+            import wandb
+
+            wandb.run.config.update({PREFIX: {
+                "probes": self.probes.origin, "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
+                "categories": list(self.probes.categories), "eval_steps": self.eval_steps,
+                "unfit_dropped": len(self._dropped),
+                "scoring": dataclasses.asdict(self.config),
+            }}, allow_val_change=True)
+        except Exception as e:
+            logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
+
+
+def _training_autocast(model: Any, args: Any) -> str | None:
+    """The autocast dtype the trainer really runs forwards in: what accelerate's forward wrapper does, found by running it
+    (`forward.wrapped_autocast`), else what the arguments say."""
+    from ..scoring.forward import model_device, wrapped_autocast
+
+    said = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
+    done = wrapped_autocast(model, model_device(model))
+    if done is not None and done != said:
+        logger.warning("forgetwatch: the trainer runs forwards under %s autocast although its arguments say %s "
+                       "($ACCELERATE_MIXED_PRECISION=%s: set by `accelerate launch --mixed_precision`, or on transformers "
+                       "4 by any earlier TrainingArguments with bf16/fp16 in this process); probes are scored, and the "
+                       "base cache keyed, in the precision it runs", done, f"{said} autocast" if said else "none",
+                       os.environ.get("ACCELERATE_MIXED_PRECISION"))
+    return done or said
+
+
+def _tokenizer(processing_class: Any) -> Any:
+    if processing_class is None:
+        import transformers
+
+        raise ValueError("ForgetWatchCallback needs the tokenizer: pass `processing_class=tokenizer` to the Trainer "
+                         f"(transformers {transformers.__version__} passed none to the callback)")
+    from transformers import ProcessorMixin
+
+    # a multimodal processor wraps the tokenizer
+    return processing_class.tokenizer if isinstance(processing_class, ProcessorMixin) else processing_class
+
+
+
+def _signature() -> inspect.Signature:
+    """`ForgetWatchCallback(probes, eval_steps, *, per_suite=100, ...)` as `help()` and editors show it, made from the
+    options (the remedies' are not the callback's)."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("probes", P.POSITIONAL_OR_KEYWORD, default=None),
+              P("eval_steps", P.POSITIONAL_OR_KEYWORD, default=default("eval_steps"))]
+    params += [P(o.short, P.KEYWORD_ONLY, default=o.default, annotation=o.type) for o in option_list()
+               if o.group != REMEDIES and o.short not in ("probes", "eval_steps")]
+    return inspect.Signature(params + [P("args", P.KEYWORD_ONLY, default=None)])
+
+
+ForgetWatchCallback.__init__.__signature__ = _signature()
+ForgetWatchCallback.__doc__ += options_doc(prefixed=False, groups=tuple(g for g in GROUPS if g != REMEDIES))
+
+
+def _options_of_state(values: dict[str, Any]) -> ForgetWatchArguments:
+    """The options a checkpoint's callback state holds, written by any version: an option this version does not know is
+    dropped with a warning, a missing one takes its default (`options_from_record`)."""
+    known = {o.short for o in option_list()}
+    dropped = sorted(set(values) - known)
+    if dropped:
+        logger.warning("forgetwatch: the checkpoint's callback state names options this version does not know (%s); "
+                       "resuming without them", ", ".join(dropped))
+    return options_from_record(values)
