@@ -9,7 +9,7 @@ options`). A new option is one field here (with `_opt`) and the code that uses i
 "Off" means one thing everywhere: a number that turns something on is off at 0 (`robustness`, `replay_mix`,
 `anchor_beta`, `penalty_beta`); an optional setting is off, or "decide for me", at None (`budget`, `at_risk_drop`).
 
-This module is plain Python and imports nothing from forgetwatch at import time, so every module may import it.
+This module is plain Python and imports only the docs' links and the errors, so every module may import it.
 
 Example:
     >>> from forgetwatch.options import ForgetWatchArguments, describe
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .docs import docs_hint, results_url
+from .errors import EngineUnavailableError
 
 __all__ = ["ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "add_flag", "describe", "format_options", "options",
            "options_from_kwargs", "options_from_record", "options_markdown"]
@@ -310,6 +311,24 @@ def _check_values(args: ForgetWatchArguments) -> None:
         value = getattr(args, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
             raise ValueError(f"{name} ({what}) must be in ({low}, {high}], got {value!r}")
+    # Messages name options as the callback's keywords (`eval_steps`, on_budget=); a front-end's config check
+    # (forgetwatch.integrations.config) names them as its keys (forgetwatch_eval_steps).
+    every = args.forgetwatch_eval_steps
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"`eval_steps` must be a positive integer, got {every!r}")
+    share = args.forgetwatch_max_share
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
+        raise ValueError(f"`max_share` must be a number between 0 and 1 (the share of train() probing may take, e.g. "
+                         f"0.1), or None to score every probe at every evaluation; got {share!r}")
+    scoring, on_budget = args.forgetwatch_scoring, args.forgetwatch_on_budget
+    if scoring == "sidecar" and args.forgetwatch_budget and on_budget in ("save", "stop"):
+        raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
+                         "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
+                         "scoring='inline'")
+    if scoring == "inline" and args.forgetwatch_engine == "vllm":
+        raise EngineUnavailableError("engine='vllm' loads a model from its directory and cannot score the model in "
+                                     "training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
+                                     "vllm` beside training (it scores each saved checkpoint), or use engine='hf'")
     if args.forgetwatch_penalty_beta and args.forgetwatch_anchor_beta:
         raise ValueError("forgetwatch_penalty_beta and forgetwatch_anchor_beta: one term at a time (each is measured "
                          "on its own in benchmarks/RESULTS.md); set one of them to 0")

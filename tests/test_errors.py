@@ -2,7 +2,6 @@
 still importable from the module that raises it."""
 
 import ast
-import doctest
 import importlib
 import inspect
 import pickle
@@ -110,7 +109,3 @@ def test_errors_module_imports_nothing_from_forgetwatch():
     tree = ast.parse(Path(errors.__file__).read_text())
     imported = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert all(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in imported)
-
-
-def test_doctests():
-    assert doctest.testmod(errors).failed == 0

@@ -2,6 +2,7 @@
 before training with the file, the line, the key and the fix."""
 
 import doctest
+import importlib.util
 
 import pytest
 
@@ -242,3 +243,38 @@ def test_a_misspelt_axolotl_plugin_is_named_as_a_misspelling(tmp_path, entry):
     # another plugin is not ours: then the keys without the plugin are what is wrong
     with pytest.raises(ConfigKeyError, match="the forgetwatch plugin is not in `plugins:`"):
         check_axolotl({"plugins": ["axolotl.integrations.liger.LigerPlugin"], "forgetwatch_probes": "sciq"})
+
+
+@pytest.mark.parametrize("keys, needle", [
+    ({"forgetwatch_max_share": 1.5}, "must be a number between 0 and 1"),
+    ({"forgetwatch_eval_steps": 0}, "must be a positive integer, got 0"),
+    ({"forgetwatch_scoring": "sidecar", "forgetwatch_budget": "forgetting=0.1", "forgetwatch_on_budget": "stop"},
+     "needs the scores inside the training process"),
+    ({"forgetwatch_engine": "vllm"}, "cannot score the model in training"),
+])
+def test_every_value_the_callback_refuses_is_refused_by_both_front_ends_checks(tmp_path, capsys, keys, needle):
+    """One home for each check (`ForgetWatchArguments.__post_init__`): the callback, `python -m
+    forgetwatch.integrations.axolotl CONFIG` and `forgetwatch llamafactory train CONFIG --check` refuse the same values
+    with the same message, each front-end naming the key as its YAML spells it."""
+    from forgetwatch import ForgetWatchArguments, ForgetWatchCallback
+    from forgetwatch.cli import main as forgetwatch
+    from forgetwatch.integrations.axolotl import PLUGIN
+    from forgetwatch.integrations.axolotl import main as axolotl_check
+
+    with pytest.raises(ValueError, match=needle):  # the options themselves, before any callback or front-end
+        ForgetWatchArguments(forgetwatch_probes="sciq", **keys)
+    with pytest.raises(ValueError) as e:
+        ForgetWatchCallback(probes="sciq", per_suite=2, **{k.removeprefix("forgetwatch_"): v for k, v in keys.items()})
+    assert needle in str(e.value)
+    body = "".join(f"{k}: {v}\n" for k, v in keys.items())
+    axolotl_cfg, llamafactory_cfg = tmp_path / "axolotl.yaml", tmp_path / "llamafactory.yaml"
+    axolotl_cfg.write_text(f"base_model: x\nplugins: [{PLUGIN}]\nforgetwatch_probes: sciq\nforgetwatch_per_suite: 2\n{body}")
+    llamafactory_cfg.write_text(f"stage: sft\nforgetwatch_probes: sciq\nforgetwatch_per_suite: 2\n{body}")
+    capsys.readouterr()
+    assert axolotl_check([str(axolotl_cfg)]) != 0
+    axolotl_err = capsys.readouterr().err
+    assert needle in axolotl_err and f"{axolotl_cfg}, line 5" in axolotl_err, axolotl_err
+    if importlib.util.find_spec("llamafactory") is None:  # with LLaMA-Factory installed, --check reads its own keys too (tests/test_llamafactory.py)
+        assert forgetwatch(["llamafactory", "train", "--check", str(llamafactory_cfg)]) == 2
+        llamafactory_err = capsys.readouterr().err
+        assert needle in llamafactory_err and f"{llamafactory_cfg}, line 4" in llamafactory_err, llamafactory_err

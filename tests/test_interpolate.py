@@ -145,7 +145,14 @@ def test_a_budget_chooses_the_best_alpha_within_it(tuned, capsys):
     assert out["chosen_alpha"] == min(within, key=lambda s: s["task"])["alpha"]
     assert cli(run(tuned, "--alphas", "0,1", "--budget", "forgetting=0.05", "--budget-bound", "point", as_json=False)) == 0
     text = capsys.readouterr().out
-    assert "within budget forgetting=0.05: α = " in text and "F adj" in text
+    assert "picked (budget forgetting=0.05): α = " in text and "F adj" in text
+
+
+def test_without_a_budget_the_task_measure_picks_as_rewind_does(tuned, capsys):
+    """One α rule (forgetwatch.remedies.alpha): without a budget, `interpolate` picks the lowest task loss, as rewind."""
+    out = interpolate(capsys, tuned, "--alphas", "0,0.5,1", "--task-data", str(tuned["task"]))
+    assert out["chosen_alpha"] == min(out["alphas"], key=lambda s: s["task"])["alpha"]
+    assert out["chosen_by"] == "the lowest task loss (no budget)"
 
 
 def test_the_plot_and_a_task_probe_set(tuned, capsys, tmp_path):
@@ -214,13 +221,13 @@ def test_weights_that_are_not_floats_are_refused_before_scoring(tuned, capsys, m
 
 def test_the_sweep_runs_without_the_command_line(tuned, capsys, tmp_path):
     """The library's sweep is what `interpolate` prints: the front at a grid of α, the α chosen within a budget and the
-    model saved there, with no parser (issue 42: a later `rewind` calls it)."""
+    model saved there, with no parser (rewind calls it)."""
     from forgetwatch.measures.budgets import Budget, parse_budget
     from forgetwatch.probes.probe_set import ProbeSet
     from forgetwatch.record.cache import BaseCache
+    from forgetwatch.remedies.alpha import front_points, pick_alpha
     from forgetwatch.remedies.sweep import (
         InterpolationSweep,
-        choose_alpha,
         interpolation_front,
         resolve_base_model,
     )
@@ -243,7 +250,7 @@ def test_the_sweep_runs_without_the_command_line(tuned, capsys, tmp_path):
                                budget=Budget(parse_budget("forgetting=1"), "alert", "point", probes.groups))
     steps = sweep.run([0, 0.5])
     assert [s["within_budget"] for s in steps] == [True, True] and sweep.task_kind is None
-    assert choose_alpha(steps, sweep.task_kind, budgeted=True) == 0.5  # no task measure: the largest α within
+    assert pick_alpha(front_points(steps), budgeted=True) == (0.5, "largest_within", "no task loss: the largest α within the budget")
     sweep.save(0.5, tmp_path / "rewound")
     assert sweep.model is None and (tmp_path / "rewound" / "model.safetensors").is_file()
 

@@ -294,11 +294,3 @@ def test_no_scale_to_set_it_by_skips_the_micro_batch(tokenizer):
     task = sum(x.sum() for x in model.parameters()) * 0.0  # a loss with no gradient
     out = p.rescale(term, task, model)
     assert float(out) == 0.0 and out.requires_grad
-
-
-def test_launch_doctests():
-    import doctest
-
-    from forgetwatch.run import launch
-
-    assert doctest.testmod(launch).failed == 0

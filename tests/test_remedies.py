@@ -48,16 +48,6 @@ def test_public_names_are_pinned_and_the_package_loads_without_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout == "False\n"
 
 
-def test_doctests():
-    import doctest
-
-    from forgetwatch.remedies import build, mixing, protocols
-
-    for module in (build, mixing, protocols):
-        result = doctest.testmod(module)
-        assert result.attempted and not result.failed, module.__name__
-
-
 def test_the_monitor_and_the_terms_meet_their_protocols(tokenizer):
     from forgetwatch.remedies import MarginPenalty
 

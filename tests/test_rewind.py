@@ -6,7 +6,6 @@ rewound model loaded back and scored, `forgetwatch rewind` on a finished run, an
 from __future__ import annotations
 
 import contextlib
-import doctest
 import io
 import json
 import math
@@ -449,10 +448,6 @@ def test_the_docs_state_the_rule_the_code_applies():
     for link in ("docs/replay.md", "docs/cli.md"):
         assert "rewind.md" in (ROOT / link).read_text(encoding="utf-8"), link
     assert re.search(r"forgetwatch_rewind_alphas", (ROOT / "docs" / "options.md").read_text(encoding="utf-8"))
-
-
-def test_doctests():
-    assert doctest.testmod(rewind_module).failed == 0
 
 
 def test_a_resume_with_restored_callback_states_rewinds_after_the_final_evaluation(tmp_path):

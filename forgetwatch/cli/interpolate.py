@@ -66,10 +66,10 @@ def add_interpolate(sub) -> None:
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
     from ..measures.budgets import Budget, parse_budget
+    from ..remedies.alpha import front_points, pick_alpha
     from ..remedies.interpolate import InterpolationError, alpha_grid, load_task_data
     from ..remedies.sweep import (
         InterpolationSweep,
-        choose_alpha,
         format_interpolation,
         plot_interpolation,
         resolve_base_model,
@@ -126,17 +126,19 @@ def cmd_interpolate(args: argparse.Namespace) -> int:
               file=sys.stderr)
     steps = sweep.run(alphas, progress=lambda alpha, i, n: print(f"α = {alpha:g} ({i} of {n})", file=sys.stderr, flush=True))
     task_kind = sweep.task_kind
-    chosen = choose_alpha(steps, task_kind, budget is not None)
+    # the rule rewind picks by (forgetwatch.remedies.alpha.RULE); with neither a budget nor a task measure, no pick
+    pick = pick_alpha(front_points(steps), budget is not None, task_kind or "loss") if budget or task_kind else None
+    chosen = pick.alpha if pick is not None else None
     # the figures first: a plot or a model that cannot be written must not take the scoring with it
     if args.json:
         print(strict_json({"model": args.model, "base": args.base, "base_model": str(base_dir), "task": task_kind,
-                           "budget": budget.to_dict() if budget else None, "chosen_alpha": chosen, "alphas": steps}, indent=1))
+                           "budget": budget.to_dict() if budget else None, "chosen_alpha": chosen,
+                           "chosen_by": pick.why if pick is not None else None, "alphas": steps}, indent=1))
     else:
         print(format_interpolation(steps, task_kind))
-        if budget is not None:
-            print(f"\nwithin budget {', '.join(f'{k}={v:g}' for k, v in budget.to_dict()['limits'].items())}: "
-                  + (f"α = {chosen:g} (" + ("the best task measure among those within" if task_kind else "the largest")
-                     + ")" if chosen is not None else "no α (even the base is over it?)"))
+        if pick is not None:
+            limits = f" (budget {', '.join(f'{k}={v:g}' for k, v in budget.to_dict()['limits'].items())})" if budget else ""
+            print(f"\npicked{limits}: α = {chosen:g}, {pick.why}")
     sys.stdout.flush()
     if args.plot:
         plot_interpolation(steps, task_kind, args.plot, chosen)

@@ -496,7 +496,7 @@ def mark_missing(rows: dict[str, dict[str, Any]], bad: np.ndarray, members: Call
         >>> rows["a"]["forgetting"], rows["b"]["forgetting"], rows["overall"]["nonfinite_probes"]
         (1.0, nan, 1)
         >>> rows["b"]["missing"]
-        "1 of 1 probes scored NaN or inf (first: q2): the scores overflowed or are not numbers"
+        '1 of 1 probes scored NaN or inf (first: q2): the scores overflowed or are not numbers'
     """
     if not bad.any():
         return

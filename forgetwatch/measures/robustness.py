@@ -185,7 +185,7 @@ def robust_rows(base: Any, now: Any, groups: Mapping[str, np.ndarray], lettered:
     budget's lower bound reads); position bias is measured in lettered modes only.
 
     Example:
-                >>> o = VariantOutcomes(["q"], np.ones((1, 2), bool), np.zeros((1, 2), int), np.zeros((1, 2), int),
+        >>> o = VariantOutcomes(["q"], np.ones((1, 2), bool), np.zeros((1, 2), int), np.zeros((1, 2), int),
         ...                     np.array([2]), np.zeros((1, 2), bool))
         >>> robust_rows(o, o, {"overall": np.array([True])}, lettered=False)["overall"]["consistency_change"]
         0.0

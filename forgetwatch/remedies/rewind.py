@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import html
 import logging
-import math
 import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._io import atomic_write, read_json, strict_json
 from ..errors import InterpolationError
@@ -35,6 +34,7 @@ from ..measures.budgets import ROBUST_BUDGETS, Budget, parse_budget
 from ..options import default
 from ..probes.probe_set import ProbeSet
 from ..record.cache import BaseCache
+from .alpha import RULE, Pick, front_measure, front_points, is_finite, pareto, pick_alpha
 
 __all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_checkpoint", "rewind", "read_rewind",
            "rewind_section", "REWOUND", "REWIND_FILE"]
@@ -45,110 +45,6 @@ REWOUND = "rewound"  # <output_dir>/rewound/: the model at the picked α
 REWIND_FILE = "rewind.json"  # <output_dir>/forgetwatch/rewind.json: the front and the pick
 FORMAT = 1
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-RULE = ("With a task loss: among the α within the run's forgetting budget (as the budget judges an evaluation: its "
-        "bound, its limits; every α when there is no budget), the lowest task loss (ties: the smaller forgetting, then "
-        "the larger α). With a budget that no α meets: the knee of the front of (task loss, forgetting) — of the α no "
-        "other α beats on both, the one farthest from the straight line between the front's two ends, both axes scaled "
-        "to the front's range (a front of one or two points: the one that forgets less). Without a task loss: the largest α within the budget, or, when none is, the α that "
-        "forgets least. Without a task loss and without a budget there is nothing to pick by: refused.")
-
-
-class Pick(NamedTuple):
-    """The α picked, which case of the rule picked it (`lowest_task_loss`, `knee`, `largest_within`, `least_forgetting`),
-    and why, in words."""
-
-    alpha: float
-    case: str
-    why: str
-
-
-def pick_alpha(points: Sequence[Mapping[str, Any]], budgeted: bool) -> Pick:
-    """The α to rewind to, by `RULE`, from one point per α: `alpha`, `forgetting`, `task` (a loss, lower is better; None
-    or NaN without a task measure) and `within_budget` (read only when `budgeted`).
-
-    Example:
-        >>> front = [{"alpha": a, "forgetting": f, "task": t, "within_budget": f <= 0.05}
-        ...          for a, f, t in [(0.6, 0.03, 1.16), (0.8, 0.05, 1.15), (1.0, 0.07, 1.17)]]
-        >>> pick_alpha(front, budgeted=True).alpha  # the lowest loss within budget
-        0.8
-        >>> pick_alpha(front, budgeted=False).alpha  # no budget: the lowest loss
-        0.8
-        >>> over = [dict(p, within_budget=False) for p in front]
-        >>> pick_alpha(over, budgeted=True).case  # nothing within: the knee (1.0 is beaten by 0.8 on both axes)
-        'knee'
-        >>> pick_alpha([dict(p, task=None) for p in front], budgeted=True).alpha  # no task: the largest α within
-        0.8
-    """
-    if not points:
-        raise InterpolationError("rewind: no α was scored")
-    has_task = all(_finite(p.get("task")) for p in points)
-    if not has_task and not budgeted:
-        raise InterpolationError("rewind: nothing to pick α by: no task loss (the trainer's eval set, or "
-                                 "forgetwatch_rewind_data / --data) and no forgetwatch_budget (--budget); give one")
-    within = [p for p in points if p.get("within_budget")] if budgeted else list(points)
-    if has_task and within:
-        best = min(within, key=lambda p: (p["task"], _num(p["forgetting"]), -p["alpha"]))
-        where = "within the budget" if budgeted else "(no budget)"
-        return Pick(best["alpha"], "lowest_task_loss", f"the lowest task loss {where}")
-    if has_task:
-        knee = _knee(points)
-        if len(pareto(points)) == 1:  # one α beats every other on both: the front is that point
-            return Pick(knee["alpha"], "knee", f"no α within the budget; α {knee['alpha']:g} has the lowest task loss and "
-                        "the least forgetting of all")
-        return Pick(knee["alpha"], "knee", "no α within the budget: the knee of the (task loss, forgetting) front")
-    if within:
-        return Pick(max(p["alpha"] for p in within), "largest_within", "no task loss: the largest α within the budget")
-    least = min(points, key=lambda p: (_num(p["forgetting"]), -p["alpha"]))
-    return Pick(least["alpha"], "least_forgetting", "no task loss and no α within the budget: the α that forgets least")
-
-
-def pareto(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The points no other point beats on both task loss and forgetting (lower is better on both), by task loss.
-
-    Example:
-        >>> [p["alpha"] for p in pareto([{"alpha": 1, "task": 1.0, "forgetting": 0.1},
-        ...                              {"alpha": 0.5, "task": 1.2, "forgetting": 0.0},
-        ...                              {"alpha": 0.7, "task": 1.3, "forgetting": 0.05}])]
-        [1, 0.5]
-    """
-    def beaten(p, q) -> bool:
-        return (q["task"] <= p["task"] and _num(q["forgetting"]) <= _num(p["forgetting"])
-                and (q["task"], _num(q["forgetting"])) != (p["task"], _num(p["forgetting"])))
-
-    front = [p for p in points if not any(beaten(p, q) for q in points)]
-    return sorted(front, key=lambda p: (p["task"], _num(p["forgetting"])))
-
-
-def _knee(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The front's point farthest from the chord between its ends, each axis scaled to [0, 1] over the front (ties: the
-    smaller forgetting, then the larger α); a front of one or two points has no bend: its least forgetting."""
-    front = pareto(points)
-    ts, fs = [p["task"] for p in front], [_num(p["forgetting"]) for p in front]
-    span_t, span_f = (max(ts) - min(ts)) or 1.0, (max(fs) - min(fs)) or 1.0
-    xy = [((t - min(ts)) / span_t, (f - min(fs)) / span_f) for t, f in zip(ts, fs, strict=True)]
-    (x0, y0), (x1, y1) = xy[0], xy[-1]
-    norm = math.hypot(x1 - x0, y1 - y0)
-    distance = [abs((x1 - x0) * (y0 - y) - (x0 - x) * (y1 - y0)) / norm if norm else 0.0 for x, y in xy]
-    return min(zip(front, distance, strict=True), key=lambda pd: (-round(pd[1], 12), _num(pd[0]["forgetting"]),
-                                                                   -pd[0]["alpha"]))[0]
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _num(value: Any) -> float:
-    """A figure for ordering: missing (None, NaN) sorts last."""
-    return float(value) if _finite(value) else math.inf
-
-
-def front_measure(rows: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
-    """(group, metric) of the forgetting the front is drawn on: the knowledge probes' (all probes' when there are no
-    behaviour probes), chance-adjusted where the group has a chance term; as `forgetwatch interpolate --plot` draws it."""
-    group = "all_knowledge" if "all_knowledge" in rows else "overall"
-    return group, "forgetting_adjusted" if rows[group].get("adjusted") else "forgetting"
-
 
 def _label(metric: str) -> str:
     return "F_adj" if metric == "forgetting_adjusted" else "F"
@@ -378,10 +274,9 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                            "in %s: every α is scored under the checkpoint's", "; ".join(sweep.differences))
         steps = sweep.run(grid, progress=progress)
         group, metric = front_measure(steps[0]["metrics"])
-        points = [{"alpha": s["alpha"], "forgetting": s["metrics"][group].get(metric), "task": s["task"],
-                   "within_budget": s["within_budget"], "breaches": s["breaches"]} for s in steps]
+        points = front_points(steps)
         pick = pick_alpha(points, budgeted=budget is not None)
-        on_front = ({p["alpha"] for p in pareto(points)} if all(_finite(p["task"]) for p in points) else set())
+        on_front = ({p["alpha"] for p in pareto(points)} if all(is_finite(p["task"]) for p in points) else set())
         check = _check_alpha_1(steps[-1]["metrics"], recorded, ckpt_step)
         if check["equal"] is False:
             first = check["differences"][0]
@@ -475,13 +370,13 @@ class RewindResult:
                "forgetwatch/rewind/forgetting": pick["forgetting"], "forgetwatch/rewind/forgetting_checkpoint": one["forgetting"],
                "forgetwatch/rewind/task_loss": pick["task"], "forgetwatch/rewind/task_loss_checkpoint": one["task"],
                "forgetwatch/rewind/alpha_1_matches": float(bool(self.data["check_alpha_1"]["equal"]))}
-        return {k: float(v) for k, v in out.items() if _finite(v)}
+        return {k: float(v) for k, v in out.items() if is_finite(v)}
 
     def line(self) -> str:
         """One line: α, forgetting and task loss at the checkpoint and at α, and where the model is."""
         one, pick = self.point(1.0), self.point(self.alpha)
         label = self.data["measure"]["label"]
-        fig = lambda v: f"{v:.3f}" if _finite(v) else "n/a"  # noqa: E731
+        fig = lambda v: f"{v:.3f}" if is_finite(v) else "n/a"  # noqa: E731
         task = self.data.get("task")
         name = "eval loss" if task and task["source"] == "the trainer's eval set" else "task loss"
         text = (f"rewind: α {self.alpha:g} ({self.data['pick']['why']}) — {label} {fig(one['forgetting'])} → "
@@ -551,7 +446,7 @@ def rewind_section(record_root: str | os.PathLike, out_dir: str | os.PathLike) -
     e = html.escape
     d = result.data
     plot = _plot(result, Path(out_dir) / "rewind.png")
-    fig = lambda v: f"{v:.3f}" if _finite(v) else "n/a"  # noqa: E731
+    fig = lambda v: f"{v:.3f}" if is_finite(v) else "n/a"  # noqa: E731
     label, task = d["measure"]["label"], d.get("task")
     head = ["α", f"{label} ({d['measure']['group']})", "task loss" if task else None,
             "within budget" if d.get("budget") else None, "on the front" if task else None, ""]

@@ -32,7 +32,7 @@ from ..measures.metrics import format_figure
 from ..probes.probe_set import ProbeSet
 from ..record.cache import BaseCache, make_cache_key
 
-__all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir", "choose_alpha",
+__all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir",
            "format_interpolation", "plot_interpolation"]
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class InterpolationSweep:
     Example:
         >>> sweep = InterpolationSweep("outputs/ckpt", "base/", probes, cache, config)  # doctest: +SKIP
         >>> steps = sweep.run([0, 0.5, 1])  # doctest: +SKIP
-        >>> sweep.save(choose_alpha(steps, sweep.task_kind, budgeted=True) or 0.0, "outputs/rewound")  # doctest: +SKIP
+        >>> sweep.save(pick_alpha(front_points(steps), budgeted=True).alpha, "outputs/rewound")  # doctest: +SKIP
     """
 
     def __init__(self, model: str | os.PathLike, base_dir: str | os.PathLike, probes: ProbeSet, cache: BaseCache,
@@ -319,26 +319,6 @@ def _model_names(name: str) -> set[str]:
     if name == "smollm2":
         names.add(local_model_path(str(smollm2_path())))
     return names
-
-
-def choose_alpha(steps: list[dict[str, Any]], task_kind: str | None, budgeted: bool) -> float | None:
-    """The α to keep among those within budget: the best task measure (lowest loss, highest accuracy), else (no task
-    measure) the largest; None without a budget or with no α within it.
-
-    Example:
-        >>> steps = [{"alpha": a, "within_budget": a < 0.7, "task": 2 - a} for a in (0, 0.5, 1)]
-        >>> choose_alpha(steps, "loss", budgeted=True)
-        0.5
-    """
-    if not budgeted:
-        return None
-    ok = [s for s in steps if s["within_budget"]]
-    if not ok:
-        return None
-    if task_kind is None or any(s["task"] is None or s["task"] != s["task"] for s in ok):
-        return max(s["alpha"] for s in ok)
-    sign = 1 if task_kind == "loss" else -1
-    return min(ok, key=lambda s: (sign * s["task"], -s["alpha"]))["alpha"]
 
 
 def format_interpolation(steps: list[dict[str, Any]], task_kind: str | None) -> str:

@@ -19,7 +19,6 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..docs import docs_hint
-from ..errors import EngineUnavailableError
 from ..measures.budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from ..measures.drift import RiskRule
 from ..measures.partial import Design, ShareBudget
@@ -115,20 +114,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         probes, eval_steps = o["probes"], o["eval_steps"]
         if probes is None:
             raise ValueError("`probes` is required: a ProbeSet, a JSONL path, or built-in suite names like 'arc_easy,mmlu'")
-        if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
-            raise ValueError(f"`eval_steps` must be a positive integer, got {eval_steps!r}")
         self.eval_steps = eval_steps
         self.config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
         self.base_cache = o["base_cache"]
-        scoring, budget, on_budget = o["scoring"], o["budget"], o["on_budget"]
-        if scoring == "sidecar" and budget and on_budget in ("save", "stop"):
-            raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
-                             "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
-                             "scoring='inline'")
-        if scoring == "inline" and self.config.engine == "vllm":
-            raise EngineUnavailableError("engine='vllm' loads a model from its directory and cannot score the model in "
-                                         "training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
-                                         "vllm` beside training (it scores each saved checkpoint), or use engine='hf'")
+        scoring = o["scoring"]  # its values are checked with every option's (`ForgetWatchArguments.__post_init__`)
         if self.config.engine == "vllm":
             # vLLM is the watcher's (the options say so); this process scores only the base, with transformers, and
             # never starts a vLLM beside training's memory. The watcher scores the base again with vLLM
@@ -136,9 +125,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             self.config = dataclasses.replace(self.config, engine="hf")
         self.scoring = scoring
         share = o["max_share"]
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
-            raise ValueError(f"`max_share` must be a number between 0 and 1 (the share of train() probing may take, e.g. "
-                             f"0.1), or None to score every probe at every evaluation; got {share!r}")
         self.max_share = float(share) if share is not None else None
         self._share: ShareBudget | None = None  # the time budget's account, from train begin (`forgetwatch.measures.partial`)
         self._clock: tuple[float, int] = (0.0, 0)  # when and at which step the last evaluation (or train begin) ended
