@@ -80,7 +80,7 @@ class ProbeSetError(ForgetWatchError, ValueError):
 
 
 class EngineUnavailableError(ForgetWatchError, ValueError):
-    """The engine asked for (`engine="vllm"`) cannot serve here: not installed, or a model it cannot load (an unmerged
+    """The engine asked for (vLLM, say) cannot serve here: not installed, or a model it cannot load (an unmerged
     LoRA adapter, a model in memory only, autocast); the message says what to do instead."""
 
 

@@ -46,6 +46,9 @@ MCQ_MODES = ("loglik", "loglik_norm", "letter", "generate")
 SHORT_MODES = ("generate", "greedy_match")
 SHORT_MATCHES = ("exact", "contains")
 ENGINES = ("hf", "continuous", "vllm")
+# the engines that load a model's directory and cannot score the model in training (`scoring="sidecar"` only), as
+# `forgetwatch.scoring.engines.ENGINES` says of each (`EngineSpec.live_model`; tests/test_engines.py keeps them in step)
+DIRECTORY_ENGINES = ("vllm",)
 SCORING_MODES = ("inline", "sidecar")
 ON_BUDGET = ("alert", "save", "stop")
 BUDGET_BOUNDS = ("lower", "point")
@@ -325,10 +328,11 @@ def _check_values(args: ForgetWatchArguments) -> None:
         raise ValueError(f"on_budget={on_budget!r} needs the scores inside the training process, and scoring='sidecar' "
                          "scores in `forgetwatch watch`: use on_budget='alert' (the watcher raises the alert) or "
                          "scoring='inline'")
-    if scoring == "inline" and args.forgetwatch_engine == "vllm":
-        raise EngineUnavailableError("engine='vllm' loads a model from its directory and cannot score the model in "
-                                     "training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
-                                     "vllm` beside training (it scores each saved checkpoint), or use engine='hf'")
+    engine = args.forgetwatch_engine
+    if scoring == "inline" and engine in DIRECTORY_ENGINES:
+        raise EngineUnavailableError(f"engine={engine!r} loads a model from its directory and cannot score the model in "
+                                     f"training: pass scoring='sidecar' and run `forgetwatch watch OUTPUT_DIR --engine "
+                                     f"{engine}` beside training (it scores each saved checkpoint), or use engine='hf'")
     if args.forgetwatch_penalty_beta and args.forgetwatch_anchor_beta:
         raise ValueError("forgetwatch_penalty_beta and forgetwatch_anchor_beta: one term at a time (each is measured "
                          "on its own in benchmarks/RESULTS.md); set one of them to 0")

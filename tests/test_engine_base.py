@@ -10,9 +10,11 @@ import pytest
 from forgetwatch.errors import CacheMismatchError, EngineUnavailableError, SidecarError
 from forgetwatch.probes.probe_set import Probe, ProbeSet
 from forgetwatch.record.cache import BaseCache, make_cache_key
-from forgetwatch.run.base_rescore import VLLM_BASE, base_for_engine, vllm_key
+from forgetwatch.run.base_rescore import base_file, base_for_engine, runtime_key
 from forgetwatch.scoring.results import ProbeResults
 from forgetwatch.scoring.score import ScoringConfig
+
+VLLM_BASE = base_file("vllm")
 
 
 def _probes(n=3):
@@ -36,7 +38,7 @@ def test_a_vllm_key_says_so_and_the_transformers_engines_keep_theirs():
     assert ScoringConfig(engine="vllm").key()["runtime"] == "vllm"
     assert ScoringConfig().key() == ScoringConfig(engine="continuous").key()  # caches made before keep their key
     assert "runtime" not in ScoringConfig().key()
-    assert vllm_key(_cache().key) == _cache(ScoringConfig(engine="vllm")).key
+    assert runtime_key(_cache().key, "vllm") == _cache(ScoringConfig(engine="vllm")).key
 
 
 def test_a_cache_of_the_other_engine_is_refused_naming_the_fix():
@@ -57,7 +59,7 @@ def test_a_record_is_scored_by_one_engine(tmp_path):
     assert not (root / VLLM_BASE).exists()
     # vLLM evaluations (its base beside base.parquet), then a transformers watcher: refused
     _cache(vllm_config).save(root / VLLM_BASE)
-    with pytest.raises(SidecarError, match=r"were scored by vLLM.*--engine vllm"):
+    with pytest.raises(SidecarError, match=r"were scored by --engine vllm.*Watch with --engine vllm"):
         base_for_engine(root, _cache(), hf, "float32", _probes())
     # the vLLM watcher goes on against the base vLLM scored, read back (its key checked)
     again = base_for_engine(root, _cache(), vllm_config, "float32", _probes())
@@ -78,23 +80,23 @@ def test_vllm_cannot_score_a_run_trained_under_autocast(tmp_path):
 
 
 def test_the_base_directory_must_hold_the_weights_the_cache_was_scored_from(tmp_path):
-    from forgetwatch.run.base_rescore import _base_directory
+    from forgetwatch.run.base_rescore import base_directory
 
     with pytest.raises(SidecarError, match="not a directory here"):
-        _base_directory({"name_or_path": str(tmp_path / "gone")})
+        base_directory({"name_or_path": str(tmp_path / "gone")}, "vllm")
     # a Hub id where the Hub cannot be reached (as here, offline): named, with what to do
     with pytest.raises(SidecarError, match=r"'no-such-org/no-such-model' .*could not be fetched.*--engine hf"):
-        _base_directory({"name_or_path": "no-such-org/no-such-model"})
+        base_directory({"name_or_path": "no-such-org/no-such-model"}, "vllm")
     model = tmp_path / "base"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"x" * 64)
     from forgetwatch.scoring.weights import weights_fingerprint
 
     fingerprint = weights_fingerprint(model)
-    assert _base_directory({"name_or_path": str(model), "weights": fingerprint}) == str(model)
+    assert base_directory({"name_or_path": str(model), "weights": fingerprint}, "vllm") == str(model)
     (model / "model.safetensors").write_bytes(b"y" * 64)  # other weights saved at the same path
     with pytest.raises(SidecarError, match="not those the record's base cache was scored from"):
-        _base_directory({"name_or_path": str(model), "weights": fingerprint})
+        base_directory({"name_or_path": str(model), "weights": fingerprint}, "vllm")
 
 
 def test_the_sidecar_callback_leaves_vllm_to_the_watcher():

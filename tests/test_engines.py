@@ -361,3 +361,36 @@ def test_a_models_own_continuous_batching_manager_is_not_taken_over(tokenizer, c
     hf = HFEngine(model, tokenizer)
     with hf.running():
         assert got == hf.generate(requests, chat=False)
+
+
+def test_the_registry_says_what_each_engine_can_do_and_the_options_agree():
+    """Engines by capability (`ENGINES`): the options' choices are the registry's names, and the engines the options
+    keep out of training (`DIRECTORY_ENGINES`) are those that cannot score a live model; nothing outside
+    forgetwatch/scoring/engines/ compares an engine's name (the options declare the choices)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from forgetwatch import options
+    from forgetwatch.scoring.engines import ENGINES, engine_spec, make_engine, open_checkpoint
+
+    assert options.ENGINES == tuple(ENGINES)
+    assert set(options.DIRECTORY_ENGINES) == {name for name, spec in ENGINES.items() if not spec.live_model}
+    assert all(spec.checkpoint for spec in ENGINES.values() if not spec.live_model)  # a directory engine opens them
+    with pytest.raises(ValueError, match="unknown engine 'tgi': use one of 'hf', 'continuous', 'vllm'"):
+        engine_spec("tgi")
+    with pytest.raises(ValueError, match="scores a model in memory"):
+        open_checkpoint("hf", "out/checkpoint-1", "float32")
+    from conftest import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer)
+    assert isinstance(make_engine("hf", model, tokenizer, batch_size=4), HFEngine)
+    # the registry is plain: reading what an engine can do loads no torch
+    code = "import sys, forgetwatch.scoring.engines as e; e.engine_spec('vllm'); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+    package = Path(options.__file__).parent
+    named = [f"{p.relative_to(package)}:{i}" for p in package.rglob("*.py") if "engines" not in p.parts
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"""['"](vllm|continuous)['"]""", line)]
+    assert named == ["options.py:48", "options.py:51"], named

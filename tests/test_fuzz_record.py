@@ -29,6 +29,7 @@ from test_faults import OPTIONS
 import forgetwatch.report.render as report
 from forgetwatch.errors import ForgetWatchError
 from forgetwatch.record.store import load_record
+from forgetwatch.report import load, page
 from forgetwatch.run.watcher import Watcher
 
 # the whole pass (2,250 inputs, about 100 s) runs in `make test-slow`; `test_the_faults_the_fuzz_found_are_named` keeps
@@ -59,12 +60,12 @@ def run(tokenizer, tmp_path_factory):
 
 def _report_reads(out: Path) -> None:
     """Everything `forgetwatch report` reads, in process and without drawing (the plots take only what these return)."""
-    record, probes, rows, _, _ = report._load(out, warn=False)
-    report._trainer_log(record, [r["step"] for r in rows])
-    report._states(record, probes)
-    report._final_flips(record, probes, rows[-1]["step"])
-    report._drift_section(record, rows, 50)
-    report._robust_section(record, probes, rows, 50)
+    record, probes, rows, _, _ = load.read_run(out, warn=False)
+    load.trainer_log(record, [r["step"] for r in rows])
+    load.probe_states(record, probes)
+    load.final_flips(record, probes, rows[-1]["step"])
+    page.drift_section(record, rows, 50)
+    page.robust_section(record, probes, rows, 50)
     report.summarize_run(out)
     rec = load_record(out)
     rec.check(probes.fingerprint, len(probes))

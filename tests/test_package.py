@@ -114,9 +114,22 @@ def test_no_import_circle():
         visit(module, [], done)
 
 
+def test_no_module_imports_another_modules_private_name():
+    """A name with a leading underscore is its module's own: what another module needs is made public (the private
+    modules `_io`, `_lazy` and `_warnings` hold public names)."""
+    pkg = Path(forgetwatch.__file__).parent
+    private = []
+    for path in sorted(pkg.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("forgetwatch")):
+                private += [f"{path.relative_to(pkg)}:{node.lineno} {alias.name}" for alias in node.names
+                            if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert private == []
+
+
 # Modules still over the 600 lines a module may hold, each at most as long as it is now: the list only shrinks.
-OVERSIZE = {"report/render.py": 1188, "run/monitor.py": 866, "run/callback.py": 793, "record/store.py": 766,
-            "measures/samples.py": 759, "scoring/engines/hf.py": 715, "probes/suites.py": 676}
+OVERSIZE = {"run/monitor.py": 715, "run/callback.py": 781, "record/store.py": 766, "measures/samples.py": 759,
+            "scoring/engines/hf.py": 715}
 
 
 def test_no_module_over_600_lines():

@@ -390,7 +390,7 @@ def test_the_report_draws_partial_evaluations_as_estimates(two_runs, tmp_path):
 
 
 def test_partial_evaluations_are_logged_flagged_under_the_usual_keys(two_runs):
-    from forgetwatch.run.monitor import scalars_of
+    from forgetwatch.run.rows import scalars_of
 
     part, _ = two_runs["partial"]
     lines = {r["step"]: r for r in _lines(part)}

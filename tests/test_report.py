@@ -21,7 +21,9 @@ from forgetwatch.measures.metrics import compute_report
 from forgetwatch.measures.robustness import variant_outcomes
 from forgetwatch.probes.probe_set import Probe, ProbeSet
 from forgetwatch.record.store import RunRecord
-from forgetwatch.report.render import CUT, _final_flips, _matrix_layout, _states, make_report
+from forgetwatch.report.load import CUT, final_flips, probe_states
+from forgetwatch.report.plots import _matrix_layout
+from forgetwatch.report.render import make_report
 from forgetwatch.scoring.results import ProbeResults
 
 STEPS = (0, 10, 20, 30)
@@ -223,7 +225,7 @@ def test_report_out_dir_row_cap_and_flips_without_vs_base(tmp_path):
     assert f"… and {n_forgotten - 2} more not shown" in path.read_text(encoding="utf-8")
     # without vs_base (older records) the state is derived from the directions
     base, now = outcomes[0], outcomes[-1]
-    forgotten, learned = _final_flips(RunRecord(run / "forgetwatch"), probes, STEPS[-1])
+    forgotten, learned = final_flips(RunRecord(run / "forgetwatch"), probes, STEPS[-1])
     assert {r["id"] for r in forgotten} == {probes[i].id for i in np.flatnonzero((base == 1) & (now != 1))}
     assert {r["id"] for r in learned} == {probes[i].id for i in np.flatnonzero((base != 1) & (now == 1))}
     assert next(r["first_step"] for r in forgotten if r["id"] == "mc/0") == 10
@@ -277,7 +279,7 @@ def test_probe_states_are_the_record_against_the_base(tmp_path):
     """The data behind probe_states.png / probe_matrix.png: each probe's state vs base at each evaluation."""
     run = tmp_path / "run"
     probes, outcomes, _ = build_record(run)
-    steps, state = _states(RunRecord(run / "forgetwatch"), probes)
+    steps, state = probe_states(RunRecord(run / "forgetwatch"), probes)
     assert list(steps) == list(STEPS) and state.shape == (len(STEPS), len(probes))
     base = outcomes[0] == 1
     for e, now in enumerate(outcomes):
@@ -388,7 +390,7 @@ def test_matrix_rows_grouped_by_category_forgotten_first_and_labels_thinned():
 
 def test_report_of_many_probes_draws(tmp_path):
     """2,000 probes in 57 categories: the picture is drawn (antialiased rows), every band labelled (they fit at 14 in)."""
-    from forgetwatch.report.render import _plot_matrix
+    from forgetwatch.report.plots import plot_matrix
 
     rng = np.random.default_rng(0)
     probes = ProbeSet([Probe(f"p/{i}", "mcq", f"q{i}", ("a", "b", "c", "d"), 0, category=f"subject_{i % 57:02d}")
@@ -397,7 +399,7 @@ def test_report_of_many_probes_draws(tmp_path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = _plot_matrix(Figure, np.arange(5) * 10, state, probes, {})
+    fig = plot_matrix(Figure, np.arange(5) * 10, state, probes, {})
     FigureCanvasAgg(fig)
     fig.savefig(tmp_path / "m.png", dpi=110)
     assert (tmp_path / "m.png").read_bytes()[:8] == PNG_SIGNATURE
@@ -412,7 +414,7 @@ def test_the_per_category_titles_lie_within_the_figure(n_categories, metric):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from forgetwatch.report.render import _plot_by_category
+    from forgetwatch.report.plots import plot_by_category
 
     cats = [f"subject_{i}" for i in range(n_categories)]
     n = 12 * n_categories
@@ -420,7 +422,7 @@ def test_the_per_category_titles_lie_within_the_figure(n_categories, metric):
     now[::3] = 0
     rows = [{"step": step, "metrics": {k: m.to_dict() for k, m in compute_report(base, o, [4] * n, [cats[i % n_categories] for i in range(n)]).items()}}
             for step, o in ((0, base), (10, now))]
-    fig = _plot_by_category(Figure, rows, cats, metric)
+    fig = plot_by_category(Figure, rows, cats, metric)
     FigureCanvasAgg(fig).draw()  # lays the figure out (constrained layout) as savefig does
     renderer = fig.canvas.get_renderer()
     titles = [t for t in fig.findobj(lambda a: hasattr(a, "get_text")) if t.get_text() == fig.get_suptitle()]
@@ -495,14 +497,14 @@ def test_fragile_rows_are_no_correctness_flips(tmp_path):
         run = tmp_path / f"run-{vs_base}"
         probes, outcomes, _ = build_record(run, vs_base=vs_base)
         record = RunRecord(run / "forgetwatch")
-        before = _final_flips(record, probes, STEPS[-1])
+        before = final_flips(record, probes, STEPS[-1])
         before_page = _parse(make_report(run))
         added = _add_fragile_rows(run, outcomes, probes)
         # the case is not vacuous: fragile rows of probes listed as forgotten and as learned, some before their first flip
         listed = {r["id"]: r for rows in before for r in rows}
         assert {r["id"] for r in added} & {r["id"] for r in before[0]} and {r["id"] for r in added} & {r["id"] for r in before[1]}
         assert any(r["id"] in listed and r["step"] < listed[r["id"]]["first_step"] for r in added)
-        assert _final_flips(record, probes, STEPS[-1]) == before
+        assert final_flips(record, probes, STEPS[-1]) == before
         page = _parse(make_report(run))
         assert page.flips == before_page.flips and page.metrics == before_page.metrics
 

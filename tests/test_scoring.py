@@ -24,7 +24,7 @@ from forgetwatch.answers.extraction import is_punct
 from forgetwatch.probes.probe_set import Probe
 from forgetwatch.scoring import prompts
 from forgetwatch.scoring.results import CORRECT, INVALID, WRONG
-from forgetwatch.scoring.score import ScoringConfig, _answer_continuations, describe_precision, score_probes
+from forgetwatch.scoring.score import ScoringConfig, answer_continuations, describe_precision, score_probes
 
 _WORDS = (
     "Paris London capital France plants absorb gas oxygen carbon dioxide helium neon quick brown fox jumps "
@@ -530,7 +530,7 @@ def test_greedy_match_equals_decode_then_prefix_match(tokenizer, chat, seed):
     # case variants, as teacher-forced), as one unpadded forward per answer computes it
     for i, p in enumerate(probes):
         prompt = prompts.short_answer_prompt(p, tokenizer, chat, None)
-        forced = tuple(a.strip() for a in _answer_continuations(p, chat))
+        forced = tuple(a.strip() for a in answer_continuations(p, chat))
         assert set(p.answers) <= set(forced)
         ref = reference_loglik(model, tokenizer, Probe("r", "mcq", "q", forced, 0), prompt, sep="" if chat else " ", chat=chat)
         assert res.gold_logprob[i] == pytest.approx(ref.max(), abs=1e-4)

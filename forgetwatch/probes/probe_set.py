@@ -68,6 +68,11 @@ class _NeverFlips(ProbeFormatError):  # raised as a ProbeFormatError: users catc
     the checker can never match): it would only dilute the forgetting rate. The built-in suites leave such rows out."""
 
 
+def never_flips(error: BaseException) -> bool:
+    """Whether `error` refused a well-formed probe that no model could flip (what the built-in suites leave out)."""
+    return isinstance(error, _NeverFlips)
+
+
 def invisible_char(text: str) -> str | None:
     """The first character of `text` that no report shows (a control or format character such as U+200B ZERO WIDTH
     SPACE, or whitespace other than a plain space), described as "U+200B ZERO WIDTH SPACE at character 5"; or None."""

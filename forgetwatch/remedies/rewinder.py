@@ -134,10 +134,10 @@ class RewindCallback(TrainerCallback, ExportableState):
         labelled = lm_labels(args) if self.stage is None else self.stage == "sft"
         evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
         if self.rows is not None:
-            from ..run.callback import _tokenizer
+            from ..run.callback import tokenizer_of
             from .interpolate import encode_task_rows
 
-            encode_task_rows(_tokenizer(processing_class), self.rows, source=self.data)  # a row it cannot read: now
+            encode_task_rows(tokenizer_of(processing_class), self.rows, source=self.data)  # a row it cannot read: now
         elif evaluates and not labelled and self.budget is None and not (record / "budget.json").is_file():
             raise ValueError(f"forgetwatch_rewind: {type(args).__name__}'s eval batches carry no language-model labels, so "
                              "their loss cannot be the task measure: give held-out examples (forgetwatch_rewind_data, a "
@@ -155,7 +155,7 @@ class RewindCallback(TrainerCallback, ExportableState):
         if not state.is_world_process_zero:
             return
         from ..record.store import RunRecord
-        from ..run.callback import _tokenizer
+        from ..run.callback import tokenizer_of
         from ..run.loggers import make_loggers
         from ..scoring.forward import model_device
 
@@ -179,7 +179,7 @@ class RewindCallback(TrainerCallback, ExportableState):
             if scratch.exists():
                 shutil.rmtree(scratch)
             model.save_pretrained(checkpoint)  # the final weights, read back by the sweep; the model itself untouched
-            _tokenizer(processing_class).save_pretrained(checkpoint)
+            tokenizer_of(processing_class).save_pretrained(checkpoint)
             loggers = make_loggers(args.report_to, args.output_dir, getattr(args, "logging_dir", None))
             self.result = rewind(args.output_dir, checkpoint=checkpoint, base_cache=_base_cache(record, self.base_cache),
                                  alphas=self.alphas, task_data=self.data, task_max_examples=None, task_loss=task_loss,

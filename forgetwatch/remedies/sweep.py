@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write
+from ..errors import EngineUnavailableError
 from ..measures.budgets import Budget
 from ..measures.metrics import format_figure
 from ..probes.probe_set import ProbeSet
 from ..record.cache import BaseCache, make_cache_key
+from ..scoring.engines import engine_spec
 
 __all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir",
            "format_interpolation", "plot_interpolation"]
@@ -123,11 +125,10 @@ class InterpolationSweep:
         self.task_loss, self.risk_rule = task_loss, risk_rule
         self.task_kind = "accuracy" if task_probes is not None else "loss" if task_rows is not None or task_loss else None
         self.dtype = dtype
-        if getattr(config, "engine", None) == "vllm" and autocast:
-            from ..errors import EngineUnavailableError
-
-            raise EngineUnavailableError("engine='vllm' runs the weights in their own dtype and cannot autocast: pass "
-                                         "--dtype bfloat16 (or float16) instead of --autocast, or use --engine hf")
+        engine = getattr(config, "engine", "hf")
+        if autocast and not engine_spec(engine).autocast:
+            raise EngineUnavailableError(f"engine={engine!r} runs the weights in their own dtype and cannot autocast: "
+                                         "pass --dtype bfloat16 (or float16) instead of --autocast, or use --engine hf")
         self.model, self.tokenizer, self._inner, self.tuned_dir = _load(self.name, self.base_dir, dtype, device, base_name)
         built, now = cache.key.get("model", {}).get("architecture"), model_identity(self.model)["architecture"]
         if built and now and built != now and not allow_other_model:
@@ -145,14 +146,14 @@ class InterpolationSweep:
         return self._score_at(alpha, probes, f"scoring {self.name} at α = {alpha:g}")[0]
 
     def _score_at(self, alpha: float, probes: ProbeSet, desc: str) -> tuple[Any, dict[str, Any]]:
-        """`score_with_key` at θ(α) (the model already set to it). With engine="vllm", θ(α) is written beside the
-        checkpoint (`save_interpolated`, one at a time, deleted after) and loaded into one running vLLM
-        (`forgetwatch.scoring.engines.vllm.engine_for_checkpoint`): vLLM loads directories, not a model in memory."""
-        from ..scoring.score import describe_precision, score_probes, score_with_key
+        """`score_with_key` at θ(α) (the model already set to it). With an engine that loads directories (vLLM), θ(α)
+        is written beside the checkpoint (`save_interpolated`, one at a time, deleted after) and scored from there
+        (`forgetwatch.scoring.checkpoint.score_checkpoint`, which loads each into one running engine)."""
+        from ..scoring.score import describe_precision, score_with_key
 
-        if self.config.engine != "vllm":
+        if engine_spec(self.config.engine).live_model:
             return score_with_key(self.model, self.tokenizer, probes, self.config, self.autocast, desc=desc)
-        from ..scoring.engines.vllm import engine_for_checkpoint
+        from ..scoring.checkpoint import score_checkpoint
         from .interpolate import save_interpolated, save_lora_merged
 
         parent = Path(self.tuned_dir).parent
@@ -163,8 +164,7 @@ class InterpolationSweep:
             else:
                 save_interpolated(self.base_dir, self.tuned_dir, alpha, theta)
             self.tokenizer.save_pretrained(theta)
-            engine, _ = engine_for_checkpoint(theta, self.dtype)
-            results = score_probes(None, self.tokenizer, probes, self.config, progress=True, desc=desc, engine=engine)
+            results = score_checkpoint(theta, probes, self.config, precision=self.dtype, desc=desc, progress=True)
         return results, self.config.key(self.tokenizer, describe_precision(self.model))
 
     def run(self, alphas: Sequence[float], progress: Callable[[float, int, int], None] | None = None

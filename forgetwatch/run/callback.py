@@ -41,6 +41,7 @@ from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
 from ..record.lock import RecordInUseError, RecordUnwritableError, acquire
 from ..record.segments import check_probes, start_segment
 from ..record.store import RunRecord
+from ..scoring.engines import engine_spec
 from ..scoring.fit import ProbeFit, drop_unfit, measure_fit, write_dropped
 from ..scoring.models import model_identity
 from ..scoring.results import ProbeResults
@@ -118,10 +119,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.config = ScoringConfig(**{f.name: o[f.name] for f in dataclasses.fields(ScoringConfig) if f.name in o})
         self.base_cache = o["base_cache"]
         scoring = o["scoring"]  # its values are checked with every option's (`ForgetWatchArguments.__post_init__`)
-        if self.config.engine == "vllm":
-            # vLLM is the watcher's (the options say so); this process scores only the base, with transformers, and
-            # never starts a vLLM beside training's memory. The watcher scores the base again with vLLM
-            # (`forgetwatch.run.base_rescore`), so both sides of each flip come from one engine
+        if not engine_spec(self.config.engine).live_model:
+            # an engine that loads directories is the watcher's (the options say so: scoring="sidecar"); this process
+            # scores only the base, with transformers, and never starts that engine beside training's memory. The watcher
+            # scores the base again with its engine (`forgetwatch.run.base_rescore`): both sides of each flip from one
             self.config = dataclasses.replace(self.config, engine="hf")
         self.scoring = scoring
         share = o["max_share"]
@@ -204,7 +205,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         """
         if self._fit is not None:
             return
-        fit = measure_fit(model, _tokenizer(processing_class), self.plan.scored() if self.plan else list(self.probes),
+        fit = measure_fit(model, tokenizer_of(processing_class), self.plan.scored() if self.plan else list(self.probes),
                           self.config)
         over = fit.unfit
         if over and self.unfit_probes == "refuse":
@@ -272,7 +273,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
             raise RuntimeError(f"ForgetWatchCallback got no `model` in on_train_begin (transformers {transformers.__version__}): "
                                "the trainer no longer passes it to callbacks. Please report this with your versions.")
-        tokenizer = _tokenizer(processing_class if processing_class is not None else kwargs.get("tokenizer"))
+        tokenizer = tokenizer_of(processing_class if processing_class is not None else kwargs.get("tokenizer"))
         # measured in on_init_end, unless the callback was added after the Trainer was built or restored from a
         # checkpoint (a restored one drops what its first run dropped, so it finds the user's object by its probes)
         self.fit_probes(model, tokenizer, warn=state.is_world_process_zero)
@@ -600,7 +601,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             design = self._design(args, state, saving)
         # a bar as for the base (an evaluation can pause training for minutes), unless the trainer's bars are off
         progress, desc = self._is_main and self._progress, f"forgetwatch: step {state.global_step}"
-        tokenizer = _tokenizer(processing_class)
+        tokenizer = tokenizer_of(processing_class)
         if design is None:
             results, variants = self._score(model, tokenizer, progress=progress, desc=desc)
         else:  # variants are scored at the full passes only
@@ -740,7 +741,8 @@ def _training_autocast(model: Any, args: Any) -> str | None:
     return done or said
 
 
-def _tokenizer(processing_class: Any) -> Any:
+def tokenizer_of(processing_class: Any) -> Any:
+    """The tokenizer in a Trainer hook's `processing_class` (a multimodal processor wraps one); refused when None."""
     if processing_class is None:
         import transformers
 

@@ -189,7 +189,7 @@ class TrackioLogger(MetricLogger):
         self.trackio.alert(title=title, text=text, level=self.trackio.AlertLevel.WARN)
 
 
-def _tensorboard_dir(output_dir: str, logging_dir: str | None = None) -> str:
+def tensorboard_dir(output_dir: str, logging_dir: str | None = None) -> str:
     """The TensorBoardCallback's directory: `TrainingArguments.logging_dir` (transformers 4), $TENSORBOARD_LOGGING_DIR
     (transformers 5, which removed the argument), else its newest `<output_dir>/runs/*`."""
     if logging_dir:
@@ -219,7 +219,7 @@ def make_loggers(report_to: list[str] | str | None, output_dir: str, logging_dir
                     continue
                 loggers.append(WandbLogger(wandb.run))
             elif name == "tensorboard":
-                loggers.append(TensorBoardLogger(_tensorboard_dir(output_dir, logging_dir)))
+                loggers.append(TensorBoardLogger(tensorboard_dir(output_dir, logging_dir)))
             elif name == "mlflow":
                 loggers.append(MLflowLogger())
             elif name == "trackio":

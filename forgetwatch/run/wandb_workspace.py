@@ -108,7 +108,7 @@ def sections_of_rows(evaluations: Iterable[Mapping[str, Mapping[str, Any]]], bud
                      ) -> list[Section]:
     """The sections for the evaluations' metrics.jsonl rows by group (`budget`: the run has one, so the budget's state
     is logged; `tables`: the tables it logs)."""
-    from .monitor import group_figures  # the figures as the Monitor logs them
+    from .rows import group_figures  # the figures as the Monitor logs them
 
     seen = _Figures()
     for rows in evaluations:

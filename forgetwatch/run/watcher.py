@@ -41,9 +41,11 @@ from ..record.cache import BaseCache, diff_keys, make_cache_key
 from ..record.lock import acquire
 from ..record.segments import check_probes, start_segment
 from ..record.store import MODEL_FILES, RunRecord
-from ..scoring.score import ProbeSetError, ScoringConfig
+from ..scoring.engines import engine_spec
+from ..scoring.modes import ScoringConfig
+from ..scoring.requests import ProbeSetError
 from .base_rescore import base_for_engine
-from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, _tensorboard_dir
+from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, tensorboard_dir
 from .monitor import PREFIX, Monitor
 from .sidecar import MANIFEST, read_manifest
 
@@ -65,7 +67,7 @@ class Watcher:
             trainer's (same project and group, named `<run>-forgetwatch`, the trainer's step on the x-axis).
         into_trainer_run: after training has ended, append to the trainer's own W&B run instead.
         batch_size: probes per forward (default: the callback's).
-        engine: what runs the model, "hf", "continuous" or "vllm" (default: the callback's). With "vllm" each checkpoint
+        engine: what runs the model, hf, continuous or vllm (default: the callback's). With vllm each checkpoint
             is loaded into one running vLLM (`forgetwatch.scoring.engines.vllm.engine_for_checkpoint`), and the base is scored
             by vLLM too when the training process scored it with transformers (`forgetwatch.run.base_rescore`).
         robustness, robust_per_suite: score variants (`forgetwatch.probes.variants`; default: the callback's). The record's
@@ -109,7 +111,10 @@ class Watcher:
         except ForgetWatchError:
             raise
         except (TypeError, ValueError) as e:
-            raise SidecarError(f"{path}: field `callback` holds options forgetwatch could not have written ({e}); the "
+            # the options' checks name an option by its short name in backticks: the manifest's field is callback.<name>
+            named = re.search(r"`(\w+)`", str(e))
+            field = f"callback.{named.group(1)}" if named and named.group(1) in self.manifest["callback"] else "callback"
+            raise SidecarError(f"{path}: field `{field}` holds a value forgetwatch could not have written ({e}); the "
                                "training process writes this file whole: restore it, or start the run again") from None
         probe_change = probe_change or opts.get("probe_change") or "refuse"
         if opts.get("max_share") is not None:  # a budget for in-loop probing: the watcher runs beside training
@@ -126,13 +131,11 @@ class Watcher:
         try:  # the options as the training process wrote them: one it could not have written is named, not a TypeError
             budget = (Budget(parse_budget(opts["budget"]), "alert", opts["budget_bound"], self.probes.groups)
                       if opts.get("budget") else None)
-            every = opts["eval_steps"]
-            if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-                raise ValueError(f"`eval_steps` must be a whole number >= 1, not {every!r}")
-            self.eval_steps = every
-            # the callback's engine="vllm" (scoring="sidecar") is for this watcher: the training process scored its
-            # base with transformers (`forgetwatch.run.base_rescore`)
-            given = {"batch_size": batch_size, "engine": engine or (opts.get("engine") if opts.get("engine") == "vllm" else None)}
+            self.eval_steps = opts["eval_steps"]  # checked with the other options (`ForgetWatchArguments`)
+            # the callback's engine that cannot score in training (scoring="sidecar") is this watcher's: the training
+            # process scored its base with transformers (`forgetwatch.run.base_rescore`)
+            theirs = opts.get("engine") or "hf"
+            given = {"batch_size": batch_size, "engine": engine or (None if engine_spec(theirs).live_model else theirs)}
             self.config = ScoringConfig(**{**self.manifest["scoring_config"], **{k: v for k, v in given.items() if v}})
             risk = RiskRule(opts["at_risk_margin"], opts["at_risk_drop"])
         except ForgetWatchError:
@@ -258,26 +261,15 @@ class Watcher:
     # -- scoring --------------------------------------------------------------------------------------------------
     def score(self, step: int, path: Path, state: dict[str, Any]) -> bool:
         """Score one checkpoint into the record; a checkpoint that fails to load is skipped with a message."""
-        from ..scoring.models import free_memory, load_checkpoint
-        from ..scoring.score import precision_context, score_probes
+        from ..scoring.checkpoint import score_checkpoint
 
         t0 = time.perf_counter()
-        model = None
         try:
             _check_trusted(path)
             scored = self.plan.scored() if self.plan is not None else self.probes
-            desc = f"forgetwatch watch: {path.name}"
-            if self.config.engine == "vllm":  # vLLM loads the checkpoint itself: not in this process too
-                from ..scoring.engines.vllm import engine_for_checkpoint
-
-                engine, tokenizer = engine_for_checkpoint(path, self.precision.split("+")[0],
-                                                          tokenizer_dir=self.output_dir / PREFIX / MODEL_FILES)
-                results = score_probes(None, tokenizer, scored, self.config, desc=desc, engine=engine)
-            else:
-                model, tokenizer = load_checkpoint(path, dtype=self.precision.split("+")[0], device=self.device,
-                                                   model_files=self.output_dir / PREFIX / MODEL_FILES)
-                with precision_context(model, self.precision):
-                    results = score_probes(model, tokenizer, scored, self.config, desc=desc)
+            results = score_checkpoint(path, scored, self.config, precision=self.precision, device=self.device,
+                                       model_files=self.output_dir / PREFIX / MODEL_FILES,
+                                       desc=f"forgetwatch watch: {path.name}")
         except (KeyboardInterrupt, SystemExit, ProbeSetError, EngineUnavailableError):
             raise  # a probe set that cannot be scored fails on every checkpoint: said once, not retried
         # not loadable (yet), deleted meanwhile, out of memory, untrusted: skip it, keep watching. BaseException: torch's
@@ -288,9 +280,6 @@ class Watcher:
             logger.warning("forgetwatch watch: could not score %s (%s: %s); %s", path, type(e).__name__, e,
                            "giving up on it" if last else "will try again")
             return False
-        finally:
-            del model
-            free_memory()
         seconds = time.perf_counter() - t0
         robust = None
         if self.plan is not None:
@@ -426,7 +415,7 @@ class Watcher:
                 if backend == "wandb":
                     loggers.append(WandbLogger(self._wandb_run(name, into_trainer_run)))
                 elif backend == "tensorboard":
-                    loggers.append(TensorBoardLogger(_tensorboard_dir(str(self.output_dir))))
+                    loggers.append(TensorBoardLogger(tensorboard_dir(str(self.output_dir))))
                 elif backend == "trackio":
                     import trackio
 

@@ -66,7 +66,7 @@ def _where(model: torch.nn.Module) -> str:
     return f"{type(model).__name__}, transformers {transformers.__version__}"
 
 
-def _parameters(model: torch.nn.Module) -> tuple[set[str], bool]:
+def forward_parameters(model: torch.nn.Module) -> tuple[set[str], bool]:
     """The forward's named parameters, and whether it takes **kwargs."""
     try:
         params = inspect.signature(model.forward).parameters.values()
@@ -91,7 +91,7 @@ def cache_of(output: Any) -> Any:
     return None
 
 
-def _length(cache: Any) -> int | None:
+def cache_length(cache: Any) -> int | None:
     try:
         return int(cache.get_seq_length())
     except Exception:  # not a Cache object (a legacy tuple): its length is what we can read of its keys
@@ -134,7 +134,7 @@ class PrefixCache:
                 "recomputed in every row (same results, slower).",
             )
             return None
-        named, takes_kwargs = _parameters(model)
+        named, takes_kwargs = forward_parameters(model)
         names = [n for n in CACHE_NAMES if n in named] or (list(CACHE_NAMES) if takes_kwargs else [])
         for i, name in enumerate(names):
             trial = copy.deepcopy(cache) if i < len(names) - 1 else cache
@@ -146,7 +146,7 @@ class PrefixCache:
                 if name not in str(e):
                     raise
                 continue
-            if _length(trial) == P:
+            if cache_length(trial) == P:
                 return cls(trial, name, P)
         tried = " or ".join(f"`{n}`" for n in names) if names else "any keyword (its forward names none and takes no **kwargs)"
         warn_once(
@@ -173,7 +173,7 @@ def logits_to_keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
     """`{"logits_to_keep": keep}` when the forward may take it (named, or through **kwargs, as PEFT's wrappers pass it
     on), else {} with a warning said once. Pass the result to `call`, which drops it if the forward refuses it, and
     see `check_logits_kept` for whether it was honoured."""
-    named, takes_kwargs = _parameters(model)
+    named, takes_kwargs = forward_parameters(model)
     if "logits_to_keep" in named or (takes_kwargs and type(model) not in _refuses_logits_to_keep):
         return {"logits_to_keep": keep}
     warn_once(
@@ -187,13 +187,13 @@ def logits_to_keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
 def call(model: torch.nn.Module, kwargs: dict[str, Any]) -> Any:
     """`model(**kwargs)`; a `logits_to_keep` the forward refuses is dropped, said once, and the call made again without
     it, provided the refusal came before the forward grew any cache it was given (else the error stands)."""
-    lengths = {k: _length(v) for k, v in kwargs.items() if k in CACHE_NAMES}
+    lengths = {k: cache_length(v) for k, v in kwargs.items() if k in CACHE_NAMES}
     try:
         return model(**kwargs)
     except (TypeError, ValueError) as e:
         if "logits_to_keep" not in kwargs or "logits_to_keep" not in str(e):
             raise
-        if any(_length(kwargs[k]) != n for k, n in lengths.items()):
+        if any(cache_length(kwargs[k]) != n for k, n in lengths.items()):
             raise
         _refuses_logits_to_keep.add(type(model))
         kwargs.pop("logits_to_keep")

@@ -27,6 +27,7 @@ from .. import answers
 from ..answers.extraction import is_punct
 from ..options import BEHAVIOR_MAX_NEW_TOKENS, ENGINES, MCQ_MODES, SHORT_MATCHES, SHORT_MODES, default
 from ..probes.probe_set import Probe
+from .engines import engine_spec
 from .prompts import (
     PROMPT_VERSION,
     behavior_prompt,
@@ -51,7 +52,7 @@ NOT_IN_KEY = ("batch_size", "pack_choices", "engine")
 @dataclass(frozen=True)
 class ScoringConfig:
     """How probes are scored. Every field but `batch_size`, `pack_choices` and `engine` changes results, so it is
-    part of the cache key; of the engines, vLLM's other kernels are keyed (`runtime: "vllm"`), as near-ties can come
+    part of the cache key; of the engines, vLLM's other kernels are keyed (`runtime`), as near-ties can come
     out otherwise there.
 
     Args:
@@ -83,9 +84,9 @@ class ScoringConfig:
             mask). `None` uses it where the attention implementation accepts custom masks (eager, sdpa).
         behavior_max_new_tokens: generation budget of behaviour probes (`instruct`, `comply`); an answer that
             reaches it without ending its turn counts as a runaway. Default 256.
-        engine: what runs generation (`forgetwatch.scoring.engines`): `"hf"` (default: the model in this process, finished
-            answers leaving a refilling batch) or `"continuous"` (transformers' continuous batching, where it is
-            faster: RESULTS §14; where it cannot run it falls back to `"hf"` with a warning saying why) or `"vllm"`
+        engine: what runs generation (`forgetwatch.scoring.engines`): `hf` (default: the model in this process, finished
+            answers leaving a refilling batch) or `continuous` (transformers' continuous batching, where it is
+            faster: RESULTS §14; where it cannot run it falls back to `hf` with a warning saying why) or `vllm`
             (vLLM loads the model's directory: commands and the sidecar watcher, not in-loop scoring; needs vllm
             installed, `forgetwatch.scoring.engines.vllm`). The same greedy answers either way, up to near-ties in the last bits.
 
@@ -148,10 +149,11 @@ class ScoringConfig:
         d["max_new_tokens"] = self.new_tokens
         d["short_mode"] = self.short_scoring
         d["prompt_version"] = PROMPT_VERSION
-        if self.engine == "vllm":
+        runtime = engine_spec(self.engine).runtime
+        if runtime is not None:
             # other kernels than transformers': near-ties come out otherwise, so a cache says so and `compare` refuses
-            # one of the other engine (`forgetwatch.run.base_rescore`). Absent for transformers: earlier caches keep their key
-            d["runtime"] = "vllm"
+            # one of another runtime (`forgetwatch.run.base_rescore`). Absent for transformers: earlier caches keep their key
+            d["runtime"] = runtime
         if tokenizer is not None:
             # what the `chat_template` option resolved to for this tokenizer
             d["chat"] = {
@@ -269,7 +271,7 @@ MAX_ALIASES = 10
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+", re.IGNORECASE)
 
 
-def _answer_continuations(probe: Probe, chat: bool) -> list[str]:
+def answer_continuations(probe: Probe, chat: bool) -> list[str]:
     # After a plain "Answer:" the model writes " Paris"; in a chat turn the answer opens the turn.
     aliases = [a.strip() for a in probe.answers]
     first = aliases[0]
@@ -283,7 +285,7 @@ def _answer_continuations(probe: Probe, chat: bool) -> list[str]:
 
 def score_greedy_match(engine: Engine, tokenizer, probes: list[Probe], config: ScoringConfig, bar=None) -> ProbeResults:
     chat = config.uses_chat(tokenizer, generative=False)
-    continuations = [_answer_continuations(p, chat) for p in probes]
+    continuations = [answer_continuations(p, chat) for p in probes]
     requests = [LoglikRequest(short_answer_prompt(p, tokenizer, chat, config.system_prompt), tuple(c), p.id)
                 for p, c in zip(probes, continuations, strict=True)]
     shared = short_answer_prefix(tokenizer, chat, config.system_prompt)

@@ -28,7 +28,7 @@ from .modes import (  # noqa: F401  (re-exported: the names modules and tests im
     SHORT_MATCHES,
     SHORT_MODES,
     ScoringConfig,
-    _answer_continuations,
+    answer_continuations,
 )
 from .requests import ProbeSetError  # noqa: F401  (re-exported, as above)
 from .results import ProbeResults

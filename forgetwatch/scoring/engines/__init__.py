@@ -1,26 +1,87 @@
-"""Engines: what runs scoring requests with a model. The scoring modes (`forgetwatch.scoring.modes`) build the requests and
-judge the results; an engine only runs them, so a new way of running a model (transformers' continuous batching,
-vLLM) is one new module here implementing `Engine` (`vllm.py`: vLLM, imported only when `make_engine("vllm", ...)` runs).
+"""Engines: what runs scoring requests with a model. The scoring modes (`forgetwatch.scoring.modes`) build the requests
+and judge the results; an engine only runs them. Each engine is registered by name in `ENGINES` with what it can do
+(`EngineSpec`: score the model in training, load a checkpoint's directory, reload weights in place, what it adds to a
+cache key), and is imported only when one is built: callers ask what an engine can do, never which one it is.
+
+Adding an engine, in three steps (as lm-evaluation-harness registers its model backends):
+
+1. a module here with a class that implements `Engine`, and a factory `(model, tokenizer, *, batch_size, pack_choices,
+   sync_ranks) -> Engine` (the class itself will do); for an engine that loads directories, also
+   `(path, dtype, tokenizer_dir) -> (engine, tokenizer)`;
+2. its `EngineSpec` in `ENGINES`;
+3. its name in the option's choices (`forgetwatch.options.ENGINES`, and `DIRECTORY_ENGINES` when it cannot score the
+   model in training); `tests/test_engines.py` checks that the two agree.
 
 Example:
-    >>> from forgetwatch.scoring.engines import HFEngine
-    >>> results = score_probes(model, tokenizer, probes, engine=HFEngine(model, tokenizer, batch_size=8))  # doctest: +SKIP
+    >>> engine_spec("hf").live_model, engine_spec("vllm").runtime
+    (True, 'vllm')
+    >>> engine = make_engine("continuous", model, tokenizer, batch_size=16)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from ..._lazy import lazy
 from ...options import default
 from ..requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest
-from .continuous import ContinuousBatchingEngine
-from .hf import HFEngine
 
-__all__ = ["Engine", "HFEngine", "ContinuousBatchingEngine", "make_engine"]
+__all__ = ["ENGINES", "Engine", "EngineSpec", "HFEngine", "ContinuousBatchingEngine", "engine_spec", "make_engine",
+           "open_checkpoint"]
+
+# torch loads with the engines, on first use: this registry is read by plain modules (`ScoringConfig.key`, the options)
+__getattr__, __dir__ = lazy(__name__, globals(), {"HFEngine": ".hf", "ContinuousBatchingEngine": ".continuous"})
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine can do, known without importing it.
+
+    Args:
+        factory: `"module:name"` in this package: builds the engine for a model in memory.
+        live_model: it scores the model object the trainer holds, in the training process (`scoring="inline"`);
+            otherwise it loads a model's directory and serves `forgetwatch watch` (`scoring="sidecar"`).
+        runtime: its kernels are not transformers': near-ties come out otherwise, so a cache it scores says so
+            (`scoring.runtime` in the key) and is never compared with one scored by another runtime.
+        checkpoint: `"module:name"`: opens a checkpoint's directory as `(engine, tokenizer)` without loading it in this
+            process (engines that load directories); None: a checkpoint is loaded with transformers and scored live.
+        reloads_weights: a later checkpoint of the same model is loaded into the running engine, not started anew.
+        autocast: it can score under the trainer's autocast (else the weights run in their own dtype).
+    """
+
+    factory: str
+    live_model: bool = True
+    runtime: str | None = None
+    checkpoint: str | None = None
+    reloads_weights: bool = False
+    autocast: bool = True
+
+
+ENGINES: dict[str, EngineSpec] = {
+    "hf": EngineSpec(".hf:HFEngine"),
+    "continuous": EngineSpec(".continuous:ContinuousBatchingEngine"),
+    "vllm": EngineSpec(".vllm:engine_for_model", live_model=False, runtime="vllm", checkpoint=".vllm:engine_for_checkpoint",
+                       reloads_weights=True, autocast=False),
+}
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """What the engine `name` can do; an unknown name is refused, naming the known ones."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}: use one of {', '.join(repr(n) for n in ENGINES)}")
+    return ENGINES[name]
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module, __name__), attr)
 
 
 class Engine(Protocol):
@@ -69,21 +130,27 @@ class Engine(Protocol):
 
 def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
                 sync_ranks: bool = False) -> Engine:
-    """The engine `ScoringConfig.engine` names: `"hf"` (`HFEngine`), `"continuous"` (`ContinuousBatchingEngine`,
-    which falls back to the HF engine's generation with a warning where it cannot run), or `"vllm"` (`VLLMEngine` on
-    the directory `model` was loaded from, in its dtype; vLLM is imported only here, and what it cannot serve is
-    refused with `EngineUnavailableError`: `forgetwatch.scoring.engines.vllm.engine_for_model`).
+    """The engine `ScoringConfig.engine` names, built for `model` (in memory): `"hf"` (`HFEngine`), `"continuous"`
+    (`ContinuousBatchingEngine`, which falls back to the HF engine's generation with a warning where it cannot run), or
+    `"vllm"` (on the directory `model` was loaded from, in its dtype; vLLM is imported only then, and what it cannot
+    serve is refused with `EngineUnavailableError`).
 
     Example:
         >>> engine = make_engine("continuous", model, tokenizer, batch_size=16)  # doctest: +SKIP
     """
-    if name == "hf":
-        return HFEngine(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
-    if name == "continuous":
-        return ContinuousBatchingEngine(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices,
-                                        sync_ranks=sync_ranks)
-    if name == "vllm":
-        from .vllm import engine_for_model  # vLLM itself is imported only when an engine is built
+    factory = _load(engine_spec(name).factory)
+    return factory(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
 
-        return engine_for_model(model, tokenizer, sync_ranks=sync_ranks)
-    raise ValueError(f"unknown engine {name!r}: use 'hf', 'continuous' or 'vllm'")
+
+def open_checkpoint(name: str, path: str | os.PathLike, dtype: str, tokenizer_dir: str | os.PathLike | None = None
+                    ) -> tuple[Engine, Any]:
+    """(engine, tokenizer) for a checkpoint's directory, for an engine that loads directories (`EngineSpec.checkpoint`):
+    the model is not loaded in this process. `tokenizer_dir`: where the tokenizer is when the checkpoint holds none.
+
+    Example:
+        >>> engine, tokenizer = open_checkpoint("vllm", "out/checkpoint-500", "bfloat16")  # doctest: +SKIP
+    """
+    spec = engine_spec(name)
+    if spec.checkpoint is None:
+        raise ValueError(f"engine {name!r} scores a model in memory: load the checkpoint (forgetwatch.scoring.checkpoint)")
+    return _load(spec.checkpoint)(path, dtype, tokenizer_dir=tokenizer_dir)

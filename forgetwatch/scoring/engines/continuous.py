@@ -27,7 +27,7 @@ import torch
 from ...options import default
 from ..forward import pad_token_id, warn_once
 from ..requests import Answer, GenerateRequest, encode
-from .hf import HFEngine, _answer
+from .hf import HFEngine, cut_answer
 
 __all__ = ["ContinuousBatchingEngine", "continuous_batching_unavailable"]
 
@@ -128,7 +128,7 @@ class ContinuousBatchingEngine(HFEngine):
         for x, r, toks, lps in zip(ids, requests, tokens, logprobs, strict=True):
             toks = _cut_at_stop(criteria[tuple(r.stops)], pad_id, x, toks, eos) if r.stops else toks
             bad = any(not (lp == lp and abs(lp) != float("inf")) for lp in lps[: len(toks)])
-            out.append(_answer(tokenizer, toks, eos, pad_id, r.max_new_tokens, list(r.stops), bad))
+            out.append(cut_answer(tokenizer, toks, eos, pad_id, r.max_new_tokens, list(r.stops), bad))
             if bar is not None:
                 bar.update(1)
         return out

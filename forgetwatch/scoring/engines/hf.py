@@ -33,11 +33,11 @@ from ...options import default
 from ..forward import (
     CACHE_NAMES,
     PrefixCache,
-    _length,
-    _parameters,
+    cache_length,
     cache_of,
     call,
     check_logits_kept,
+    forward_parameters,
     logits_to_keep_kwargs,
     model_device,
     no_grad_context,
@@ -328,7 +328,7 @@ class HFEngine:
             bad = watch.bad.cpu().tolist() if watch.bad is not None else [False] * len(batch)
             new = out[:, input_ids.shape[1] :].cpu().tolist()
             for b, p in enumerate(batch):
-                out_answers[p.probe_index] = _answer(tokenizer, new[b], eos, pad_id, max_new_tokens, stops, bool(bad[b]))
+                out_answers[p.probe_index] = cut_answer(tokenizer, new[b], eos, pad_id, max_new_tokens, stops, bool(bad[b]))
 
         self._run_batches(prompts, run, bar)
         return out_answers
@@ -350,7 +350,7 @@ class HFEngine:
 
         def finish(slot: _Slot) -> None:
             r = requests[slot.index]
-            out[slot.index] = _answer(tokenizer, slot.tokens, eos, pad_id, r.max_new_tokens, list(r.stops), slot.bad)
+            out[slot.index] = cut_answer(tokenizer, slot.tokens, eos, pad_id, r.max_new_tokens, list(r.stops), slot.bad)
             if bar is not None:
                 bar.update(1)
 
@@ -520,7 +520,7 @@ def _left_pad(batch: list[_Prompt], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return input_ids, mask
 
 
-def _answer(tokenizer: Any, tokens: list[int], eos: Sequence[int], pad_id: int, max_new_tokens: int, stops: Sequence[str],
+def cut_answer(tokenizer: Any, tokens: list[int], eos: Sequence[int], pad_id: int, max_new_tokens: int, stops: Sequence[str],
             bad: bool) -> Answer:
     """The answer in generated `tokens`: up to the end of turn, else without trailing padding; cut at a stop string."""
     end = next((j for j, t in enumerate(tokens) if t in eos), None)
@@ -564,7 +564,7 @@ class _RefillLoop:
     def __init__(self, engine: HFEngine, eos: set[int], pad_id: int):
         self.engine, self.model, self.eos, self.pad_id = engine, engine.model, eos, pad_id
         self.device = model_device(engine.model)
-        named, takes_kwargs = _parameters(self.model)
+        named, takes_kwargs = forward_parameters(self.model)
         self.cache_name = next((n for n in CACHE_NAMES if n in named), CACHE_NAMES[0] if takes_kwargs else None)
         if self.cache_name is None:
             raise _CannotRefill(f"the model's forward ({type(self.model).__name__}) takes no KV cache by name")
@@ -648,7 +648,7 @@ class _RefillLoop:
         kwargs = {"input_ids": input_ids, "attention_mask": self.mask, "position_ids": position_ids,
                   self.cache_name: self.cache, "use_cache": True, **logits_to_keep_kwargs(self.model, 1)}
         output = call(self.model, kwargs)
-        if _length(self.cache) != self.mask.shape[1]:
+        if cache_length(self.cache) != self.mask.shape[1]:
             raise _CannotRefill(f"the model's forward did not read back the KV cache passed as `{self.cache_name}`")
         return range(B), output.logits[:, -1]
 

@@ -10,7 +10,7 @@ rules) and hands vLLM token ids, so both engines score the same tokens:
 - Next token (letters): one greedy step with `logprob_token_ids` (the option letters' log-probabilities, exactly
   those tokens whatever their rank).
 - Generation: greedy (`temperature=0`), up to `max_new_tokens`, the end of turn (the tokenizer's and the model's EOS
-  as stop tokens) or a stop string; the answer is cut and counted by the HF engine's rules (`_answer`). A NaN / inf in
+  as stop tokens) or a stop string; the answer is cut and counted by the HF engine's rules (`cut_answer`). A NaN / inf in
   the logits shows as a NaN log-probability of a chosen token, and marks the answer `nonfinite`.
 
 vLLM schedules the requests itself (`batch_size` does not apply), computes log-softmax in fp32, and runs in a process
@@ -49,7 +49,7 @@ from ..requests import (
     encode,
 )
 
-__all__ = ["VLLMEngine", "engine_for_checkpoint", "vllm_unavailable"]
+__all__ = ["VLLMEngine", "engine_for_checkpoint", "engine_for_model", "vllm_unavailable"]
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ class VLLMEngine:
         """Greedy answers, in the order of `requests`."""
         from vllm import SamplingParams
 
-        from .hf import _answer
+        from .hf import cut_answer
 
         requests = list(requests)
         if not requests:
@@ -312,7 +312,7 @@ class VLLMEngine:
         for r, o in zip(requests, outputs, strict=True):
             c = o.outputs[0]
             bad = any(not math.isfinite(lp.logprob) for step in (c.logprobs or []) for lp in step.values())
-            answers.append(_answer(tokenizer, list(c.token_ids), eos, pad, r.max_new_tokens, list(r.stops), bad))
+            answers.append(cut_answer(tokenizer, list(c.token_ids), eos, pad, r.max_new_tokens, list(r.stops), bad))
         if bar is not None:
             bar.update(len(requests))
         return answers
@@ -373,9 +373,10 @@ def _eos_ids(path: Path, tokenizer: Any) -> list[int]:
 _OPEN: dict[tuple[str, str], VLLMEngine] = {}
 
 
-def engine_for_model(model: Any, tokenizer: Any, *, sync_ranks: bool = False, **llm_kwargs: Any) -> VLLMEngine:
+def engine_for_model(model: Any, tokenizer: Any, *, batch_size: int | None = None, pack_choices: bool | None = None,
+                     sync_ranks: bool = False, **llm_kwargs: Any) -> VLLMEngine:
     """The `VLLMEngine` for a model loaded from a directory (what `make_engine("vllm", ...)` builds): vLLM loads that
-    directory in the model's dtype. Refused with `EngineUnavailableError`, saying what to do, where the weights vLLM
+    directory in the model's dtype (it schedules the requests itself: `batch_size` and `pack_choices` do not apply). Refused with `EngineUnavailableError`, saying what to do, where the weights vLLM
     would load are not the model's: a LoRA adapter not merged, a model in memory only (in training, or changed since
     it was loaded), autocast; and where vLLM is not installed.
 
