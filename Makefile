@@ -179,7 +179,7 @@ test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
 lint: setup
-	$(BIN)/ruff check forgetwatch tests recipes examples
+	$(BIN)/ruff check forgetwatch tests recipes examples tools benchmarks
 
 clean:
 	rm -rf $(VENV) .venv-oldest .venv-latest .venv-wheel $(AXOLOTL_VENV) .venv-llamafactory $(VLLM_VENV) .pytest_cache build dist *.egg-info

@@ -30,6 +30,22 @@ def test_import_is_light():
     assert out == "[]"
 
 
+def test_the_stages_before_the_model_load_no_torch():
+    """answers, probes, measures and record (and the run's monitor) are plain Python and NumPy: importing every one of
+    their modules loads no torch or transformers, so the figures and the record test in milliseconds."""
+    code = (
+        "import importlib, pkgutil, sys, forgetwatch\n"
+        "for stage in ('answers', 'probes', 'measures', 'record'):\n"
+        "    pkg = importlib.import_module('forgetwatch.' + stage)\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "import forgetwatch.run.monitor, forgetwatch.run.rows, forgetwatch.run.watcher, forgetwatch.scoring.engines\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
 def test_scoring_modes_are_plain_python():
     # the seam of issue 28: modes build requests and judge results without torch; engines hold the torch code.
     # Robustness variants and figures (issue 29) too.

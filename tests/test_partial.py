@@ -515,3 +515,40 @@ def test_robustness_changes_are_counted_from_one_full_pass_to_the_next_across_pa
     assert "partial" in lines[1] and "partial" in lines[3] and "partial" not in lines[2]
     assert seen[0] is not None and seen[1] is seen[0]  # the partial step 1 keeps the base's variants as the reference
     assert seen[2] is not seen[0] and seen[3] is seen[2]  # step 2 (full) scored its own; step 3 keeps them
+
+
+# -- the scheduler (forgetwatch.measures.schedule): no model, no trainer ------------------------------------------------
+
+
+def _timed(share: float, per_probe: float) -> ShareBudget:
+    b = ShareBudget(share)
+    b.note(train=100.0, probe=0.0, steps=10)  # 10 s a training step so far
+    b.note_cost("knowledge", per_probe, 1)
+    return b
+
+
+def test_the_scheduler_plans_full_passes_where_a_run_needs_exact_figures():
+    from forgetwatch.measures.schedule import plan_evaluation
+
+    kinds, must = np.array(["knowledge"] * 100), np.zeros(100, bool)
+    tight = _timed(0.01, 1.0)
+    assert plan_evaluation(0, 100, 10, 0, False, tight, must, kinds).full  # the base
+    assert plan_evaluation(100, 100, 10, 0, False, tight, must, kinds).full  # the last step
+    assert plan_evaluation(30, 100, 10, 0, True, tight, must, kinds).full  # a checkpoint saved now
+    assert plan_evaluation(40, 100, 10, 20, False, tight, must, kinds).full  # on the save cadence
+    assert not plan_evaluation(30, 100, 10, 20, False, tight, must, kinds).full  # between checkpoints
+    assert plan_evaluation(30, 100, 10, 0, False, _timed(0.9, 0.001), must, kinds).full  # a full pass fits
+
+
+def test_the_scheduler_sizes_a_partial_evaluation_by_the_time_account():
+    from forgetwatch.measures.schedule import plan_evaluation
+
+    kinds, must = np.array(["knowledge"] * 100), np.zeros(100, bool)
+    pilot = plan_evaluation(30, 100, 10, 0, False, ShareBudget(0.1), must, kinds)
+    assert (pilot.full, pilot.fraction, pilot.steady) == (False, 0.0, None)  # nothing timed: the pilot
+    # 10 s a step, 1 s a probe, 100 probes: a full pass is 100 s, and 7 evaluations are left in 1,000 s of training
+    broke, tight, looser = (plan_evaluation(30, 100, 10, 0, False, _timed(s, 1.0), must, kinds) for s in (0.1, 0.2, 0.3))
+    assert broke.fraction == 0.0  # the full passes still due take the whole allowance: only the certain probes
+    assert 0 < tight.fraction < looser.fraction < 1 and 0 < tight.steady < looser.steady < 1
+    # the probes that must be scored are scored whatever the allowance: the sampled share does not grow with them
+    assert plan_evaluation(30, 100, 10, 0, False, _timed(0.2, 1.0), np.arange(100) < 30, kinds).fraction <= tight.fraction

@@ -24,6 +24,7 @@ import logging
 import sys
 
 from ..probes.probe_set import ProbeFormatError
+from ..versions import __version__
 from .cache import add_base_outputs, add_cache
 from .compare import add_compare
 from .docs import add_docs
@@ -65,6 +66,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from ..versions import __version__
 
     return __version__

@@ -8,8 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..measures.noise import NoiseFloor
 from ..measures.robustness import variant_outcomes
 from ..probes.probe_set import ProbeSet
+from ..probes.suites import is_probe_file, load_probes
+from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
+from ..remedies.base_outputs import make_base_outputs
+from ..scoring.models import check_model_path, load_model, local_model_path, model_identity
+from ..scoring.weights import weights_fingerprint
 from .common import (
     check_output,
     first_ids,
@@ -63,11 +69,7 @@ def add_base_outputs(sub) -> None:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from ..measures.noise import NoiseFloor
-    from ..record.cache import BaseCache, make_cache_key
-    from ..scoring.models import check_model_path, local_model_path, model_identity
     from ..scoring.score import describe_precision
-    from ..scoring.weights import weights_fingerprint
 
     args.output = follow_link(args.output)
     exists = check_output(args.output, (".parquet", ".jsonl"), "base.parquet", {"--probes": args.probes}) and not args.force
@@ -129,7 +131,6 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def _existing_cache(path: str, probes: ProbeSet):
     """The cache already at `path`, refused (before the model is loaded) unless it is a readable cache of `probes`."""
-    from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
 
     try:
         old = BaseCache.load(path)
@@ -145,7 +146,6 @@ def _existing_cache(path: str, probes: ProbeSet):
 
 
 def _same_cache_or_refuse(old, key: dict[str, Any], path: str) -> list[str]:
-    from ..record.cache import CacheMismatchError
 
     try:
         notes = old.check(key, path=path)
@@ -166,7 +166,6 @@ def _differences(e: Exception) -> str:
 
 def _excluded(args: argparse.Namespace):
     """The monitored probes named by --exclude: a file, or suite names sampled as the run samples them."""
-    from ..probes.suites import is_probe_file, load_probes
 
     spec = args.exclude
     if is_probe_file(spec):
@@ -184,8 +183,6 @@ def _excluded(args: argparse.Namespace):
 
 
 def cmd_base_outputs(args: argparse.Namespace) -> int:
-    from ..remedies.base_outputs import make_base_outputs
-    from ..scoring.models import load_model
 
     args.output = follow_link(args.output)
     if Path(args.output).exists():

@@ -16,6 +16,8 @@ from ..options import add_flag
 from ..probes.probe_set import ProbeSet
 from ..probes.suites import load_probes
 from ..probes.variants import make_plan
+from ..record.cache import BaseCache, make_cache_key
+from ..scoring.models import load_model
 
 _CHAT = {"auto": None, "on": True, "off": False}
 # scoring options that are part of the cache key (a command takes them from the base cache unless given)
@@ -89,7 +91,6 @@ def read_probes(args: argparse.Namespace) -> ProbeSet:
 
 
 def open_model(args: argparse.Namespace, dtype: str):
-    from ..scoring.models import load_model
 
     return load_model(args.model, dtype=dtype, revision=args.revision, device=args.device)
 
@@ -107,7 +108,6 @@ def score(args: argparse.Namespace, probes: ProbeSet, config, dtype: str, autoca
 def read_base(path: str, probes: ProbeSet):
     """The base cache at `path`, its rows those of `probes`; a cache for another probe set is refused (it can never
     match) before any model is loaded."""
-    from ..record.cache import BaseCache, make_cache_key
 
     base = BaseCache.load(path)
     base.check(make_cache_key({}, probes, {}), ignore=("format", "model", "scoring"), path=path)

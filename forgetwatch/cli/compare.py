@@ -11,8 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from .._io import strict_json
+from ..measures.metrics import compute_report, format_report
 from ..measures.robustness import variant_outcomes
+from ..measures.samples import compare_samples
 from ..probes.probe_set import ProbeSet
+from ..record.cache import BaseCache, make_cache_key
+from ..run.rows import add_robust_figures, flip_rows, fragile_flip_rows
+from ..scoring.models import check_model_path, model_identity
 from .common import (
     check_output,
     exists_error,
@@ -67,10 +72,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"compare needs {', '.join(missing)} (a checkpoint scored against a base cache), "
                          "or two per-sample outputs: forgetwatch compare BEFORE AFTER")
-    from ..measures.metrics import compute_report, format_report
-    from ..record.cache import BaseCache, make_cache_key
-    from ..run.rows import flip_rows
-    from ..scoring.models import check_model_path, model_identity
 
     if args.output is not None:
         args.output = follow_link(args.output)
@@ -168,8 +169,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_compare_samples(args: argparse.Namespace) -> int:
-    from ..measures.metrics import format_report
-    from ..measures.samples import compare_samples
 
     if len(args.runs) != 2:
         raise ValueError(f"compare takes two per-sample outputs, BEFORE and AFTER; got {len(args.runs)}: {' '.join(args.runs)}")
@@ -241,7 +240,6 @@ def _robust_figures(plan, probes: ProbeSet, base, results, variants, report: dic
                     ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """`compare`'s robust figures by group (as metrics.jsonl has them: `add_robust_figures`) and the fragile flips
     since base (`fragile_flip_rows`)."""
-    from ..run.rows import add_robust_figures, fragile_flip_rows
 
     pre, now = variant_outcomes(plan, base.results, base.variants), variant_outcomes(plan, results, variants)
     where = " and ".join(w for w, m in (("the base cache", pre.nonfinite.any()), ("the model", now.nonfinite.any())) if m)

@@ -11,8 +11,16 @@ from pathlib import Path
 from .._io import strict_json
 from ..commands import quote
 from ..docs import docs_hint
+from ..measures.budgets import Budget, parse_budget
 from ..options import add_flag
 from ..probes.suites import load_probes
+from ..remedies.alpha import front_points, pick_alpha
+from ..remedies.sweep import (
+    InterpolationSweep,
+    format_interpolation,
+    plot_interpolation,
+    resolve_base_model,
+)
 from .common import (
     check_output,
     exists_error,
@@ -65,15 +73,7 @@ def add_interpolate(sub) -> None:
 
 
 def cmd_interpolate(args: argparse.Namespace) -> int:
-    from ..measures.budgets import Budget, parse_budget
-    from ..remedies.alpha import front_points, pick_alpha
     from ..remedies.interpolate import InterpolationError, alpha_grid, load_task_data
-    from ..remedies.sweep import (
-        InterpolationSweep,
-        format_interpolation,
-        plot_interpolation,
-        resolve_base_model,
-    )
 
     # everything that can be refused is refused before a model is loaded
     alphas = alpha_grid(args.alphas, args.extrapolate)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..docs import docs_hint
+from ..integrations import llamafactory
 
 
 def add_llamafactory(sub) -> None:
@@ -30,7 +31,6 @@ def add_llamafactory(sub) -> None:
 
 
 def cmd_llamafactory_train(args: argparse.Namespace) -> int:
-    from ..integrations import llamafactory
 
     if args.check:
         llamafactory.check(args.config, args.overrides)

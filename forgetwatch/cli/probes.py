@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 from ..probes.probe_set import ProbeSet
-from ..probes.suites import from_suites
+from ..probes.suites import from_suites, list_suites
 from .common import check_output, exists_error, follow_link
 
 
@@ -53,7 +53,6 @@ def cmd_probes_show(args: argparse.Namespace) -> int:
 
 
 def cmd_probes_suites(args: argparse.Namespace) -> int:
-    from ..probes.suites import list_suites
 
     for name in list_suites():
         print(name)

@@ -8,7 +8,10 @@ import sys
 
 from .._io import strict_json
 from ..docs import docs_hint
+from ..measures.drift import RiskRule
 from ..options import add_flag, describe
+from ..remedies.rewind import rewind
+from ..remedies.sweep import format_interpolation
 
 
 def add_rewind(sub) -> None:
@@ -49,9 +52,6 @@ def add_rewind(sub) -> None:
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
-    from ..measures.drift import RiskRule
-    from ..remedies.rewind import rewind
-    from ..remedies.sweep import format_interpolation
 
     risk_rule = None
     if args.at_risk_margin is not None or args.at_risk_drop is not None:

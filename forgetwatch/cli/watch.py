@@ -7,6 +7,9 @@ import argparse
 import sys
 
 from ..options import add_flag
+from ..record.store import load_record
+from ..report.render import incomplete, make_report, summarize_run
+from ..run.watcher import SidecarError, Watcher
 
 
 def add_report(sub) -> None:
@@ -44,8 +47,6 @@ def add_watch(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..record.store import load_record
-    from ..report.render import incomplete, make_report, summarize_run
 
     print(make_report(args.output_dir, args.output))  # the page's path first: `forgetwatch report DIR | head -1`
     print(summarize_run(args.output_dir))  # the rewind's line, when the run has one, last
@@ -69,7 +70,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     import time
 
-    from ..run.watcher import SidecarError, Watcher
 
     report_to = [b.strip() for b in args.report_to.split(",") if b.strip()] if args.report_to is not None else None
     t0, said = time.monotonic(), False

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..run.wandb_workspace import describe, save_workspace, sections_of_record
+
 
 def add_workspace(sub) -> None:
     """`wandb-workspace`."""
@@ -27,7 +29,6 @@ def add_workspace(sub) -> None:
 
 
 def cmd_workspace(args: argparse.Namespace) -> int:
-    from ..run.wandb_workspace import describe, save_workspace, sections_of_record
 
     sections = sections_of_record(args.run)
     if args.json:

@@ -33,6 +33,7 @@ from typing import Any
 from ..docs import docs_hint
 from ..errors import ConfigKeyError
 from ..options import ForgetWatchArguments, read_legacy
+from ..remedies import check_remedies
 
 __all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TERM_OPTIONS", "TYPES", "check_keys", "front_end_arguments",
            "parse_keys", "penalty_needs_nonreentrant", "split_keys", "where_given", "yaml_key_lines"]
@@ -260,7 +261,6 @@ def front_end_arguments(config: Mapping[str, Any], *, front_end: str, source: st
             f"{where_given(source, lines, 'forgetwatch_rewind')}: forgetwatch_rewind picks α by a task loss or within a "
             f"budget, and a {stage} run's eval batches are not language-model examples, so their loss is no task "
             "measure: set forgetwatch_rewind_data (held-out examples, a JSONL) or forgetwatch_budget")
-    from ..remedies import check_remedies
 
     try:
         check_remedies(args, stage, front_end=front_end)

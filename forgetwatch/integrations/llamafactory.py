@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..docs import docs_hint
+from ..remedies import build_remedies
 from .config import (
     ConfigKeyError,
     front_end_arguments,
@@ -184,7 +185,6 @@ def _remedies_in_sft_trainer(fw_args, rest: dict[str, Any], callback) -> Iterato
         return
     from llamafactory.train.sft import workflow
 
-    from ..remedies import build_remedies
 
     original = workflow.CustomSeq2SeqTrainer
 

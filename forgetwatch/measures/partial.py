@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from .metrics import wilson_interval
+
 __all__ = ["CERTAIN_AT_RISK", "CERTAIN_DUE", "CERTAIN_FLIPPED", "MIN_SAMPLE", "SAMPLED", "Design", "Estimate", "ShareBudget", "estimate_mean",
            "estimate_rows", "plan_partial", "rotation_k"]
 
@@ -253,7 +255,6 @@ def estimate_rows(rows: dict[str, dict[str, Any]], members: Callable[[str], np.n
     `<figure>_se` and `<figure>_sampling_low` / `_high` (90%) are the sampling error alone. Each row gets `partial: 1`
     and `share_scored`; McNemar's test, which needs every probe's pair, becomes NaN. Other figures (drift, behaviour,
     robustness) stay as the probes' latest results make them (`partial_estimated` names the estimated ones)."""
-    from .metrics import wilson_interval
 
     pre_right, post_right = pre == 1, post == 1
     indicators = {"forgetting": pre_right & ~post_right, "backward_transfer": ~pre_right & post_right,

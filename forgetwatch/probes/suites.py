@@ -54,6 +54,7 @@ from typing import Any
 
 from .._io import read_jsonl
 from .benchmarks import SUITES, Record, Row, SuiteSpec
+from .builtin import QUESTIONS_FROM, build_instruction_suite, build_over_refusal_suite
 from .probe_set import Probe, ProbeFormatError, ProbeSet, never_flips, visible_text
 
 __all__ = ['from_suites', 'list_suites', 'load_probes', 'load_suite']
@@ -136,7 +137,6 @@ def _load_rows(name: str, spec: SuiteSpec) -> tuple[list[Row], str]:
 
 
 def _built(name: str) -> ProbeSet:
-    from .builtin import QUESTIONS_FROM, build_instruction_suite, build_over_refusal_suite
 
     if name == "over_refusal":
         return build_over_refusal_suite()

@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write, read_json
+from ..commands import quote
 from ..errors import ProbeSetChangedError, RecordError
 from ..probes.probe_set import ProbeSet
+from .store import RunRecord
 
 __all__ = ["ProbeChange", "ProbeSetChangedError", "check_probes", "diff_probes", "read_segments", "segment_start",
            "start_segment", "SEGMENTS", "SEGMENTS_FILE", "PROBE_CHANGE_HINT"]
@@ -88,7 +90,6 @@ def diff_probes(pinned: ProbeSet, run: ProbeSet) -> ProbeChange:
 
 def pinned_probes(root: Path) -> tuple[ProbeSet | None, list[int]]:
     """(the record's pinned probe set, its committed steps): the set is None while the record holds no evaluation."""
-    from .store import RunRecord
 
     record = RunRecord(root)
     steps = record.committed_steps() if (root / "metrics.jsonl").is_file() else []
@@ -154,7 +155,6 @@ def start_segment(root: str | os.PathLike, change: ProbeChange, step: int, probe
     for these probes). Returns the earlier segment's folder."""
     import shutil
 
-    from .store import RunRecord
 
     root = Path(root)
     RunRecord(root).truncate_after(step, start=start)
@@ -213,7 +213,6 @@ def top_record(root: Path) -> Path:
 def describe_segments(root: str | os.PathLike) -> list[str]:
     """What `forgetwatch report` says of a record's segments: where the probe set changed and where each earlier
     segment is, with the command that reports it."""
-    from ..commands import quote
 
     root = Path(root)
     state, top, lines = read_segments(root), top_record(root), []
@@ -237,7 +236,6 @@ def describe_segments(root: str | os.PathLike) -> list[str]:
 
 def _scored_fingerprints(root: Path, steps: list[int]) -> set[str]:
     """The probe-set fingerprints the committed evaluations' npz files carry (unreadable ones left to `report`)."""
-    from .store import RunRecord
 
     record, out = RunRecord(root), set()
     for s in dict.fromkeys([steps[0], steps[-1]] if steps else []):  # the first and the last: a replaced set shows there

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..options import check_beta
+from ..scoring.models import architecture_id, model_identity
 from .base_outputs import BaseOutputs
 from .mixing import STRATEGIES, ReplayMixer, check_pool
 from .protocols import MonitorView
@@ -206,7 +207,6 @@ def draw_rows(sampler: ReplayMixer, ratio: float, micro_batch: int, batch_size: 
 def _identity(model: Any) -> dict[str, Any]:
     import os
 
-    from ..scoring.models import architecture_id, model_identity
 
     if isinstance(model, (str, os.PathLike)):
         from transformers import AutoConfig

@@ -34,9 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_write, file_lock
+from .._io import atomic_write, file_lock, read_jsonl
 from ..options import default
 from ..probes.probe_set import Probe
+from ..probes.suites import load_probes
+from ..scoring.models import architecture_id, free_memory, load_model, model_identity
 from ..scoring.prompts import PROMPT_VERSION, question_block
 
 __all__ = ["BaseOutputs", "load_or_make", "make_base_outputs", "outputs_key", "pool_probes", "tokenizer_identity"]
@@ -202,8 +204,6 @@ def pool_probes(pool: Any, exclude: Any = None) -> list[Probe]:
     """The pool as probes: suite names (every probe of them but the excluded ones), a probe file, a `ProbeSet`, or a
     JSONL / list of unlabelled prompts (`{"prompt": "...", "category": "...", "id": optional}`), which become
     harmless-request probes (answered by generation in the chat template)."""
-    from .._io import read_jsonl
-    from ..probes.suites import load_probes
 
     if isinstance(exclude, (str, os.PathLike)):
         exclude = load_probes(str(exclude))  # suite names or a probe file, as `forgetwatch base-outputs --exclude` takes
@@ -254,7 +254,6 @@ def make_base_outputs(model: Any, tokenizer: Any, pool: Any, *, exclude: Any = N
         max_new_tokens: the generation budget of generated answers; one that does not end within it is left out
             (replaying a cut answer would teach stopping mid-sentence), and counted in a warning.
     """
-    from ..scoring.models import model_identity
     from ..scoring.score import ScoringConfig, score_probes
 
     if not getattr(tokenizer, "chat_template", None):
@@ -377,7 +376,6 @@ def load_or_make(path: str | os.PathLike, model: Any, tokenizer: Any, pool: Any,
     Example:
         >>> outs = load_or_make("base_outputs.parquet", "smollm2", tok, "arc_easy:200,sciq:200")  # doctest: +SKIP
     """
-    from ..scoring.models import architecture_id, free_memory, load_model, model_identity
 
     path = Path(path)
     # held while checking and making: runs sharing one file wait for the first to make it, then read it

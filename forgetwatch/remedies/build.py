@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..commands import quote
+from ..probes.suites import is_probe_file
+from ..scoring.models import architecture_id
+from .base_outputs import load_or_make
 from .protocols import LossTerm, MonitorView
 
 __all__ = ["Remedies", "base_outputs_for", "build_remedies", "check_remedies", "needs_base_outputs", "replay_pool"]
@@ -55,7 +58,6 @@ def needs_base_outputs(fw_args: Any) -> bool:
 def replay_pool(fw_args: Any) -> str:
     """The pool that replay, the anchor and the penalty draw from: `forgetwatch_replay_pool`, or the rest of the
     monitored suites (the monitored probes are held out by id)."""
-    from ..probes.suites import is_probe_file
 
     pool = fw_args.forgetwatch_replay_pool
     if pool is None:
@@ -271,8 +273,6 @@ def base_outputs_for(fw_args: Any, training_args: Any, model: Any, callback: Mon
     """The base's answers to the pool (`forgetwatch.remedies.BaseOutputs`): read from `forgetwatch_base_outputs` when
     made for this model, tokenizer and pool, else made now by the base (the main process first; the other ranks then
     read them). A multi-process launch without the file is refused, with the command that makes it."""
-    from ..probes.suites import is_probe_file
-    from .base_outputs import load_or_make
 
     if max_length is None:
         max_length = getattr(training_args, "max_length", None)
@@ -305,6 +305,5 @@ def base_outputs_for(fw_args: Any, training_args: Any, model: Any, callback: Mon
 def _architecture(model_path: str | Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
-    from ..scoring.models import architecture_id
 
     return {"architecture": architecture_id(AutoConfig.from_pretrained(str(model_path)))}

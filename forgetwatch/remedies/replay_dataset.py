@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_jsonl
-from ..probes.probe_set import Probe
+from ..probes.probe_set import Probe, ProbeSet
+from ..probes.suites import load_probes
 from ..record.replay import FORMS, training_example
 from .base_outputs import BaseOutputs
 from .mixing import STRATEGIES, ReplayMixer, check_pool, check_ratio
@@ -126,8 +127,6 @@ def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str 
 
 def _pool_rows(pool: Any, monitored: Any, form: str = "scoring") -> list[tuple[str, dict[str, Any]]]:
     """(where, example) for every pool entry: probes become training examples; a user's rows are used as they are."""
-    from ..probes.probe_set import ProbeSet
-    from ..probes.suites import load_probes
 
     if isinstance(pool, BaseOutputs):
         if not len(pool):

@@ -31,10 +31,17 @@ from typing import Any
 from .._io import atomic_write, read_json, strict_json
 from ..errors import InterpolationError
 from ..measures.budgets import ROBUST_BUDGETS, Budget, parse_budget
+from ..measures.drift import RiskRule
 from ..options import default
 from ..probes.probe_set import ProbeSet
+from ..probes.suites import load_probes
 from ..record.cache import BaseCache
+from ..record.lock import acquire
+from ..record.store import RunRecord
+from ..run.monitor import figure_rows
+from ..scoring.modes import NOT_IN_KEY, ScoringConfig
 from .alpha import RULE, Pick, front_measure, front_points, is_finite, pareto, pick_alpha
+from .sweep import InterpolationSweep, plot_interpolation, resolve_base_model
 
 __all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_checkpoint", "rewind", "read_rewind",
            "rewind_section", "REWOUND", "REWIND_FILE"]
@@ -113,7 +120,6 @@ def _manifest(record: Path) -> dict[str, Any]:
 
 def _risk_rule(record: Path) -> Any:
     """The run's at-risk rule where the record says it (a sidecar run's manifest), else the options' defaults."""
-    from ..measures.drift import RiskRule
 
     options = _manifest(record).get("callback", {})
     return RiskRule(options.get("at_risk_margin", default("at_risk_margin")), options.get("at_risk_drop"))
@@ -124,7 +130,6 @@ def _scoring_config(key: Mapping[str, Any], record: Path, batch_size: int | None
     engine (not in the key) as given, else a sidecar run's manifest's, else the options' defaults."""
     import dataclasses
 
-    from ..scoring.modes import NOT_IN_KEY, ScoringConfig
 
     scoring = dict(key.get("scoring", {}))
     fields = {f.name for f in dataclasses.fields(ScoringConfig)} - set(NOT_IN_KEY)
@@ -214,10 +219,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         >>> result.alpha, result.rewound  # doctest: +SKIP
         (0.7, PosixPath('outputs/sft-run/rewound'))
     """
-    from ..record.lock import acquire
-    from ..record.store import RunRecord
     from .interpolate import alpha_grid, load_task_data
-    from .sweep import InterpolationSweep, resolve_base_model
 
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
@@ -320,8 +322,6 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
 
 def _score_heldout(sweep: Any, monitored: ProbeSet, heldout: ProbeSet | str, alpha: float) -> dict[str, Any]:
     """Held-out probes at θ(0) (their base), θ(α) and θ(1), figures against θ(0): never read by the pick."""
-    from ..probes.suites import load_probes
-    from ..run.monitor import figure_rows
 
     probes = load_probes(heldout)
     mine = set(monitored.ids)
@@ -411,7 +411,6 @@ def _steps(result: RewindResult) -> tuple[list[dict[str, Any]], str | None]:
 
 def _plot(result: RewindResult, path: Path) -> Path | None:
     """The front as a PNG (forgetting against the task loss, the pick named); None without matplotlib."""
-    from .sweep import plot_interpolation
 
     try:
         plot_interpolation(*_steps(result), path, chosen=result.alpha)

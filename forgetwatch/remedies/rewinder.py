@@ -28,7 +28,9 @@ from transformers.trainer_callback import ExportableState
 
 from ..errors import InterpolationError
 from ..measures.budgets import ROBUST_BUDGETS, Budget, parse_budget
+from ..measures.drift import RiskRule
 from ..options import ForgetWatchArguments, default
+from ..record.cache import read_key
 from ..run.console import say
 from .rewind import REWOUND, rewind
 
@@ -219,7 +221,6 @@ def rewind_callback(args: ForgetWatchArguments, stage: str | None = None) -> Rew
     if args.forgetwatch_scoring == "sidecar":
         raise ValueError("forgetwatch_rewind needs the final evaluation in the training process, and forgetwatch_scoring="
                          "sidecar leaves it to `forgetwatch watch`: rewind after training with `forgetwatch rewind OUTPUT_DIR`")
-    from ..measures.drift import RiskRule
     from ..scoring.score import ScoringConfig
 
     o = args.unprefixed()
@@ -319,7 +320,6 @@ def _check_model(model: Any) -> None:
 
 def _check_base(record: Path, given: str | None) -> None:
     """The base model's weights must be on disk (or on the Hub) at the end: refuse now a base built in memory."""
-    from ..record.cache import read_key
 
     path = _base_cache(record, given)
     key = read_key(path) if path else None

@@ -33,6 +33,7 @@ from ..measures.metrics import format_figure
 from ..probes.probe_set import ProbeSet
 from ..record.cache import BaseCache, make_cache_key
 from ..scoring.engines import engine_spec
+from ..scoring.models import check_model_path, load_checkpoint, load_model, local_model_path, smollm2_path
 
 __all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir",
            "format_interpolation", "plot_interpolation"]
@@ -250,7 +251,6 @@ def _is_lora(inner: Any) -> bool:
 
 def _load(path: str, base_dir: Path, dtype: str, device: str | None, base_name: str | None):
     """(model, tokenizer, what moves it along α (weights, or a LoRA's scale), the checkpoint's directory)."""
-    from ..scoring.models import check_model_path, load_checkpoint, load_model
     from .interpolate import InterpolationError, Interpolator, LoraScaler, check_lora_config
 
     directory = check_model_path(path)
@@ -295,7 +295,6 @@ def resolve_base_model(base_model: str | None, cache: BaseCache, cache_path: str
 def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base cache") -> Path:
     """The base model's local directory (its weights are streamed from there): `smollm2`'s, a local directory, or a Hub
     model's download (config, tokenizer and safetensors weights only)."""
-    from ..scoring.models import check_model_path, smollm2_path
 
     if not name:
         raise ValueError(f"{cache_path} does not say which model it was made with: pass --base-model")
@@ -311,7 +310,6 @@ def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base c
 
 def _model_names(name: str) -> set[str]:
     """The spellings of one model: as given and resolved; `smollm2` and the checkpoint it converts to are one."""
-    from ..scoring.models import local_model_path, smollm2_path
 
     if not name:
         return set()

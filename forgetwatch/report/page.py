@@ -14,6 +14,7 @@ import numpy as np
 from ..probes.probe_set import ProbeSet
 from ..record.segments import describe_segments
 from ..record.store import RunRecord
+from ..versions import __version__
 from .load import CUT, OVERALL, PNG_OPTIONS, fragile_now, read_events, series
 from .plots import count, has_robustness, robust_group
 
@@ -281,7 +282,6 @@ def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_st
 def page_html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories: list[str], figures: list[str],
           forgotten: list[dict[str, Any]], learned: list[dict[str, Any]], max_rows: int, train_source: str = "",
           writing: str | None = None) -> str:
-    from ..versions import __version__
 
     final = rows[-1]
     fm = final["metrics"]

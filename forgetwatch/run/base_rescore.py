@@ -27,6 +27,7 @@ from ..record.cache import BaseCache
 from ..record.store import RunRecord
 from ..scoring.checkpoint import score_checkpoint
 from ..scoring.engines import ENGINES, engine_spec
+from ..scoring.weights import compare_weights, weights_fingerprint
 
 __all__ = ["base_directory", "base_file", "base_for_engine", "runtime_key"]
 
@@ -103,7 +104,6 @@ def base_for_engine(record_dir: str | os.PathLike, cache: BaseCache, config: Any
 def base_directory(model: dict[str, Any], engine: str) -> str:
     """The base model's directory from a cache key's model identity, for `engine` to load; refused when its weights are
     not those the cache was made from (other files at the same path), or it is not a directory."""
-    from ..scoring.weights import compare_weights, weights_fingerprint
 
     name = str(model.get("name_or_path") or "")
     path = Path(name).expanduser()

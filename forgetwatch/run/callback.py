@@ -23,6 +23,7 @@ from ..measures.budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from ..measures.drift import RiskRule
 from ..measures.partial import Design, ShareBudget
 from ..measures.robustness import variant_outcomes
+from ..measures.schedule import plan_evaluation
 from ..options import (
     GROUPS,
     REMEDIES,
@@ -653,28 +654,14 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         """The design of this evaluation, None for a full pass: decided on the main process (which holds the record's
         per-probe state and the clock) and the same on every rank."""
         def decide() -> Design | None:
-            step, last = state.global_step, state.max_steps
-            if saving or step >= last or step == 0:
+            every = int(getattr(state, "save_steps", 0) or 0)
+            plan = plan_evaluation(state.global_step, state.max_steps, self.eval_steps,
+                                   every if every and self._saves_at(args, state, every) else 0, saving, self._share,
+                                   self.monitor.must_score(), self.monitor.kinds())
+            if plan.full:
                 return None
-            # the evaluations still to come after this one (counted, not listed: max_steps may be large) and how many
-            # of them are full passes: the last step, and those at a checkpoint
-            first = step - step % self.eval_steps + self.eval_steps
-            later = len(range(first, last, self.eval_steps))
-            every = getattr(state, "save_steps", 0) or 0
-            saved = 0
-            if self._saves_at(args, state, every or 1) and every:
-                lcm = math.lcm(self.eval_steps, int(every))
-                saved = len(range(first + (-first) % lcm, last, lcm))
-            full_left = 1 + saved
-            must, kinds = self.monitor.must_score(), self.monitor.kinds()
-            counts = {k: int((kinds == k).sum()) for k in dict.fromkeys(kinds.tolist())}
-            partial_left = 1 + later + 1 - full_left
-            fraction = self._share.fraction(step, last, partial_left, full_left,
-                                            {k: int((must & (kinds == k)).sum()) for k in counts}, counts)
-            if fraction >= 1.0:
-                return None
-            steady = self._share.steady(step, last, partial_left, full_left, counts)
-            return self.monitor.partial_design(step, fraction, self.options.forgetwatch_seed, steady)
+            return self.monitor.partial_design(state.global_step, plan.fraction, self.options.forgetwatch_seed,
+                                               plan.steady)
 
         try:
             design = decide() if self._is_main else None

@@ -25,8 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import RecordError
+from ..record.store import load_record
 from .keys import DETAILS, OVERALL, OVERVIEW, figure_key, table_key
 from .loggers import STEP_KEY
+from .rows import group_figures  # the figures as the Monitor logs them
 
 __all__ = ["Panel", "Section", "workspace_sections", "sections_of_rows", "sections_of_record", "build_workspace",
            "save_workspace", "save_for_run", "INSTALL"]
@@ -108,7 +111,6 @@ def sections_of_rows(evaluations: Iterable[Mapping[str, Mapping[str, Any]]], bud
                      ) -> list[Section]:
     """The sections for the evaluations' metrics.jsonl rows by group (`budget`: the run has one, so the budget's state
     is logged; `tables`: the tables it logs)."""
-    from .rows import group_figures  # the figures as the Monitor logs them
 
     seen = _Figures()
     for rows in evaluations:
@@ -119,8 +121,6 @@ def sections_of_rows(evaluations: Iterable[Mapping[str, Mapping[str, Any]]], bud
 def sections_of_record(output_dir: str | Path) -> list[Section]:
     """The sections for the run whose record is under `<output_dir>/forgetwatch/` (its figures at every evaluation so
     far: the base evaluation, written when training starts, is enough)."""
-    from ..errors import RecordError
-    from ..record.store import load_record
 
     record = load_record(output_dir)
     rows = [r["metrics"] for r in record.read_metrics()]

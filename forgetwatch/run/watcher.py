@@ -42,6 +42,7 @@ from ..record.lock import acquire
 from ..record.segments import check_probes, start_segment
 from ..record.store import MODEL_FILES, RunRecord
 from ..scoring.engines import engine_spec
+from ..scoring.models import FSDP_SHARDS
 from ..scoring.modes import ScoringConfig
 from ..scoring.requests import ProbeSetError
 from .base_rescore import base_for_engine
@@ -458,7 +459,6 @@ def _check_trusted(path: Path) -> None:
     """Refuse a sharded checkpoint that another user could have written (see the module's note): torch unpickles its
     `.metadata` and may unpickle byte items of its shards, so every file there must be the watching user's (or root's)
     and writable by nobody else."""
-    from ..scoring.models import FSDP_SHARDS
 
     shards = path / FSDP_SHARDS
     if not shards.is_dir() or not hasattr(os, "getuid"):

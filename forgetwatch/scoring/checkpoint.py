@@ -17,6 +17,7 @@ from typing import Any
 
 from ..probes.probe_set import Probe
 from .engines import engine_spec, open_checkpoint
+from .models import free_memory, load_checkpoint
 from .modes import ScoringConfig
 from .results import ProbeResults
 
@@ -44,7 +45,6 @@ def score_checkpoint(path: str | os.PathLike, probes: Sequence[Probe], config: S
     if not engine_spec(config.engine).live_model:
         engine, tokenizer = open_checkpoint(config.engine, path, dtype, tokenizer_dir=model_files)
         return score_probes(None, tokenizer, list(probes), config, desc=desc, progress=progress, engine=engine)
-    from .models import free_memory, load_checkpoint
 
     model: Any = None
     try:

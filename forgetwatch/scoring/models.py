@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import file_lock
+from .weights import weights_fingerprint
 
 __all__ = ["load_model", "smollm2_path", "model_identity", "architecture_id", "check_model_path", "local_model_path"]
 
@@ -274,7 +275,6 @@ def model_identity(model: Any, weights_hash: bool = False) -> dict[str, Any]:
         >>> model_identity(model)  # doctest: +SKIP
         {'name_or_path': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'revision': None, 'architecture': 'llama-3f2a9c41d0e6'}
     """
-    from .weights import weights_fingerprint
 
     config = getattr(model, "config", None)
     ident: dict[str, Any] = {

@@ -28,6 +28,7 @@ from ..answers.extraction import is_punct
 from ..options import BEHAVIOR_MAX_NEW_TOKENS, ENGINES, MCQ_MODES, SHORT_MATCHES, SHORT_MODES, default
 from ..probes.probe_set import Probe
 from .engines import engine_spec
+from .judge import REFUSAL_WINDOW, judge_behavior
 from .prompts import (
     PROMPT_VERSION,
     behavior_prompt,
@@ -351,7 +352,6 @@ def score_generate(engine: Engine, tokenizer, probes: list[Probe], config: Scori
 
 
 def score_behavior(engine: Engine, tokenizer, probes: list[Probe], config: ScoringConfig, bar=None) -> ProbeResults:
-    from .judge import REFUSAL_WINDOW, judge_behavior
 
     results = ProbeResults.empty([p.id for p in probes])
     chat = config.uses_chat(tokenizer, generative=True)
