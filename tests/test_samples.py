@@ -20,13 +20,8 @@ import pytest
 from conftest import build_model, build_tokenizer  # tests/ is on sys.path (pytest "prepend" import mode)
 
 from forgetwatch.cli import main
-from forgetwatch.measures.samples import (
-    SamplesFormatError,
-    _gold_choice,
-    _lm_eval_sample,
-    compare_samples,
-    read_samples,
-)
+from forgetwatch.measures.lm_eval_samples import _gold_choice, _lm_eval_sample
+from forgetwatch.measures.samples import SamplesFormatError, compare_samples, read_samples
 
 MC_TASK = """task: fw_mc
 dataset_path: json

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ['SUITES', 'SuiteSpec']
+__all__ = ["SUITES", "SuiteSpec"]
 
 
 Row = dict[str, Any]

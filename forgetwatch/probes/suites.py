@@ -57,7 +57,7 @@ from .benchmarks import SUITES, Record, Row, SuiteSpec
 from .builtin import QUESTIONS_FROM, build_instruction_suite, build_over_refusal_suite
 from .probe_set import Probe, ProbeFormatError, ProbeSet, never_flips, visible_text
 
-__all__ = ['from_suites', 'list_suites', 'load_probes', 'load_suite']
+__all__ = ["from_suites", "list_suites", "load_probes", "load_suite"]
 
 logger = logging.getLogger(__name__)
 

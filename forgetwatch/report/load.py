@@ -18,7 +18,7 @@ from ..measures.robustness import fragile_probes
 from ..probes.probe_set import ProbeSet
 from ..record.store import RecordError, RunRecord, load_record
 
-__all__ = ['incomplete', 'BT_COLOR', 'DPI', 'F_COLOR', 'LABEL', 'PNG_OPTIONS', 'ROBUST_COLOR', 'STATES', 'STATE_COLORS', 'TRAIN_KEYS', 'adjusted', 'final_flips', 'fragile_now', 'probe_states', 'read_events', 'read_run', 'series', 'steps_of', 'trainer_log', 'writable']
+__all__ = ["incomplete", "BT_COLOR", "DPI", "F_COLOR", "LABEL", "PNG_OPTIONS", "ROBUST_COLOR", "STATES", "STATE_COLORS", "TRAIN_KEYS", "adjusted", "final_flips", "fragile_now", "probe_states", "read_events", "read_run", "series", "steps_of", "trainer_log", "writable"]
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from ..versions import __version__
 from .load import CUT, OVERALL, PNG_OPTIONS, fragile_now, read_events, series
 from .plots import count, has_robustness, robust_group
 
-__all__ = ['drift_section', 'escape', 'event_text', 'figure', 'incomplete_box', 'page_html', 'problems_box', 'robust_section']
+__all__ = ["drift_section", "escape", "event_text", "figure", "incomplete_box", "page_html", "problems_box", "robust_section"]
 
 
 def drift_section(record: RunRecord, rows, max_rows: int) -> str:

@@ -23,7 +23,7 @@ from .load import (
     steps_of,
 )
 
-__all__ = ['count', 'has_robustness', 'load_matplotlib', 'plot_accuracy', 'plot_behavior', 'plot_by_category', 'plot_drift', 'plot_matrix', 'plot_overall', 'plot_robustness', 'plot_states', 'plot_training', 'robust_group']
+__all__ = ["count", "has_robustness", "load_matplotlib", "plot_accuracy", "plot_behavior", "plot_by_category", "plot_drift", "plot_matrix", "plot_overall", "plot_robustness", "plot_states", "plot_training", "robust_group"]
 
 
 # -- plots --------------------------------------------------------------------------------------------------

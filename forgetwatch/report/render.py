@@ -65,7 +65,7 @@ from .plots import (
     plot_training,
 )
 
-__all__ = ['make_report', 'summarize_run']
+__all__ = ["make_report", "summarize_run"]
 
 
 def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, max_rows: int = MAX_ROWS) -> Path:

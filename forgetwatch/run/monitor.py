@@ -45,7 +45,7 @@ from .console import format_evaluation, headline_categories, say
 from .keys import OVERALL, PREFIX, final_key, table_key
 from .rows import add_robust_figures, flip_rows, fragile_flip_rows, members_of, scalars_of
 
-__all__ = ['Monitor', 'figure_rows']
+__all__ = ["Monitor", "figure_rows"]
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from ..probes.probe_set import ProbeSet
 from ..scoring.results import CORRECT, ProbeResults
 from .keys import OVERALL, figure_key
 
-__all__ = ['flip_rows', 'fragile_flip_rows', 'add_robust_figures', 'group_figures', 'scalars_of', 'members_of']
+__all__ = ["flip_rows", "fragile_flip_rows", "add_robust_figures", "group_figures", "scalars_of", "members_of"]
 
 
 def flip_rows(probes: ProbeSet, base: ProbeResults, prev: ProbeResults, now: ProbeResults) -> list[dict[str, Any]]:
