@@ -17,21 +17,16 @@ from ..errors import SamplesFormatError
 
 __all__ = ["Sample", "SampleSet", "LIGHTEVAL_FILE", "LM_EVAL_FILE", "QUESTION_FIELDS", "abbreviate", "as_text", "check_metric_used", "is_str_list", "latest_per_task", "pick_metric"]
 
-
 FORMATS = "lm-evaluation-harness `--log_samples` outputs (samples_<task>_<time>.jsonl) and lighteval details (details_<task>_<time>.parquet, from --save-details)"
-
 
 # lm-eval names its files <prefix>_<task>_<ISO time with '-' for ':'>; the task name may itself hold underscores.
 LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.]+)\.jsonl$")
 
-
 # lighteval: details_<task>|<few-shot>_<time>.parquet
 LIGHTEVAL_FILE = re.compile(r"^details_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.:]+)\.parquet$")
 
-
 # document fields that hold the question, in the order tried, for the flips list (the full prompt has the few-shot)
 QUESTION_FIELDS = ("question", "query", "problem", "Question", "ctx", "sentence", "goal", "text", "prompt", "input")
-
 
 # 0/1 metrics tried first when a task logs several (lm-eval lists a task's metrics in its config order)
 _PREFERRED = ("acc", "exact_match", "loglikelihood_acc", "em", "pass@1", "acc_norm",

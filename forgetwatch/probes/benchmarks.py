@@ -13,9 +13,7 @@ from typing import Any
 
 __all__ = ["SUITES", "SuiteSpec"]
 
-
 Row = dict[str, Any]
-
 
 Record = dict[str, Any]
 

@@ -18,24 +18,20 @@ from ..measures.robustness import fragile_probes
 from ..probes.probe_set import ProbeSet
 from ..record.store import RecordError, RunRecord, load_record
 
-__all__ = ["incomplete", "BT_COLOR", "DPI", "F_COLOR", "LABEL", "PNG_OPTIONS", "ROBUST_COLOR", "STATES", "STATE_COLORS", "TRAIN_KEYS", "adjusted", "final_flips", "fragile_now", "probe_states", "read_events", "read_run", "series", "steps_of", "trainer_log", "writable"]
+__all__ = ["incomplete", "DPI", "PLOT_FILES", "STATES", "TRAIN_KEYS", "adjusted", "final_flips", "fragile_now",
+           "probe_states", "read_events", "read_run", "series", "steps_of", "trainer_log", "writable"]
 
 logger = logging.getLogger(__name__)
 
 
 OVERALL = "overall"
 
-
 MAX_ROWS = 200
-
 
 DPI = 110
 
 
-F_COLOR, BT_COLOR = "tab:red", "tab:blue"
-
-
-PNG_OPTIONS = {
+PLOT_FILES = {
     "overall": "forgetting_backward_transfer.png",
     "forgetting": "forgetting_by_category.png",
     "backward_transfer": "backward_transfer_by_category.png",
@@ -48,27 +44,16 @@ PNG_OPTIONS = {
     "robustness": "robustness.png",
 }
 
-
-# the four states of a probe against the base model, in the order they are stacked, and their colours
+# the four states of a probe against the base model, in the order they are stacked
 STATES = ("retained", "forgotten", "learned", "never known")
-
-
-STATE_COLORS = ("#8fc98f", "tab:red", "tab:blue", "#e6e6e6")
 
 
 CUT = 160  # characters of a question (or answer) shown in a table cell; the rest unfolds below them
 
-
 _VS_BASE = {(True, True): "retained", (True, False): "forgotten", (False, True): "learned", (False, False): "never known"}
 
 
-ROBUST_COLOR = "tab:purple"
-
-
 _CORRECTNESS = ("1→0", "0→1")  # flips.jsonl directions that are changes of correctness (robustness adds others)
-
-
-LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
 
 
 # -- the record ---------------------------------------------------------------------------------------------
@@ -142,7 +127,6 @@ def writable(default: Path, output_dir: Any) -> Path:
 
 # the trainer's log keys drawn beside the forgetting curves: loss panel, then reward panel (GRPO)
 TRAIN_KEYS = ("loss", "eval_loss", "reward")
-
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 

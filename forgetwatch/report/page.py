@@ -15,8 +15,8 @@ from ..probes.probe_set import ProbeSet
 from ..record.segments import describe_segments
 from ..record.store import RunRecord
 from ..versions import __version__
-from .load import CUT, OVERALL, PNG_OPTIONS, fragile_now, read_events, series
-from .plots import count, has_robustness, robust_group
+from .load import CUT, OVERALL, PLOT_FILES, fragile_now, read_events, series
+from .plots import format_count, has_robustness, robust_group
 
 __all__ = ["drift_section", "escape", "event_text", "figure", "incomplete_box", "page_html", "problems_box", "robust_section"]
 
@@ -129,7 +129,6 @@ tr.nothing td { color: #777; }
 
 _METRIC_COLS = ("category", "n", "acc base", "acc now", "1→0", "0→1", "F", "F adj", "F 95% CI", "BT", "BT adj", "invalid")
 
-
 _FLIP_COLS = ("id", "category", "question", "gold", "base prediction", "prediction now", "first flipped at step", "changes")
 
 
@@ -198,11 +197,11 @@ def robust_section(record: RunRecord, probes: ProbeSet, rows: list[dict[str, Any
         m = r["metrics"].get(group, {})
         forgetting = num(m.get("robust_forgetting"))
         if forgetting != "n/a":
-            forgetting += f" ({count(m.get('robust_lost'))} of {count(m.get('robust_pre'))})"
+            forgetting += f" ({format_count(m.get('robust_lost'))} of {format_count(m.get('robust_pre'))})"
         ci = (f"[{num(m.get('robust_forgetting_ci_low'))}, {num(m.get('robust_forgetting_ci_high'))}]"
               if num(m.get("robust_forgetting_ci_low")) != "n/a" else "n/a")
         cells = [r["step"], f"{num(m.get('robust_accuracy_pre'))} → {num(m.get('robust_accuracy_post'))}", forgetting, ci,
-                 num(m.get("consistency_post")), num(m.get("consistency_change"), "+.3f"), count(m.get("fragile"))]
+                 num(m.get("consistency_post")), num(m.get("consistency_change"), "+.3f"), format_count(m.get("fragile"))]
         if bias:
             cells += [num(m.get("position_bias_post")), num(m.get("position_bias_change"), "+.3f")]
         body.append(f'<tr data-step="{escape(r["step"])}">' + "".join(f'<td class="num">{escape(c)}</td>' for c in cells) + "</tr>")
@@ -216,8 +215,8 @@ def robust_section(record: RunRecord, probes: ProbeSet, rows: list[dict[str, Any
                  "none, 1 − 1/k = always the same letter; its change since base.") if bias else ""
     section = (
         '<h2 id="robustness">Robustness, evaluation by evaluation</h2>\n'
-        f'<p>Each of {escape(count(final.get("robust_n")))} {what} scored as asked and in '
-        f'{escape(count(final.get("robust_variants")))} variants (question frames, lower case, typos; option orders in '
+        f'<p>Each of {escape(format_count(final.get("robust_n")))} {what} scored as asked and in '
+        f'{escape(format_count(final.get("robust_variants")))} variants (question frames, lower case, typos; option orders in '
         f"lettered modes), each against its own variants at base (step 0).</p>\n"
         '<table class="metrics" data-kind="robustness"><thead><tr>' + "".join(f"<th>{escape(c)}</th>" for c in cols)
         + "</tr></thead><tbody>" + "\n".join(body) + "</tbody></table>\n"
@@ -237,7 +236,6 @@ _ROBUST_COLS = ("step", "robust accuracy (base → now)", "robust F", "robust F 
 
 
 _BIAS_COLS = ("position bias now", "position bias change")
-
 
 _FRAGILE_COLS = ("id", "category", "question", "gold", "forms right now", "fragile since step")
 
@@ -355,7 +353,7 @@ def page_html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories:
                       and np.isfinite(series(rows, robust_group(rows), "position_bias_post")).any() else "."),
     }
     figs = "\n".join(
-        f'<figure><img src="{escape(PNG_OPTIONS[k])}" alt="{escape(captions[k])}"><figcaption>{escape(captions[k])}</figcaption></figure>'
+        f'<figure><img src="{escape(PLOT_FILES[k])}" alt="{escape(captions[k])}"><figcaption>{escape(captions[k])}</figcaption></figure>'
         for k in figures
     )
     table = (

@@ -10,20 +10,22 @@ import numpy as np
 
 from ..probes.probe_set import ProbeSet
 from .load import (
-    BT_COLOR,
     DPI,
-    F_COLOR,
-    LABEL,
     OVERALL,
-    ROBUST_COLOR,
-    STATE_COLORS,
     STATES,
     adjusted,
     series,
     steps_of,
 )
 
-__all__ = ["count", "has_robustness", "load_matplotlib", "plot_accuracy", "plot_behavior", "plot_by_category", "plot_drift", "plot_matrix", "plot_overall", "plot_robustness", "plot_states", "plot_training", "robust_group"]
+__all__ = ["format_count", "has_robustness", "load_matplotlib", "plot_accuracy", "plot_behavior", "plot_by_category",
+           "plot_drift", "plot_matrix", "plot_overall", "plot_robustness", "plot_states", "plot_training", "robust_group"]
+
+# the colours of forgetting and backward transfer, of the four probe states (`load.STATES`) and of robust figures
+F_COLOR, BT_COLOR = "tab:red", "tab:blue"
+STATE_COLORS = ("#8fc98f", "tab:red", "tab:blue", "#e6e6e6")
+ROBUST_COLOR = "tab:purple"
+LABEL = {"forgetting": "forgetting (1→0)", "backward_transfer": "backward transfer (0→1)"}
 
 
 # -- plots --------------------------------------------------------------------------------------------------
@@ -266,7 +268,7 @@ def robust_group(rows) -> str:
     return "all_knowledge" if "robust_n" in rows[-1]["metrics"].get("all_knowledge", {}) else OVERALL
 
 
-def count(value: Any) -> str:
+def format_count(value: Any) -> str:
     """A count from metrics.jsonl; "?" where the figure is missing (NaN)."""
     return "?" if value is None or (isinstance(value, float) and not math.isfinite(value)) else str(int(value))
 
@@ -284,7 +286,7 @@ def plot_robustness(figure_cls, rows):
     top.fill_between(x, series(rows, group, "robust_forgetting_ci_low"), series(rows, group, "robust_forgetting_ci_high"),
                      color=ROBUST_COLOR, alpha=0.15, linewidth=0, label="robust forgetting, 95% Wilson interval")
     top.plot(x, series(rows, group, "robust_forgetting"), color=ROBUST_COLOR, marker="o", markersize=4, linewidth=2,
-             label=f"robust forgetting (of the {count(final.get('robust_pre'))} probes robust at base)")
+             label=f"robust forgetting (of the {format_count(final.get('robust_pre'))} probes robust at base)")
     _style_axis(top, rows)
     top.set_title("Forgetting as asked and in every variant", fontsize="medium")
     change = series(rows, group, "consistency_change")
@@ -308,8 +310,8 @@ def plot_robustness(figure_cls, rows):
         h, lab = twin.get_legend_handles_labels()
         handles, labels = handles + h, labels + lab
     what = "knowledge probes" if group != OVERALL else "probes"
-    fig.suptitle(f"Robustness since base: {count(final.get('robust_n'))} {what}, each in "
-                 f"{count(final.get('robust_variants'))} variants besides itself")
+    fig.suptitle(f"Robustness since base: {format_count(final.get('robust_n'))} {what}, each in "
+                 f"{format_count(final.get('robust_variants'))} variants besides itself")
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small", frameon=False)
     return fig
 

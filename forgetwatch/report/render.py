@@ -39,7 +39,7 @@ from .load import (
     DPI,
     MAX_ROWS,
     OVERALL,
-    PNG_OPTIONS,
+    PLOT_FILES,
     TRAIN_KEYS,
     final_flips,
     incomplete,
@@ -124,7 +124,7 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
         figures["robustness"] = plot_robustness(figure_cls, rows)
     for key, fig in figures.items():
         canvas_cls(fig)
-        with atomic_write(out / PNG_OPTIONS[key], "wb") as f:
+        with atomic_write(out / PLOT_FILES[key], "wb") as f:
             fig.savefig(f, format="png", dpi=DPI)
 
     forgotten, learned = final_flips(record, probes, rows[-1]["step"])
