@@ -3,6 +3,7 @@ vLLM installed. The whole sidecar run with vLLM is tests/test_vllm.py (`make che
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -107,3 +108,22 @@ def test_the_sidecar_callback_leaves_vllm_to_the_watcher():
     cb = ForgetWatchCallback(probes=_probes(), engine="vllm", scoring="sidecar")
     assert cb.config.engine == "hf" and "runtime" not in cb.config.key()
     assert cb.options.forgetwatch_engine == "vllm"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="with vllm, tests/test_vllm.py watches the run")
+def test_the_watcher_takes_the_sidecar_manifests_vllm(tokenizer, tiny_model_dir, tmp_path, capsys):
+    """A run started with engine="vllm", scoring="sidecar": its manifest's options (which leave `scoring` out: the
+    manifest is the sidecar's) are the watcher's, which goes on to score the base with vLLM (here: not installed)."""
+    from test_callback import sft_trainer, watcher
+    from transformers import AutoModelForCausalLM
+
+    from forgetwatch.cli import main
+
+    out = tmp_path / "run"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    sft_trainer(tokenizer, out, [watcher(scoring="sidecar", engine="vllm")], model=model, max_steps=2, bf16=False,
+                save_strategy="steps", save_steps=2).train()
+    assert main(["watch", str(out), "--once", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "could not have written" not in err and "cannot score the model in training" not in err
+    assert "vllm" in err.lower() and "not installed" in err

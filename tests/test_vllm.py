@@ -442,7 +442,7 @@ def test_watch_engine_vllm_gives_the_record_the_hf_engine_gives(vllm_engine, sid
     code, took["vllm"] = _timed(lambda: main(["watch", str(runs["vllm"]), "--once"]))  # the callback's vllm
     assert code == 0
     err = capsys.readouterr().err
-    assert "scoring the base model" in err and "with vLLM too" in err
+    assert "scoring the base model" in err and "with --engine vllm too" in err
     assert hashlib.sha256((runs["vllm"] / "forgetwatch" / "base.parquet").read_bytes()).hexdigest() == base_bytes
     assert BaseCache.load(runs["vllm"] / "forgetwatch" / "base-vllm.parquet").key["scoring"]["runtime"] == "vllm"
     records = {k: RunRecord(d / "forgetwatch") for k, d in runs.items()}

@@ -108,7 +108,9 @@ class Watcher:
                                "would not match them). Restore that file, or start the run again")
         self.probes = ProbeSet.from_jsonl(probes_path)
         try:  # the options as the training process wrote them: one it could not have written is named, not a TypeError
-            opts = options_from_record(self.manifest["callback"]).unprefixed()  # a manifest of any version
+            # a manifest of any version; it leaves `scoring` out, being the sidecar's (an engine such as vLLM is
+            # valid only there)
+            opts = options_from_record({**self.manifest["callback"], "scoring": "sidecar"}).unprefixed()
         except ForgetWatchError:
             raise
         except (TypeError, ValueError) as e:
