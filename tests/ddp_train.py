@@ -108,8 +108,19 @@ def _parameter_counts(model) -> dict:
             "not_sharded": [n for n, p in params.items() if not isinstance(p, DTensor)]}
 
 
-def _instrument(out: Path) -> None:
-    """Wrap the functions whose calls the test counts; behaviour is unchanged."""
+CASE_MARK = "== ddp_train case: "
+_TRACED: list[Path] = []  # where the wrapped functions' traces go, once `_instrument` wrapped them
+
+
+def _instrument(out: Path) -> list[Path]:
+    """Wrap the functions whose calls the test counts; behaviour is unchanged. Returns the one-item list holding the
+    directory the traces go to: a launch that runs several cases points it at each case's in turn (the functions are
+    wrapped once)."""
+    if _TRACED:
+        _TRACED[0] = out
+        return _TRACED
+    _TRACED.append(out)
+    where = _TRACED
     import forgetwatch.run.callback as cb
     import forgetwatch.run.distributed as fd
 
@@ -123,25 +134,26 @@ def _instrument(out: Path) -> None:
             return orig_score(model, tokenizer, probes, config, **kw)
         finally:
             handle.remove()
-            _trace(out, event="score_probes", n=len(probes), ids=[p.id for p in probes], forwards=forwards[0],
+            _trace(where[0], event="score_probes", n=len(probes), ids=[p.id for p in probes], forwards=forwards[0],
                    model_class=type(model).__name__, **_parameter_counts(model))
 
     def save(self, path):
-        _trace(out, event="cache_save", path=str(path))
+        _trace(where[0], event="cache_save", path=str(path))
         return orig_save(self, path)
 
     def append_metrics(self, row):
-        _trace(out, event="append_metrics", step=row["step"])
+        _trace(where[0], event="append_metrics", step=row["step"])
         return orig_metrics(self, row)
 
     def write_eval(self, step, *a, **kw):
-        _trace(out, event="write_eval", step=step)
+        _trace(where[0], event="write_eval", step=step)
         return orig_eval(self, step, *a, **kw)
 
     fd.score_probes = score_probes
     cb.BaseCache.save = save
     cb.RunRecord.append_metrics = append_metrics
     cb.RunRecord.write_eval = write_eval
+    return where
 
 
 def make_pool(tokenizer) -> list[dict]:
@@ -185,7 +197,10 @@ def _tracing_trainer(out: Path, names: dict, sft: bool = False):
 def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp: bool = False,
           model_dir: Path | None = None, base_cache: Path | None = None, on_budget: str | None = None,
           replay: float | None = None, sft: bool = False, sidecar: bool = False, anchor: float | None = None,
-          penalty: float | None = None, cuda: bool = False, robustness: int = 0, max_share: float | None = None) -> None:
+          penalty: float | None = None, cuda: bool = False, robustness: int = 0, max_share: float | None = None,
+          leave: bool = True) -> None:
+    """One training run with the callback into `out`. `leave`: exit the launch once every rank is done (the last case
+    of a launch); else return, for the launch's next case."""
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -291,7 +306,10 @@ def train(out: Path, max_steps: int = MAX_STEPS, scoring: str = "default", fsdp:
             torch.save(full, out / "final-state.pt")
     else:
         trainer.save_model(str(out / "final"))  # the weights after the last step, written by the main process
-    _leave_distributed_run()
+    if leave:
+        _leave_distributed_run()
+    elif dist.is_initialized():
+        dist.barrier()  # every rank done with this case before the next one starts
 
 
 def _anchored(out: Path, model, tokenizer, callback, beta: float):
@@ -364,30 +382,37 @@ def _allow_fsdp_on_cpu() -> None:
     AcceleratorState.__init__ = __init__
 
 
-def score_only(out: Path, scoring: str = "default") -> None:
-    """`score_distributed` on the base model, outside any trainer: every rank writes what it got back."""
+def score_only(out: Path, scorings: list[str]) -> None:
+    """`score_distributed` on the base model, outside any trainer, once per scoring options (`SCORING`), in one launch:
+    every rank writes what it got back into `out/<scoring>/` (one process group for all the cases: a launch costs more
+    than the scoring)."""
     import torch.distributed as dist
 
     from forgetwatch.run.distributed import score_distributed
     from forgetwatch.scoring.score import ScoringConfig
 
-    _instrument(out)
+    where = _instrument(out)
     dist.init_process_group("gloo")
     try:
         tokenizer = build_tokenizer()
         model = build_model(tokenizer, seed=SEED)
         forwards = [0]
         model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-        results = score_distributed(model, tokenizer, make_probes(behavior=scoring == "behavior"), ScoringConfig(**SCORING[scoring]))
         rank = dist.get_rank()
-        payload = {
-            "rank": rank, "world_size": dist.get_world_size(), "ids": results.ids,
-            "outcome": results.outcome.tolist(), "pred_index": results.pred_index.tolist(),
-            "margin": [None if m != m else float(m) for m in results.margin.tolist()],
-            "prediction": results.prediction, "generation": results.generation, "forwards": forwards[0],
-            "n_tokens": results.n_tokens.tolist(), "stopped": results.stopped.tolist(), "detail": results.detail,
-        }
-        (out / f"scored-rank{rank}.json").write_text(json.dumps(payload))
+        for scoring in scorings:
+            where[0] = out / scoring
+            where[0].mkdir(parents=True, exist_ok=True)
+            forwards[0] = 0
+            results = score_distributed(model, tokenizer, make_probes(behavior=scoring == "behavior"),
+                                        ScoringConfig(**SCORING[scoring]))
+            payload = {
+                "rank": rank, "world_size": dist.get_world_size(), "ids": results.ids,
+                "outcome": results.outcome.tolist(), "pred_index": results.pred_index.tolist(),
+                "margin": [None if m != m else float(m) for m in results.margin.tolist()],
+                "prediction": results.prediction, "generation": results.generation, "forwards": forwards[0],
+                "n_tokens": results.n_tokens.tolist(), "stopped": results.stopped.tolist(), "detail": results.detail,
+            }
+            (where[0] / f"scored-rank{rank}.json").write_text(json.dumps(payload))
     except BaseException:
         # fail loudly: the clean exit below would turn an error into exit code 0
         traceback.print_exc()
@@ -422,7 +447,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("--score-only", action="store_true")
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
-    parser.add_argument("--scoring", choices=sorted(SCORING), default="default", help="the scoring options (SCORING)")
+    parser.add_argument("--scoring", default="default",
+                        help="the scoring options (a name in SCORING); --score-only takes several, comma-separated")
     parser.add_argument("--fsdp", action="store_true", help="train with FSDP2 (HF Trainer fsdp_config, fsdp_version 2)")
     parser.add_argument("--model", type=Path, help="a saved model directory instead of a freshly built one")
     parser.add_argument("--base-cache", type=Path, help="ForgetWatchCallback(base_cache=...)")
@@ -435,13 +461,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuda", action="store_true", help="train and score on the GPU (nccl under a launcher)")
     parser.add_argument("--robustness", type=int, default=0, help="ForgetWatchCallback(robustness=K)")
     parser.add_argument("--max-share", type=float, help="ForgetWatchCallback(max_share=...), with behaviour probes")
+    parser.add_argument("--cases", type=json.loads,
+                        help="several training runs in this launch, one after another: a JSON list of argument lists "
+                             "(each with its own output_dir); a launch costs more than a tiny model's training")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
     if a.score_only:
-        score_only(a.output_dir, a.scoring)
-    else:
-        train(a.output_dir, a.max_steps, a.scoring, a.fsdp, a.model, a.base_cache, a.on_budget, a.replay, a.sft, a.sidecar, a.anchor,
-              a.penalty, a.cuda, a.robustness, a.max_share)
+        score_only(a.output_dir, a.scoring.split(","))
+        return
+    cases = [parser.parse_args(c) for c in a.cases] if a.cases else [a]
+    if len({c.fsdp for c in cases}) > 1:  # FSDP on CPU is set on accelerate's shared state for the whole process
+        parser.error("--cases: FSDP and DDP runs go in launches of their own")
+    try:
+        for i, c in enumerate(cases):
+            c.output_dir.mkdir(parents=True, exist_ok=True)
+            print(f"{CASE_MARK}{c.output_dir}", flush=True)  # what follows is this case's (`multiproc.case_output`)
+            train(c.output_dir, c.max_steps, c.scoring, c.fsdp, c.model, c.base_cache, c.on_budget, c.replay, c.sft,
+                  c.sidecar, c.anchor, c.penalty, c.cuda, c.robustness, c.max_share, leave=i == len(cases) - 1)
+    except BaseException:
+        if len(cases) == 1:
+            raise
+        # a case that failed: said, and the launch ends (the clean exit of a later case would hide it)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":

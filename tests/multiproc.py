@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil  # an accelerate dependency
 import pytest
-from ddp_train import make_probes
+from ddp_train import CASE_MARK, make_probes
 
 SCRIPT = Path(__file__).with_name("ddp_train.py")
 REPO = SCRIPT.parent.parent
@@ -58,6 +58,22 @@ def torchrun(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProce
     if run.returncode != 0 and PORT_TAKEN.search(run.stdout):  # at the rendezvous, before anything is written
         run = _torchrun(out, *args, nproc=nproc)
     return run
+
+
+def torchrun_cases(root: Path, cases: dict[str, list[str]], nproc: int = 2) -> tuple[subprocess.CompletedProcess, dict[str, Path]]:
+    """Several runs of tests/ddp_train.py in one torchrun launch, one after another (`--cases`): each case's arguments
+    and its directory `root/<name>`. A launch (the processes, their imports, the rendezvous) costs more than a tiny
+    model's training, so the tests of one module share launches where their runs can follow one another."""
+    dirs = {name: root / name for name in cases}
+    spec = json.dumps([[str(dirs[name]), *args] for name, args in cases.items()])
+    return torchrun(root, "--cases", spec, nproc=nproc), dirs
+
+
+def case_output(stdout: str, out: Path) -> str:
+    """The part of a `torchrun_cases` launch's output that the case writing to `out` printed (each case starts with a
+    marker line, printed once every rank finished the case before)."""
+    parts = re.split(rf"^{re.escape(CASE_MARK)}(.*)$", stdout, flags=re.MULTILINE)
+    return "".join(text for path, text in zip(parts[1::2], parts[2::2], strict=True) if path.strip() == str(out))
 
 
 PORT_TAKEN = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)

@@ -17,7 +17,19 @@ import pytest
 import torch
 from conftest import build_model, build_tokenizer
 from ddp_train import EVAL_STEPS, SCORING, make_probes
-from multiproc import REPO, SCRIPT, TIMEOUT, assert_same, assert_split, check_ok, clean_env, torchrun, trace
+from multiproc import (
+    REPO,
+    SCRIPT,
+    TIMEOUT,
+    assert_same,
+    assert_split,
+    case_output,
+    check_ok,
+    clean_env,
+    torchrun,
+    torchrun_cases,
+    trace,
+)
 
 from forgetwatch.probes.probe_set import Probe
 from forgetwatch.record.cache import BaseCache, make_cache_key
@@ -182,14 +194,19 @@ def test_ranks_run_the_same_number_of_forwards(tokenizer, config):
 
 
 # max_steps 4 with eval_steps 2: the last step is scored in on_step_end. 5: on_train_end scores step 5.
-@pytest.fixture(scope="module", params=[4, 5], ids=lambda n: f"steps{n}")
-def ddp_run(request, tmp_path_factory):
-    """tests/ddp_train.py under torchrun with 2 processes (not asserted here: each test checks the exit)."""
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """tests/ddp_train.py under torchrun with 2 processes, for 4 and 5 steps, in one launch (not asserted here: each
+    test checks the exit)."""
+    return torchrun_cases(tmp_path_factory.mktemp("ddp"), {f"steps{n}": [f"--max-steps={n}"] for n in (4, 5)})
+
+
+@pytest.fixture(params=[4, 5], ids=lambda n: f"steps{n}")
+def ddp_run(request, ddp_runs):
     max_steps = request.param
-    out = tmp_path_factory.mktemp(f"ddp-steps{max_steps}")
-    run = torchrun(out, f"--max-steps={max_steps}")
+    run, dirs = ddp_runs
     steps = sorted({0, *range(EVAL_STEPS, max_steps + 1, EVAL_STEPS), max_steps})
-    return run, out, steps
+    return run, dirs[f"steps{max_steps}"], steps
 
 
 def test_ddp_run_uses_gloo_and_splits_probes(ddp_run):
@@ -217,7 +234,8 @@ def test_ddp_run_writes_one_record_from_the_main_process(ddp_run):
     assert not [p.name for p in root.rglob("*.tmp")], "no temporary file left behind"
     assert list(out.rglob("base.parquet")) == [root / "base.parquet"]
     # one console line per evaluation in the launch's output, both ranks' together: the main process's only
-    assert [int(s) for s in re.findall(r"^forgetwatch step (\d+)\b", run.stdout, re.MULTILINE)] == steps
+    printed = case_output(run.stdout, out)
+    assert [int(s) for s in re.findall(r"^forgetwatch step (\d+)\b", printed, re.MULTILINE)] == steps
 
 
 def test_ddp_base_cache_is_loadable_and_equals_single_process(ddp_run, base_results):
@@ -266,21 +284,30 @@ def test_single_process_run_records_the_same_base(ddp_run, tmp_path):
     assert [json.loads(line)["step"] for line in (tmp_path / "forgetwatch" / "metrics.jsonl").read_text().splitlines()] == steps
 
 
+@pytest.fixture(scope="module")
+def score_only_run(tmp_path_factory):
+    """`score_distributed` under torchrun for every scoring options of SCORING, in one launch (a directory each)."""
+    out = tmp_path_factory.mktemp("score-only")
+    run = torchrun(out, "--score-only", f"--scoring={','.join(SCORING)}")
+    return run, out
+
+
 @pytest.mark.parametrize("scoring", list(SCORING))
-def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
+def test_score_distributed_under_torchrun(score_only_run, base_results, scoring):
     """score_distributed alone: each rank scores its shard, every rank gets all results in probe order, and both
     ranks run the same number of forwards (what FSDP / ZeRO-3 need), whatever their shards' options."""
-    run = torchrun(tmp_path, "--score-only", f"--scoring={scoring}")
+    run, out = score_only_run
     check_ok(run)
+    out = out / scoring
     _, model, tokenizer = base_results
     probes = make_probes(behavior=scoring == "behavior")
     ref = score_probes(model, tokenizer, probes, ScoringConfig(**SCORING[scoring]))
     ids = probes.ids
-    assert_split(tmp_path, calls=1, behavior=scoring == "behavior")
-    forwards = [json.loads((tmp_path / f"scored-rank{rank}.json").read_text())["forwards"] for rank in range(2)]
+    assert_split(out, calls=1, behavior=scoring == "behavior")
+    forwards = [json.loads((out / f"scored-rank{rank}.json").read_text())["forwards"] for rank in range(2)]
     assert forwards[0] == forwards[1] > 0, forwards
     for rank in range(2):
-        got = json.loads((tmp_path / f"scored-rank{rank}.json").read_text())
+        got = json.loads((out / f"scored-rank{rank}.json").read_text())
         assert (got["rank"], got["world_size"]) == (rank, 2)
         assert got["ids"] == ids
         margin = [np.nan if m is None else m for m in got["margin"]]
@@ -290,11 +317,28 @@ def test_score_distributed_under_torchrun(tmp_path, base_results, scoring):
         assert got["n_tokens"] == ref.n_tokens.tolist() and got["stopped"] == ref.stopped.tolist() and got["detail"] == ref.detail
 
 
-def test_budget_stop_is_the_same_decision_on_every_rank(tmp_path):
+@pytest.fixture(scope="module")
+def ddp_remedies(tmp_path_factory):
+    """The runs of the budget, replay, anchor and penalty tests under 2-process DDP, in one launch (one after another)."""
+    return torchrun_cases(tmp_path_factory.mktemp("ddp-remedies"), {
+        "budget-stop": ["--on-budget=stop", "--max-steps=8"],
+        "replay": ["--replay=0.25", "--max-steps=8"],
+        "replay-sft": ["--replay=0.25", "--max-steps=8", "--sft"],
+        "anchor": ["--anchor=1.0", "--max-steps=4"],
+        "penalty": ["--penalty=1.0", "--max-steps=4", "--sft"],
+    })
+
+
+def _case(runs, name: str):
+    run, dirs = runs
+    check_ok(run)
+    return dirs[name]
+
+
+def test_budget_stop_is_the_same_decision_on_every_rank(ddp_remedies):
     """A budget trips on the main process (where the record is) and every rank stops at that step: a rank that went on
     alone would wait forever in the next step's gradient all-reduce (the launch's timeout fails the test then)."""
-    run = torchrun(tmp_path, "--on-budget=stop", "--max-steps=8")
-    check_ok(run)
+    tmp_path = _case(ddp_remedies, "budget-stop")
     done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
     events = [json.loads(line) for line in (tmp_path / "forgetwatch" / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["budget_exceeded"] and events[0]["action"] == "stop"
@@ -302,12 +346,11 @@ def test_budget_stop_is_the_same_decision_on_every_rank(tmp_path):
     assert trip < 8 and [(d["rank"], d["global_step"]) for d in done] == [(0, trip), (1, trip)]
 
 
-def test_replay_stream_gives_each_rank_its_share(tmp_path):
+def test_replay_stream_gives_each_rank_its_share(ddp_remedies):
     """`mix_replay` under 2-process DDP (plain Trainer: accelerate reads the stream on rank 0 and hands each rank its
     slice): each rank trains on a quarter of replay, counted on the batches it trained on, the training rows of an
     epoch are split between the ranks without repeats, and the loop's weights follow the main process's evaluations."""
-    run = torchrun(tmp_path, "--replay=0.25", "--max-steps=8")
-    check_ok(run)
+    tmp_path = _case(ddp_remedies, "replay")
     fed = {rank: [r for r in trace(tmp_path, rank) if r["event"] == "batch"] for rank in range(2)}
     for rank in range(2):
         assert [b["step"] for b in fed[rank]] == list(range(1, 9))
@@ -322,12 +365,11 @@ def test_replay_stream_gives_each_rank_its_share(tmp_path):
     assert recorded == mix["schedule"]
 
 
-def test_replay_stream_under_ddp_with_sfttrainer(tmp_path):
+def test_replay_stream_under_ddp_with_sfttrainer(ddp_remedies):
     """The same under TRL's SFTTrainer (its own dataset preparation and collator between the stream and the model):
     each rank trains on exactly a quarter of replay, and every rank's mixer switched to the main process's weights at
     its evaluations (the broadcast reached the other rank)."""
-    run = torchrun(tmp_path, "--replay=0.25", "--max-steps=8", "--sft")
-    check_ok(run)
+    tmp_path = _case(ddp_remedies, "replay-sft")
     for rank in range(2):
         fed = [r for r in trace(tmp_path, rank) if r["event"] == "batch"]
         assert [b["step"] for b in fed] == list(range(1, 9))
@@ -339,12 +381,15 @@ def test_replay_stream_under_ddp_with_sfttrainer(tmp_path):
 
 
 @pytest.mark.parametrize("sft", [False, pytest.param(True, marks=pytest.mark.long)], ids=["Trainer", "SFTTrainer"])
-def test_the_kl_anchor_under_ddp(tmp_path, sft):
+def test_the_kl_anchor_under_ddp(tmp_path, sft, request):
     """The KL anchor under 2-process DDP: every rank runs an anchor forward at the same micro-batches (as many
     conversations each, drawn apart; a second forward before the backward, which DDP's reducer takes), the run ends,
     and the closed loop steered the anchor's draws."""
-    run = torchrun(tmp_path, "--anchor=1.0", "--max-steps=4", *(["--sft"] if sft else []))
-    check_ok(run)
+    if sft:  # a launch of its own (`long`)
+        run = torchrun(tmp_path, "--anchor=1.0", "--max-steps=4", "--sft")
+        check_ok(run)
+    else:  # the fixture is asked for here only, so that the long parameter does not wait for its launch
+        tmp_path = _case(request.getfixturevalue("ddp_remedies"), "anchor")
     draws = {rank: [r for r in trace(tmp_path, rank) if r["event"] == "anchor"] for rank in range(2)}
     assert [d["micro_batch"] for d in draws[0]] == [d["micro_batch"] for d in draws[1]] == [0, 1, 2, 3]
     assert [len(d["rows"]) for d in draws[0]] == [len(d["rows"]) for d in draws[1]] == [1, 1, 1, 1]  # 0.5 x 2 examples
@@ -353,15 +398,14 @@ def test_the_kl_anchor_under_ddp(tmp_path, sft):
     assert [step for _, step, _ in mix["schedule"]] == [2, 4]  # the closed loop steered the anchor on every rank
 
 
-def test_the_1_to_0_penalty_under_ddp(tmp_path):
-    check_penalty_run(tmp_path, fsdp=False)
+def test_the_1_to_0_penalty_under_ddp(ddp_remedies):
+    check_penalty_run(_case(ddp_remedies, "penalty"))
 
 
-def check_penalty_run(tmp_path, fsdp: bool) -> None:
-    """The 1→0 penalty in 2 processes: the base's margins are read on every rank alike when training begins (and kept
-    once), every rank runs a penalty forward at the same micro-batches on its own draws, and the run ends."""
-    run = torchrun(tmp_path, "--penalty=1.0", "--max-steps=4", "--sft", *(["--fsdp"] if fsdp else []))
-    check_ok(run)
+def check_penalty_run(tmp_path) -> None:
+    """The 1→0 penalty in 2 processes (its run's directory; `--penalty=1.0 --max-steps=4 --sft`): the base's margins
+    are read on every rank alike when training begins (and kept once), every rank runs a penalty forward at the same
+    micro-batches on its own draws, and the run ends."""
     bases = [[r for r in trace(tmp_path, rank) if r["event"] == "penalty_base"] for rank in range(2)]
     assert bases[0] and bases[0][0]["margin"] == bases[1][0]["margin"]
     kept = json.loads((tmp_path / "forgetwatch" / "penalty_base.json").read_text())

@@ -22,7 +22,7 @@ import transformers
 from conftest import build_model, build_tokenizer
 from ddp_train import EVAL_STEPS, MAX_STEPS, SCORING, make_probes
 from internals import installed, library_changed
-from multiproc import REPO, TIMEOUT, assert_same, assert_split, check_ok, torchrun, trace
+from multiproc import REPO, TIMEOUT, assert_same, assert_split, check_ok, torchrun, torchrun_cases, trace
 
 from forgetwatch.record.cache import BaseCache
 from forgetwatch.scoring.score import ScoringConfig, score_probes
@@ -41,11 +41,28 @@ needs_fsdp2 = pytest.mark.skipif(
     reason=f"FSDP2 from TrainingArguments needs transformers 5; installed: {installed('transformers')}, {installed('accelerate')}")
 
 
-@pytest.fixture(scope="module", params=list(SCORING))
-def fsdp_run(request, tmp_path_factory):
-    """A 2-process FSDP2 training run with the callback scoring with SCORING[param]."""
-    out = tmp_path_factory.mktemp(f"fsdp-{request.param}")
-    return request.param, torchrun(out, "--fsdp", f"--scoring={request.param}"), out
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """The 2-process FSDP2 training runs of this module, in one launch (one after another): the callback scoring with
+    each of SCORING's options, then the budget, anchor and penalty runs."""
+    cases = {f"scoring-{name}": ["--fsdp", f"--scoring={name}"] for name in SCORING}
+    cases.update({"budget-stop": ["--fsdp", "--on-budget=stop", "--max-steps=8"],
+                  "anchor": ["--fsdp", "--anchor=1.0", "--max-steps=4"],
+                  "penalty": ["--fsdp", "--penalty=1.0", "--max-steps=4", "--sft"]})
+    return torchrun_cases(tmp_path_factory.mktemp("fsdp"), cases)
+
+
+def _case(runs, name: str):
+    run, dirs = runs
+    check_ok(run)
+    return dirs[name]
+
+
+@pytest.fixture(params=list(SCORING))
+def fsdp_run(request, fsdp_runs):
+    """The FSDP2 run whose callback scored with SCORING[param]."""
+    run, dirs = fsdp_runs
+    return request.param, run, dirs[f"scoring-{request.param}"]
 
 
 def _scoring_calls(out, rank: int) -> list[dict]:
@@ -135,10 +152,9 @@ def test_fsdp_accepts_a_cli_built_cache_on_every_rank(tmp_path, tiny_model_dir):
 
 
 @needs_fsdp2
-def test_fsdp_budget_stop_on_every_rank(tmp_path):
+def test_fsdp_budget_stop_on_every_rank(fsdp_runs):
     """Under FSDP a rank that stopped alone would leave the others waiting in the next forward's all-gather."""
-    run = torchrun(tmp_path, "--fsdp", "--on-budget=stop", "--max-steps=8")
-    check_ok(run)
+    tmp_path = _case(fsdp_runs, "budget-stop")
     done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
     events = [json.loads(line) for line in (tmp_path / "forgetwatch" / "events.jsonl").read_text().splitlines()]
     trip = events[0]["step"]
@@ -216,11 +232,10 @@ def test_sharded_checkpoints_of_tied_weights_load(tmp_path, kept):
 
 
 @needs_fsdp2
-def test_the_kl_anchor_under_fsdp(tmp_path):
+def test_the_kl_anchor_under_fsdp(fsdp_runs):
     """FSDP2 gathers weights in every forward: the anchor's extra forwards must be the same on every rank, or a rank
     waits forever. The launch ends (bounded by the harness's timeout) with the same draws counted on both ranks."""
-    run = torchrun(tmp_path, "--fsdp", "--anchor=1.0", "--max-steps=4")
-    check_ok(run)
+    tmp_path = _case(fsdp_runs, "anchor")
     counts = [[len(r["rows"]) for r in trace(tmp_path, rank) if r["event"] == "anchor"] for rank in range(2)]
     assert counts[0] == counts[1] == [1, 1, 1, 1]
     done = [r for rank in range(2) for r in trace(tmp_path, rank) if r["event"] == "done"]
@@ -228,8 +243,8 @@ def test_the_kl_anchor_under_fsdp(tmp_path):
 
 
 @needs_fsdp2
-def test_the_1_to_0_penalty_under_fsdp(tmp_path):
+def test_the_1_to_0_penalty_under_fsdp(fsdp_runs):
     """The penalty's base margins (read by every rank at train begin) and its extra forwards under FSDP2's gathers."""
     from test_distributed import check_penalty_run
 
-    check_penalty_run(tmp_path, fsdp=True)
+    check_penalty_run(_case(fsdp_runs, "penalty"))

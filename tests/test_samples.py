@@ -1,6 +1,6 @@
 """`forgetwatch compare BEFORE AFTER` on real lm-evaluation-harness `--log_samples` outputs.
 
-The outputs are made here by the `lm_eval` command (0.4.13) from the tiny model and a perturbed copy, on two local
+The outputs are made here by the `lm_eval` command's own code (0.4.13, in this process) from the tiny model and a perturbed copy, on two local
 tasks: a multiple-choice task whose documents have 2, 3 or 4 options, and a generative task whose answers are the
 base model's own greedy outputs (so the base is right on all of them and the perturbed copy forgets some).
 """
@@ -8,10 +8,7 @@ base model's own greedy outputs (so the base is right on all of them and the per
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -71,12 +68,27 @@ task:
 
 
 def _lm_eval(model_dir: Path, tasks_dir: Path, out: Path, tasks: str = "fw_mc,fw_qa") -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model_dir}", "--include_path",
-           str(tasks_dir), "--tasks", tasks, "--output_path", str(out), "--log_samples", "--device", "cpu",
-           "--batch_size", "8"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """The `lm_eval` command's own code (its CLI parser and runner), in this process: the same files as
+    `python -m lm_eval ...` writes, without a fresh interpreter importing torch, transformers and lm-eval each time.
+    The global state lm-eval seeds (the RNGs) and the log handlers it adds are put back as they were."""
+    import logging
+    import random
+
+    import torch
+    from lm_eval.__main__ import HarnessCLI
+
+    argv = ["--model", "hf", "--model_args", f"pretrained={model_dir}", "--include_path", str(tasks_dir), "--tasks", tasks,
+            "--output_path", str(out), "--log_samples", "--device", "cpu", "--batch_size", "8"]
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    handlers = list(logging.getLogger().handlers)
+    try:
+        cli = HarnessCLI()
+        cli.execute(cli._parser.parse_args(["run", *argv]))  # `lm_eval ARGS` is `lm_eval run ARGS` (its parse_args)
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        logging.getLogger().handlers[:] = handlers
 
 
 def _base_model(root: Path):
