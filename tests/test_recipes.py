@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import (  # tests/ is on sys.path (pytest "prepend" import mode)
     requires_olmo_eval,
+    run_as_main,
 )
 
 from forgetwatch.answers import short_answer_reward
@@ -312,18 +313,16 @@ def test_self_distilled_replay_and_the_anchor_from_the_recipe(tiny_model_dir, tm
 
 @requires_olmo_eval
 def test_base_targets_are_refused_for_grpo(tiny_model_dir, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "recipes/grpo.py", "--config", "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml",
-           "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path), "--forgetwatch_anchor_beta", "0.5"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_as_main(ROOT / "recipes/grpo.py", "--config", "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml",
+                       "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path),
+                       "--forgetwatch_anchor_beta", "0.5", cwd=ROOT, env={"WANDB_MODE": "disabled"})
     assert proc.returncode != 0 and "GRPO already anchors to its reference model with `beta`" in proc.stderr
 
 
 def test_a_negative_anchor_beta_is_refused_when_parsed(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
-           "--output_dir", str(tmp_path), "--forgetwatch_anchor_beta", "-0.1"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_as_main(ROOT / "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
+                       "--output_dir", str(tmp_path), "--forgetwatch_anchor_beta", "-0.1", cwd=ROOT,
+                       env={"WANDB_MODE": "disabled"})
     assert proc.returncode != 0 and "forgetwatch_anchor_beta: the KL anchor's `beta` must be a number >= 0" in proc.stderr
     assert not list(tmp_path.iterdir())  # refused before anything was made
 
@@ -382,8 +381,7 @@ def test_the_1_to_0_penalty_from_the_recipe(tiny_model_dir, tmp_path):
 
 
 def test_the_penalty_and_the_anchor_are_one_at_a_time(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
-           "--output_dir", str(tmp_path), "--forgetwatch_penalty_beta", "1.0", "--forgetwatch_anchor_beta", "1.0"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_as_main(ROOT / "recipes/sft.py", "--config", "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
+                       "--output_dir", str(tmp_path), "--forgetwatch_penalty_beta", "1.0", "--forgetwatch_anchor_beta",
+                       "1.0", cwd=ROOT, env={"WANDB_MODE": "disabled"})
     assert proc.returncode != 0 and "one term at a time" in proc.stderr
