@@ -33,11 +33,12 @@ from ..._lazy import lazy
 from ...options import default
 from ..requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest
 
-__all__ = ["ENGINES", "Engine", "EngineSpec", "HFEngine", "ContinuousBatchingEngine", "engine_spec", "make_engine",
-           "open_checkpoint"]
+__all__ = ["ENGINES", "Engine", "EngineSpec", "HFEngine", "ContinuousBatchingEngine", "ScriptedModel", "engine_spec",
+           "make_engine", "open_checkpoint", "scripted_tokenizer"]
 
 # torch loads with the engines, on first use: this registry is read by plain modules (`ScoringConfig.key`, the options)
-__getattr__, __dir__ = lazy(__name__, globals(), {"HFEngine": ".hf", "ContinuousBatchingEngine": ".continuous"})
+__getattr__, __dir__ = lazy(__name__, globals(), {"HFEngine": ".hf", "ContinuousBatchingEngine": ".continuous",
+                                                  "ScriptedModel": ".scripted", "scripted_tokenizer": ".scripted"})
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,17 @@ def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = defa
     """The engine `ScoringConfig.engine` names, built for `model` (in memory): `"hf"` (`HFEngine`), `"continuous"`
     (`ContinuousBatchingEngine`, which falls back to the HF engine's generation with a warning where it cannot run), or
     `"vllm"` (on the directory `model` was loaded from, in its dtype; vLLM is imported only then, and what it cannot
-    serve is refused with `EngineUnavailableError`).
+    serve is refused with `EngineUnavailableError`). A model with a `forgetwatch_engine(tokenizer, **options)` method
+    brings its own engine, used whatever the name (`ScriptedModel`, for tests).
 
     Example:
         >>> engine = make_engine("continuous", model, tokenizer, batch_size=16)  # doctest: +SKIP
     """
-    factory = _load(engine_spec(name).factory)
+    spec = engine_spec(name)
+    own = getattr(model, "forgetwatch_engine", None)
+    if callable(own):  # a model that brings its own engine (`ScriptedModel`): whatever the configured name
+        return own(tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
+    factory = _load(spec.factory)
     return factory(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
 
 
