@@ -295,12 +295,12 @@ def run_as_main(script: Path, *args: str, cwd: Path | None = None, env: dict[str
     return ScriptRun(code, out.getvalue(), err.getvalue())
 
 
-def pytest_collection_finish(session):
-    """Every test module is imported (torch, transformers, TRL, datasets and the rest with them): those objects live as
-    long as the process, so move them out of the garbage collector's sight (`gc.freeze`). And accelerate runs a full
-    collection at the end of every `Trainer.train()` to hand GPU memory back (`clear_device_cache(garbage_collection=
-    True)`): on these CPU runs it frees nothing a later collection would not, and cost ~0.36 s per training run here
-    (0.12 s frozen), minutes across the suite; Python's own collections still run."""
+def spare_the_collector() -> None:
+    """What this process imported lives as long as it does: move it out of the garbage collector's sight
+    (`gc.freeze`). And accelerate runs a full collection at the end of every `Trainer.train()` to hand GPU memory back
+    (`clear_device_cache(garbage_collection=True)`): on these CPU runs it frees nothing a later collection would not,
+    and cost ~0.36 s per training run here (0.12 s frozen), minutes across the suite; Python's own collections still
+    run. For the test processes (`pytest_collection_finish`) and the scripts they launch (tests/ddp_train.py)."""
     import gc
 
     gc.collect()
@@ -311,3 +311,8 @@ def pytest_collection_finish(session):
         return
     if memory.gc is gc:  # the module's `gc.collect()`, in `clear_device_cache` and `release_memory`
         memory.gc = types.SimpleNamespace(collect=lambda *args: 0)
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported (torch, transformers, TRL, datasets and the rest with them): `spare_the_collector`."""
+    spare_the_collector()

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: conftest's b
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import build_model, build_tokenizer  # noqa: E402
+from conftest import build_model, build_tokenizer, spare_the_collector  # noqa: E402
 
 from forgetwatch.probes.probe_set import Probe, ProbeSet  # noqa: E402
 
@@ -466,6 +466,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(each with its own output_dir); a launch costs more than a tiny model's training")
     a = parser.parse_args(argv)
     a.output_dir.mkdir(parents=True, exist_ok=True)
+    import transformers  # noqa: F401  (imported before the collector is spared: its objects live as long as the run)
+
+    spare_the_collector()
     if a.score_only:
         score_only(a.output_dir, a.scoring.split(","))
         return

@@ -267,15 +267,25 @@ def test_ddp_final_step_equals_single_process_rescoring(ddp_run):
     assert_same(last["outcome"], last["pred_index"], last["margin"], ref, f"evals/step-{steps[-1]}")
 
 
-def test_single_process_run_records_the_same_base(ddp_run, tmp_path):
+@pytest.fixture(scope="module")
+def single_runs(tmp_path_factory):
+    """The same script without torchrun, for 4 and 5 steps, in one process (`--cases`)."""
+    root = tmp_path_factory.mktemp("single")
+    env = clean_env()
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    cases = json.dumps([[str(root / f"steps{n}"), f"--max-steps={n}"] for n in (4, 5)])
+    run = subprocess.run([sys.executable, str(SCRIPT), str(root), "--cases", cases], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    return run, root
+
+
+def test_single_process_run_records_the_same_base(ddp_run, single_runs):
     """The same script without torchrun: one process, same record layout, same base numbers."""
     run, out, steps = ddp_run
     check_ok(run)
-    env = clean_env()
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    single = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), f"--max-steps={steps[-1]}"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=TIMEOUT)
+    single, root = single_runs
     assert single.returncode == 0, single.stderr[-4000:]
+    tmp_path = root / f"steps{steps[-1]}"
     assert {r["event"] for r in trace(tmp_path, 0) if r["event"] == "score_probes"} and not trace(tmp_path, 1)
     assert all(r["n"] == 34 for r in trace(tmp_path, 0) if r["event"] == "score_probes")  # no split
     one = BaseCache.load(tmp_path / "forgetwatch" / "base.parquet").results
