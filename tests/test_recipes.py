@@ -26,7 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing.*` is de
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 # recipes/<Model>/<stage>/config_<variant>.yaml; the front-ends' configs (recipes/<Model>/axolotl/, .../llamafactory/)
-# are theirs to parse, in their own venvs (tests/integrations/test_axolotl.py, tests/test_llamafactory.py)
+# are theirs to parse, in their own venvs (tests/integrations/test_axolotl.py, tests/integrations/test_llamafactory.py)
 FRONT_ENDS = ("axolotl", "llamafactory")
 CONFIGS = sorted(p for p in RECIPES.glob("**/config_*.yaml") if p.parent.name not in FRONT_ENDS)
 ACCELERATE_CONFIGS = sorted((RECIPES / "accelerate_configs").glob("*.yaml"))

@@ -43,7 +43,7 @@ _COT_SHORT = "Think step by step, then give your final answer on the last line a
 _DIRECT_MCQ = "Answer with the letter of the correct option."
 _DIRECT_SHORT = "Answer each question with the answer only: a name, a number or a short phrase."
 # (question, answer) shown before a short-answer question. Generic, and no probe of a built-in suite asks any of
-# them (tests/test_prompts.py checks); a name, a number, a person and a year, so no one answer form is favoured.
+# them (tests/scoring/test_prompts.py checks); a name, a number, a person and a year, so no one answer form is favoured.
 SHORT_EXEMPLARS = (
     ("What is the capital of Canada?", "Ottawa"),
     ("How many legs does a spider have?", "8"),

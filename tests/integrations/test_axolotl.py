@@ -24,7 +24,7 @@ os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")  # Axolotl's telemetry is on 
 pytest.importorskip("axolotl", reason="needs axolotl: `make check-axolotl` builds .venv-axolotl and runs this file")
 
 from conftest import build_model, build_tokenizer  # noqa: E402
-from wandb_offline import find_run_file, read_history  # noqa: E402
+from fixtures.wandb_offline import find_run_file, read_history  # noqa: E402
 
 from forgetwatch import load_record  # noqa: E402
 from forgetwatch.integrations.config import ConfigKeyError  # noqa: E402

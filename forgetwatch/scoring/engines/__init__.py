@@ -10,7 +10,7 @@ Adding an engine, in three steps (as lm-evaluation-harness registers its model b
    `(path, dtype, tokenizer_dir) -> (engine, tokenizer)`;
 2. its `EngineSpec` in `ENGINES`;
 3. its name in the option's choices (`forgetwatch.options.ENGINES`, and `DIRECTORY_ENGINES` when it cannot score the
-   model in training); `tests/test_engines.py` checks that the two agree.
+   model in training); `tests/scoring/test_engines.py` checks that the two agree.
 
 Example:
     >>> engine_spec("hf").live_model, engine_spec("vllm").runtime
