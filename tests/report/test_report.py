@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures.records import SCRIPT, SHORT, STEPS, build_record, report_probes, answer_for
+from fixtures.records import SCRIPT, SHORT, STEPS, answer_for, build_record, report_probes
 
 from forgetwatch.cli import main
 from forgetwatch.measures.metrics import compute_report
