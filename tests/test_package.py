@@ -144,7 +144,7 @@ def test_no_module_imports_another_modules_private_name():
 
 
 # Modules still over the 600 lines a module may hold, each at most as long as it is now: the list only shrinks.
-OVERSIZE = {"run/monitor.py": 715, "run/callback.py": 768, "record/store.py": 766,
+OVERSIZE = {"run/monitor.py": 715, "run/callback.py": 716, "record/store.py": 766,
             "scoring/engines/hf.py": 715}
 
 

@@ -39,8 +39,6 @@ from ..probes.probe_set import ProbeSet
 from ..probes.suites import load_probes
 from ..probes.variants import make_plan
 from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
-from ..record.lock import RecordInUseError, RecordUnwritableError, acquire
-from ..record.segments import check_probes, start_segment
 from ..record.store import RunRecord
 from ..scoring.engines import engine_spec
 from ..scoring.fit import ProbeFit, drop_unfit, measure_fit, write_dropped
@@ -51,6 +49,7 @@ from .distributed import broadcast_from_main, score_distributed
 from .loggers import make_loggers
 from .monitor import PREFIX, Monitor
 from .sidecar import SidecarManifest
+from .start import begin_segment, find_base, pin_probes, take_locks
 from .steering import ReplaySteering
 
 __all__ = ["ForgetWatchCallback"]
@@ -296,14 +295,16 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # One training (and one scorer) per record, decided before an earlier record is moved aside: a second run into a
         # live run's output_dir would move its record away under it and interleave their steps. Refused on every rank.
         busy = broadcast_from_main(self._take_locks(args) if self._is_main else None)
-        if busy is not None:
+        if busy is not None:  # said on every rank: a rank that raised alone would leave the others waiting
             raise busy
         # The record's probe set is pinned by its evaluations: a resume with other probes is refused here, before any
         # scoring (or, with probe_change="new_segment", starts a new segment once a base for them is found). Decided on
         # the main process, which reads the record, and told to every rank, as the refusals around it.
         change = None
         if resuming:
-            order, change, error = broadcast_from_main(self._pin(record) if self._is_main else None)
+            order, change, error = broadcast_from_main(
+                pin_probes(record.root, self.probes, self.options.forgetwatch_probe_change, who="the resumed run")
+                if self._is_main else None)
             if error is not None:
                 self._release_locks()  # refused: the record is free for the run that follows the advice
                 raise error
@@ -312,7 +313,12 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 key = make_cache_key(model_identity(model), self.probes, scoring_key, self.plan.key() if self.plan else None)
         # Decided once, on the main process, and the same on every rank: ranks that disagreed (a file one of them cannot
         # see, a cache written while another reads) would score apart and the others wait forever.
-        cache, error = broadcast_from_main(self._find_base(key, cache_path, own_cache, state.global_step) if self._is_main else None)
+        # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
+        # the base was scored at the start, the one written into the record.
+        paths = [cache_path, own_cache] if resuming else [cache_path]
+        cache, error = broadcast_from_main(
+            find_base(key, self.probes.ids, paths, state.global_step, given=bool(self.base_cache),
+                      cache_command=lambda: self._cache_command(key)) if self._is_main else None)
         if error is not None:
             self._release_locks()
             raise error
@@ -324,9 +330,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             except Exception:  # the report's loss panel is not worth a run (nor other ranks waiting on this one)
                 logger.exception("forgetwatch: could not cut trainer_log.jsonl back to step %d", state.global_step)
         if self._is_main and change is not None:  # a base for the new probes was found: the old segment moves aside
-            start_segment(record.root, change, state.global_step, self.probes, start=self._start_id)
-            if cache is not None and not (record.root / "base.parquet").exists():
-                cache.save(record.root / "base.parquet")  # the new segment's base, beside it (its report's picture)
+            begin_segment(record.root, change, state.global_step, self.probes, cache, start=self._start_id)
         self._share = ShareBudget(self.max_share) if self.max_share is not None and self.scoring == "inline" else None
         t_begin = time.perf_counter()
         if cache is None:
@@ -457,22 +461,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
     # -- one writer per record ---------------------------------------------------------------------------------
     def _take_locks(self, args) -> Exception | None:
-        """Take the record's training lock (and, scoring inline, its scoring lock); the error to raise when another live
-        process holds one (`RecordInUseError`) or the directory cannot be written (`RecordUnwritableError`)."""
+        """The record's locks for this run (`forgetwatch.run.start.take_locks`); the error to raise, if any."""
         self._release_locks()
-        run = f"{args.run_name or Path(args.output_dir).name} (training)"
-        try:
-            for role in ("training", "scoring"):
-                self._locks.append(acquire(args.output_dir, role, run=run))
-            if self.scoring == "sidecar":
-                # the watcher scores this run: free its lock, having made sure that no watcher of an earlier run still
-                # writes here (moving the record aside would hand it this run's record)
-                self._locks.pop().release()
-        except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
-            self._release_locks()
-            # another writer, or a directory nobody can write in (a read-only file system is no writer's fault)
-            return e if isinstance(e, (RecordInUseError, RecordUnwritableError)) else RecordInUseError(f"{type(e).__name__}: {e}")
-        return None
+        self._locks, error = take_locks(args.output_dir, f"{args.run_name or Path(args.output_dir).name} (training)",
+                                        scoring=self.scoring != "sidecar")  # sidecar: the watcher scores this run
+        return error
 
     def _release_locks(self) -> None:
         for lock in getattr(self, "_locks", []):
@@ -507,51 +500,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                 return None
             return score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
                                      desc="forgetwatch: the base in fp32 (noise floor)")
-
-    def _pin(self, record: RunRecord) -> tuple[list[int] | None, Any, Exception | None]:
-        """(the run's probes' positions in the record's order when they are the same probes in another order, the change
-        to start a new segment for, the refusal): `forgetwatch.record.segments.check_probes`, on the main process."""
-        try:
-            probes, change = check_probes(record.root, self.probes, self.options.forgetwatch_probe_change,
-                                          who="the resumed run")
-        except Exception as e:  # said on every rank: a rank that raised alone would leave the others waiting
-            return None, None, e
-        order = [self.probes.index_of(p.id) for p in probes] if probes is not self.probes else None
-        return order, change, None
-
-    def _find_base(self, key: dict, cache_path: Path, own_cache: Path, step: int) -> tuple[BaseCache | None, Exception | None]:
-        """The base cache to use (results in probe order), or None to score the base now; or the error a resume must
-        stop with."""
-        resuming = step > 0
-        # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
-        # the base was scored at the start, the one written into the record.
-        problems, mismatched = [], False
-        for path in dict.fromkeys([cache_path, own_cache] if resuming else [cache_path]):
-            if not path.is_file():
-                problems.append(f"{path}: no such file")
-                if not resuming and self.base_cache:
-                    logger.warning("forgetwatch: base_cache %s does not exist; scoring the base model now. A cache this run "
-                                   "accepts: %s", path, self._cache_command(key))
-                continue
-            try:
-                # rows checked against the probes too: a key can match while rows edited by hand do not
-                return BaseCache.load(path, expect=key).for_probes(self.probes.ids, path), None
-            except (CacheMismatchError, ValueError) as e:  # made under another key, or unreadable
-                problems.append(str(e))
-                mismatched = True
-                if not resuming:
-                    logger.warning("forgetwatch: %s\nScoring the base model now. A cache this run accepts: %s",
-                                   e, self._cache_command(key))
-        if not resuming:
-            return None, None
-        error = CacheMismatchError if mismatched else FileNotFoundError
-        return None, error(
-            f"resuming at step {step} needs the base model's results from the first run (the model has already changed), "
-            "and none matches:\n  " + "\n  ".join(problems) + "\nPass `base_cache=` pointing to the cache the first run used"
-            + (f", or, where the resume changed what the cache holds (robustness, or the probes with "
-               f"probe_change='new_segment'), one of the base model made with: {self._cache_command(key)}"
-               if mismatched else ".")
-        )
 
     def _cache_command(self, key: dict) -> str:
         """The `forgetwatch cache` command that makes a cache matching `key` (model, probes, scoring, precision)."""

@@ -39,7 +39,6 @@ from ..probes.probe_set import ProbeSet
 from ..probes.variants import make_plan, serves
 from ..record.cache import BaseCache, diff_keys, make_cache_key
 from ..record.lock import acquire
-from ..record.segments import check_probes, start_segment
 from ..record.store import MODEL_FILES, RunRecord
 from ..scoring.engines import engine_spec
 from ..scoring.models import FSDP_SHARDS
@@ -49,6 +48,7 @@ from .base_rescore import base_for_engine
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, tensorboard_dir
 from .monitor import PREFIX, Monitor
 from .sidecar import MANIFEST, read_manifest
+from .start import begin_segment, pin_probes
 
 __all__ = ["Watcher", "SidecarError"]
 
@@ -125,7 +125,9 @@ class Watcher:
                         "it and scores every checkpoint fully", opts["max_share"])
         # the record's evaluations pin its probe set: a probes.jsonl replaced after them is refused first (its base
         # cache was likely replaced with it); a new segment is started below, under the scoring lock
-        check_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")
+        _, _, refused = pin_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")
+        if refused is not None:
+            raise refused
         cache_path = record_dir / self.manifest["base_cache"]
         cache = BaseCache.load(cache_path)
         # a cache for other probes can never match (as `compare` refuses it)
@@ -177,11 +179,12 @@ class Watcher:
         try:
             record = RunRecord(record_dir)
             record.recover()  # killed mid-evaluation: that step's files set aside, and it is pending again
-            _, change = check_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")
+            _, change, refused = pin_probes(record_dir, self.probes, probe_change, who="forgetwatch watch")
+            if refused is not None:
+                raise refused
             if change:
-                steps = record.committed_steps()
-                start_segment(record_dir, change, max(steps), self.probes, keep=(MANIFEST, self.manifest["base_cache"],
-                                                                                  "probes.jsonl", MODEL_FILES))
+                begin_segment(record_dir, change, max(record.committed_steps()), self.probes,
+                              keep=(MANIFEST, self.manifest["base_cache"], "probes.jsonl", MODEL_FILES))
             self._rescore = rescore if rescore is not None and rescore in record.committed_steps() else None
             if self._rescore is not None:
                 aside = record.set_aside_step(rescore)
