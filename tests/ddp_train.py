@@ -478,7 +478,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for i, c in enumerate(cases):
             c.output_dir.mkdir(parents=True, exist_ok=True)
-            print(f"{CASE_MARK}{c.output_dir}", flush=True)  # what follows is this case's (`multiproc.case_output`)
+            if int(os.environ.get("RANK", "0")) == 0:  # what follows is this case's (`multiproc.case_output`)
+                # one write, on a line of its own: print's text and newline are two writes, which another rank's
+                # output can come between
+                sys.stdout.write(f"\n{CASE_MARK}{c.output_dir}\n")
+                sys.stdout.flush()
             train(c.output_dir, c.max_steps, c.scoring, c.fsdp, c.model, c.base_cache, c.on_budget, c.replay, c.sft,
                   c.sidecar, c.anchor, c.penalty, c.cuda, c.robustness, c.max_share, leave=i == len(cases) - 1)
     except BaseException:
