@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import ProbeSetError
 
-__all__ = ["LoglikRequest", "NextTokenRequest", "GenerateRequest", "Continuations", "Answer", "ProbeSetError"]
+__all__ = ["LoglikRequest", "NextTokenRequest", "GenerateRequest", "Continuations", "Answer", "ProbeSetError",
+           "encode_prompts"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,17 @@ def encode(tokenizer: Any, texts: Sequence[str], chat: bool) -> list[list[int]]:
         # A prompt is the start of a text, never a finished one: an EOS after it would be scored in place of the
         # option's first token, and generation would start after an end of sequence.
         ids = [x[:-1] if x and x[-1] == tokenizer.eos_token_id else x for x in ids]
+    return ids
+
+
+def encode_prompts(tokenizer: Any, requests: Sequence[GenerateRequest], chat: bool,
+                   check_context: Callable[[list[str | None], list[int], str], None]) -> list[list[int]]:
+    """The generation prompts' token ids (`encode`), each checked with the tokens it may generate against the engine's
+    context before anything runs: `check_context(probe_ids, lengths, what)` refuses what does not fit (every engine
+    has its own limit and its own way to say so)."""
+    ids = encode(tokenizer, [r.prompt for r in requests], chat) if requests else []
+    check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
+                  "the tokens they may generate (max_new_tokens)")
     return ids
 
 

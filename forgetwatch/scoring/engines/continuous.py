@@ -26,7 +26,7 @@ import torch
 
 from ...options import default
 from ..forward import pad_token_id, warn_once
-from ..requests import Answer, GenerateRequest, encode
+from ..requests import Answer, GenerateRequest, encode_prompts
 from .hf import HFEngine, cut_answer
 
 __all__ = ["ContinuousBatchingEngine", "continuous_batching_unavailable"]
@@ -115,9 +115,7 @@ class ContinuousBatchingEngine(HFEngine):
         if not requests:
             return []
         tokenizer = self.tokenizer
-        ids = encode(tokenizer, [r.prompt for r in requests], chat)
-        self._check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
-                            "the tokens they may generate (max_new_tokens)")
+        ids = encode_prompts(tokenizer, requests, chat, self._check_context)
         eos, pad_id = self.eos_token_ids, pad_token_id(tokenizer)
         tokens, logprobs = self._run(ids, [r.max_new_tokens for r in requests], eos)
         from transformers import StopStringCriteria

@@ -54,6 +54,7 @@ from ..requests import (
     NextTokenRequest,
     ProbeSetError,
     encode,
+    encode_prompts,
 )
 
 __all__ = ["HFEngine"]
@@ -339,9 +340,7 @@ class HFEngine:
         from transformers import StopStringCriteria
 
         model, tokenizer = self.model, self.tokenizer
-        ids = encode(tokenizer, [r.prompt for r in requests], chat) if requests else []
-        self._check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
-                            "the tokens they may generate (max_new_tokens)")
+        ids = encode_prompts(tokenizer, requests, chat, self._check_context)
         eos, pad_id = self.eos_token_ids, pad_token_id(tokenizer)
         criteria = {stops: StopStringCriteria(tokenizer, list(stops)) for stops in {tuple(r.stops) for r in requests} if stops}
         slots = [_Slot(i, x, r.max_new_tokens, criteria.get(tuple(r.stops))) for i, (x, r) in enumerate(zip(ids, requests, strict=True))]

@@ -47,6 +47,7 @@ from ..requests import (
     LoglikRequest,
     NextTokenRequest,
     encode,
+    encode_prompts,
 )
 
 __all__ = ["VLLMEngine", "engine_for_checkpoint", "engine_for_model", "vllm_unavailable"]
@@ -299,9 +300,7 @@ class VLLMEngine:
         if not requests:
             return []
         tokenizer = self.tokenizer
-        ids = encode(tokenizer, [r.prompt for r in requests], chat)
-        self._check_context([r.probe_id for r in requests], [len(x) + r.max_new_tokens for x, r in zip(ids, requests, strict=True)],
-                            "the tokens they may generate (max_new_tokens)")
+        ids = encode_prompts(tokenizer, requests, chat, self._check_context)
         eos = self.eos_token_ids
         # logprobs=0: the chosen token's log-probability only, where a NaN / inf among the logits shows as NaN
         params = [SamplingParams(temperature=0.0, max_tokens=r.max_new_tokens, stop=list(r.stops) or None, stop_token_ids=eos,
