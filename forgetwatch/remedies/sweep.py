@@ -34,6 +34,7 @@ from ..probes.probe_set import ProbeSet
 from ..record.cache import BaseCache, make_cache_key
 from ..scoring.engines import engine_spec
 from ..scoring.models import check_model_path, load_checkpoint, load_model, local_model_path, smollm2_path
+from ..scoring.weights import compare_weights, weights_fingerprint
 
 __all__ = ["InterpolationSweep", "interpolation_front", "resolve_base_model", "base_model_dir",
            "format_interpolation", "plot_interpolation"]
@@ -274,8 +275,9 @@ def _load(path: str, base_dir: Path, dtype: str, device: str | None, base_name: 
 def resolve_base_model(base_model: str | None, cache: BaseCache, cache_path: str | os.PathLike = "the base cache",
                        allow_other_model: bool = False) -> tuple[str | None, Path]:
     """(the base model's name, its local directory): `base_model` (a directory, a Hub id, `smollm2`), or the model the
-    cache was made with. A `base_model` other than the cache's is refused unless `allow_other_model`: α = 0 would be
-    scored as a drift from another model.
+    cache was made with. A `base_model` other than the cache's, or weight files at its path other than those the cache
+    was made from (the key's fingerprint), are refused unless `allow_other_model`: α = 0 would be scored as a drift from
+    another model.
 
     Example:
         >>> resolve_base_model(None, BaseCache.load("base.parquet"))  # doctest: +SKIP
@@ -289,7 +291,15 @@ def resolve_base_model(base_model: str | None, cache: BaseCache, cache_path: str
                                  "be scored as a drift from another model. Give the cache's own base (or make a cache with "
                                  "this one: forgetwatch cache --model ...), or pass --allow-other-model to go on")
     name = base_model or cached
-    return name, base_model_dir(name, cache_path)
+    directory = base_model_dir(name, cache_path)
+    # the same name is not the same weights: other weights saved at the base's path since the cache was made would make
+    # α = 0 another model, and every step toward the base a step toward it (the key holds the files' fingerprint)
+    diff, _ = compare_weights(cache.key.get("model", {}).get("weights"), weights_fingerprint(directory), str(directory))
+    if diff and not allow_other_model:
+        raise InterpolationError(f"{cache_path}: {diff}. Stepping back toward these weights would not be stepping back "
+                                 "toward the base the record was scored against: restore the base's weights there (or "
+                                 "give --base-model the directory that holds them), or pass --allow-other-model to go on")
+    return name, directory
 
 
 def base_model_dir(name: str | None, cache_path: str | os.PathLike = "the base cache") -> Path:

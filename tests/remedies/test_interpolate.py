@@ -640,3 +640,23 @@ def test_the_checks_read_each_files_header_once(tuned, monkeypatch, tmp_path):
     # the one-file base: once to list its tensors, once for their headers; each shard of the index: once
     want = Counter({str(tuned["base"] / "model.safetensors"): 2, **{str(sharded / s): 1 for s in shards}})
     assert len(shards) > 2 and Counter(opened) == want, Counter(opened)
+
+
+def test_other_weights_saved_at_the_bases_path_are_refused(tuned, capsys, tmp_path):
+    """The cache names its base by path and keeps its weight files' fingerprint: other weights saved at that path after
+    the cache was made are refused (interpolate and rewind alike), before anything is scored, unless
+    --allow-other-model; α = 0 would otherwise be the other model, silently."""
+    tok = build_tokenizer()
+    base, probes, cache = tmp_path / "base", tmp_path / "probes.jsonl", tmp_path / "base.parquet"
+    build_model(tok).save_pretrained(base)
+    tok.save_pretrained(base)
+    make_probes().to_jsonl(probes)
+    assert cli(["cache", "--model", str(base), "--probes", str(probes), "--max-new-tokens", "4", "-o", str(cache)]) == 0
+    build_model(tok, seed=1).save_pretrained(base)  # other weights, the same path and architecture
+    capsys.readouterr()
+    argv = ["interpolate", "--model", str(tuned["ft"]), "--probes", str(probes), "--base", str(cache), "--alphas", "0",
+            "--json"]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "are not those this cache was made from" in err and "--allow-other-model" in err and "Traceback" not in err
+    assert cli([*argv, "--allow-other-model"]) == 0

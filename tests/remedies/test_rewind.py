@@ -484,3 +484,20 @@ def test_a_fresh_run_moves_an_earlier_rewound_model_aside(tmp_path):
                 max_steps=3).train()
     assert (out / "rewound.1" / "mine.txt").read_text() == "an earlier run's"  # kept, as the earlier record is
     assert (out / "rewound" / "config.json").is_file() and read_rewind(out).data["check_alpha_1"]["equal"] is True
+
+
+def test_rewind_refuses_other_weights_saved_at_the_bases_path(tmp_path, capsys):
+    """Rewind streams the base from the path the cache names: weights saved there after training (the same name, the
+    same architecture) are refused before any α is scored, naming the cache's fingerprint; it would otherwise step back
+    toward another model and say nothing."""
+    base, tok = base_model(tmp_path)
+    args = fw_args(tmp_path, forgetwatch_budget="forgetting=0.3")
+    trainer = sft_trainer(base, tok, tmp_path / "out", [ForgetWatchCallback.from_args(args)], eval_set=False)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "out"))
+    build_model(tok, seed=SEED + 1).save_pretrained(base)  # other weights at the base's path
+    capsys.readouterr()
+    assert cli(["rewind", str(tmp_path / "out"), "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert "are not those this cache was made from" in err and "--allow-other-model" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "forgetwatch" / "rewind.json").exists()  # refused before anything was written
