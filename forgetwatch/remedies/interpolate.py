@@ -31,7 +31,7 @@ from ..errors import InterpolationError
 
 __all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "held_out_loss", "load_task_data",
            "encode_task_rows", "check_lora_config", "save_interpolated", "save_lora_merged", "setting_differences",
-           "DEFAULT_ALPHAS"]
+           "DEFAULT_ALPHAS", "model_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +234,40 @@ def _at(alpha: float, base: _Tensors, tuned: _Tensors, name: str) -> torch.Tenso
     return b if alpha == 0 else b.lerp_(tuned.get(name).float(), alpha)
 
 
+# What a model directory holds besides its weights, by name (`save_pretrained` of a model, its tokenizer and processor).
+# Only these go into an interpolated model: the final checkpoint may be a trainer's output_dir, which also holds logs,
+# lock files, the user's own files (a `.env`, data) and the record.
+_MODEL_FILE_NAMES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+    "sentencepiece.bpe.model", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
+    "processor_config.json",
+})
+
+
+def model_files(directory: str | os.PathLike) -> list[Path]:
+    """The files of a model directory that are not its weights: those `save_pretrained` writes for the config, the
+    tokenizer and the processor (`_MODEL_FILE_NAMES`, `*.tiktoken`), and the code files its config's `auto_map` names
+    (remote code). Nothing else: a trainer's output_dir holds logs, locks and the user's own files beside them.
+
+    Example:
+        >>> [f.name for f in model_files("outputs/run")]  # doctest: +SKIP
+        ['config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json']
+    """
+    root = Path(directory)
+    code: set[str] = set()
+    try:
+        auto_map = json.loads((root / "config.json").read_text()).get("auto_map") or {}
+        for ref in auto_map.values():  # "modeling_x.ModelX", or ["tokenization_x.Tok", null]
+            for r in ref if isinstance(ref, list) else [ref]:
+                if isinstance(r, str) and "." in r:
+                    code.add(r.split("--")[-1].rsplit(".", 1)[0] + ".py")
+    except (OSError, ValueError, AttributeError):
+        pass  # no config, or one without remote code
+    return sorted(f for f in root.iterdir() if f.is_file() and (
+        f.name in _MODEL_FILE_NAMES or f.name.endswith(".tiktoken") or f.name in code))
+
+
 def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike, alpha: float,
                       out: str | os.PathLike) -> None:
     """Write θ(α) as a model directory at `out`: the checkpoint's files, its weights replaced by θ_base + α (θ_ft −
@@ -251,10 +285,8 @@ def save_interpolated(base_dir: str | os.PathLike, tuned_dir: str | os.PathLike,
     _check_pair(base, tuned)
     out = Path(out)
     out.mkdir(parents=True)
-    weights = set(tuned.files.values()) | {tuned.directory / "model.safetensors.index.json"}
-    for f in tuned.directory.iterdir():  # config, generation config, tokenizer: as the checkpoint has them
-        if f.is_file() and f not in weights and not f.name.endswith((".bin", ".pt", ".pth")):
-            shutil.copy2(f, out / f.name)
+    for f in model_files(tuned.directory):  # config, generation config, tokenizer: as the checkpoint has them
+        shutil.copy2(f, out / f.name)
     if (tuned.directory / "model.safetensors.index.json").is_file():
         shutil.copy2(tuned.directory / "model.safetensors.index.json", out / "model.safetensors.index.json")
     from safetensors import safe_open

@@ -660,3 +660,23 @@ def test_other_weights_saved_at_the_bases_path_are_refused(tuned, capsys, tmp_pa
     err = capsys.readouterr().err
     assert "are not those this cache was made from" in err and "--allow-other-model" in err and "Traceback" not in err
     assert cli([*argv, "--allow-other-model"]) == 0
+
+
+def test_the_saved_model_holds_the_models_files_and_nothing_else_of_the_directory(tuned, tmp_path):
+    """The final checkpoint can be a trainer's output_dir: its logs, lock files and the user's own files (a `.env` with
+    a token) stay out of the model a user ships; the config, the tokenizer and the remote code its config names go in."""
+    from forgetwatch.remedies.interpolate import save_interpolated
+
+    run = _copy(tuned["ft"], tmp_path / "run")
+    (run / ".env").write_text("HF_TOKEN=hf_secret\n")
+    (run / "train.log").write_text("step 1\n" * 1000)
+    (run / ".forgetwatch-training.lock").write_text("123\n")
+    (run / "my_data.jsonl").write_text("{}\n")
+    (run / "modeling_custom.py").write_text("# the model's remote code\n")
+    (run / "helper.py").write_text("# the user's own script\n")
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "modeling_custom.Custom"}}))
+    save_interpolated(tuned["base"], run, 0.5, tmp_path / "rewound")
+    names = {f.name for f in (tmp_path / "rewound").iterdir()}
+    assert not names & {".env", "train.log", ".forgetwatch-training.lock", "my_data.jsonl", "helper.py"}, names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "modeling_custom.py"} <= names
