@@ -73,3 +73,23 @@ def finish(trainer, training_args, callbacks: list) -> None:
                 print(f"W&B run (offline): {run_dir}\n  upload it with: wandb sync {run_dir}")
     if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers, destroy the process group
         trainer.end()
+
+
+def parse(parser, argv: list[str] | None = None) -> tuple:
+    """The recipe's arguments (`TrlParser.parse_args_and_config`), after its `--config` file is checked for one of
+    forgetwatch's keys given twice: the YAML reader would keep the last value without a word (a stricter budget given
+    first would be dropped), so the recipe stops, naming the file, the key and both lines."""
+    import sys
+
+    from forgetwatch.errors import ConfigKeyError
+    from forgetwatch.integrations.config import refuse_duplicate_keys
+
+    args = sys.argv[1:] if argv is None else argv
+    for i, a in enumerate(args):
+        path = args[i + 1] if a == "--config" and i + 1 < len(args) else a.partition("=")[2] if a.startswith("--config=") else None
+        if path and Path(path).is_file():
+            try:
+                refuse_duplicate_keys(path)
+            except ConfigKeyError as e:
+                raise SystemExit(f"error: {e}") from None
+    return parser.parse_args_and_config(args) if argv is not None else parser.parse_args_and_config()

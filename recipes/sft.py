@@ -47,4 +47,6 @@ def make_parser() -> TrlParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    from common import parse  # recipes/common.py: a forgetwatch key given twice in --config is refused first
+
+    main(*parse(make_parser()))

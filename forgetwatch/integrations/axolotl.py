@@ -53,6 +53,7 @@ from .config import (
     ConfigKeyError,
     front_end_arguments,
     penalty_needs_nonreentrant,
+    refuse_duplicate_keys,
     where_given,
     yaml_key_lines,
 )
@@ -113,6 +114,8 @@ def check_config(cfg: Mapping[str, Any], *, source: str | None = None, need_plug
     """
     path = cfg.get("axolotl_config_path")
     lines = yaml_key_lines(path) if path and Path(str(path)).is_file() else {}
+    if lines:  # the file is there: a key given twice lost a value before Axolotl (or this check) read it
+        refuse_duplicate_keys(path)
     source = source or (str(path) if path else "the Axolotl config")
     plugins = cfg.get("plugins") or []
     plugins = [plugins] if isinstance(plugins, str) else list(plugins)
@@ -152,6 +155,8 @@ def _nonreentrant_for_the_penalty(cfg: dict) -> None:
     kwargs = cfg.get("gradient_checkpointing_kwargs") or {}
     path = cfg.get("axolotl_config_path")
     lines = yaml_key_lines(path) if path and Path(str(path)).is_file() else {}
+    if lines:  # the file is there: a key given twice lost a value before Axolotl (or this check) read it
+        refuse_duplicate_keys(path)
     if penalty_needs_nonreentrant(args, kwargs.get("use_reentrant"), key="gradient_checkpointing_kwargs.use_reentrant",
                                   source=str(path or "the Axolotl config"), lines=lines):
         cfg["gradient_checkpointing_kwargs"] = {**kwargs, "use_reentrant": False}

@@ -36,7 +36,8 @@ from ..options import ForgetWatchArguments, read_legacy
 from ..remedies import check_remedies
 
 __all__ = ["ConfigKeyError", "KEYS", "PREFIX", "RECIPE_ONLY", "TERM_OPTIONS", "TYPES", "check_keys", "front_end_arguments",
-           "parse_keys", "penalty_needs_nonreentrant", "split_keys", "where_given", "yaml_key_lines"]
+           "duplicate_keys", "parse_keys", "penalty_needs_nonreentrant", "refuse_duplicate_keys", "split_keys",
+           "where_given", "yaml_key_lines"]
 
 PREFIX = "forgetwatch_"
 KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(ForgetWatchArguments)}
@@ -324,3 +325,59 @@ def yaml_key_lines(path: str | Path) -> dict[str, int]:
     if not isinstance(node, yaml.MappingNode):
         return {}
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def duplicate_keys(path: str | Path) -> list[tuple[str, int, int]]:
+    """The keys a YAML file gives twice in one mapping, at any depth, as (dotted key, first line, second line), 1-based.
+    YAML readers keep the last value without a word (a stricter budget given first is dropped); a config check must
+    not say "keys ok" over it.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "c.yaml")
+        >>> _ = open(p, "w").write("forgetwatch_eval_steps: 1\\nforgetwatch_budget: {forgetting: 0.1, forgetting: 0.5}\\n"
+        ...                        "forgetwatch_eval_steps: 7\\n")
+        >>> duplicate_keys(p)
+        [('forgetwatch_eval_steps', 1, 3), ('forgetwatch_budget.forgetting', 2, 2)]
+    """
+    import yaml
+
+    try:
+        root = yaml.compose(Path(path).read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []  # unreadable: the reader says so itself
+    out: list[tuple[str, int, int]] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                name = f"{prefix}{key.value}" if isinstance(key, yaml.ScalarNode) else None
+                if name is not None:
+                    if name in seen:
+                        out.append((name, seen[name], key.start_mark.line + 1))
+                    else:
+                        seen[name] = key.start_mark.line + 1
+                walk(value, f"{name}." if name is not None else prefix)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, prefix)
+
+    walk(root, "")
+    out.sort(key=lambda d: (d[1], d[2]))
+    return out
+
+
+def refuse_duplicate_keys(path: str | Path) -> None:
+    """`ConfigKeyError` naming the file, the key and both lines when a YAML config gives one of forgetwatch's keys twice
+    (`duplicate_keys`; the front-end's own keys are the front-end's business).
+
+    Example:
+        >>> refuse_duplicate_keys("config.yaml")  # doctest: +SKIP
+    """
+    found = [d for d in duplicate_keys(path) if d[0].startswith(PREFIX)]
+    if found:
+        key, first, second = found[0]
+        more = f" (and {len(found) - 1} more: " + ", ".join(k for k, *_ in found[1:]) + ")" if len(found) > 1 else ""
+        raise ConfigKeyError(f"{path}:{second}: {key} is given twice (first at line {first}): a YAML reader keeps the "
+                             f"last value and drops the other without a word{more}. Keep the one you mean")

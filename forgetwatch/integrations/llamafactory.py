@@ -42,6 +42,7 @@ from .config import (
     ConfigKeyError,
     front_end_arguments,
     penalty_needs_nonreentrant,
+    refuse_duplicate_keys,
     where_given,
     yaml_key_lines,
 )
@@ -97,6 +98,8 @@ def read_config(path: str | os.PathLike,
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ValueError(f"{path}: not a readable config: {e}") from None
     lines = yaml_key_lines(file) if file.suffix != ".json" else {}
+    if lines:
+        refuse_duplicate_keys(file)  # the reader kept the last of a key given twice: refused, as the other front-ends do
     if OmegaConf is not None:
         loaded = OmegaConf.to_container(config)
     if not isinstance(loaded, dict):

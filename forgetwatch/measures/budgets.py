@@ -197,8 +197,15 @@ def parse_budget(spec: Mapping[str, float] | str | None) -> dict[str, float] | N
     if text.startswith("{"):
         import json
 
+        def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+            seen = [k for i, (k, _) in enumerate(items) if k in dict(items[:i])]
+            if seen:
+                raise ValueError(f"`budget` {spec!r}: {seen[0]!r} is given twice; the limit would be the last one, "
+                                 "silently: keep the one you mean")
+            return dict(items)
+
         try:
-            out = json.loads(text)
+            out = json.loads(text, object_pairs_hook=pairs)
         except json.JSONDecodeError as e:
             raise ValueError(f"`budget` {spec!r} is not valid JSON ({e})") from None
         if not isinstance(out, dict):
@@ -207,6 +214,9 @@ def parse_budget(spec: Mapping[str, float] | str | None) -> dict[str, float] | N
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
+        if key.strip() in out:
+            raise ValueError(f"`budget` {spec!r}: {key.strip()!r} is given twice; the limit would be the last one, "
+                             "silently: keep the one you mean")
         try:
             if not sep:
                 raise ValueError

@@ -3,6 +3,7 @@ before training with the file, the line, the key and the fix."""
 
 import doctest
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +279,38 @@ def test_every_value_the_callback_refuses_is_refused_by_both_front_ends_checks(t
         assert forgetwatch(["llamafactory", "train", "--check", str(llamafactory_cfg)]) == 2
         llamafactory_err = capsys.readouterr().err
         assert needle in llamafactory_err and f"{llamafactory_cfg}, line 4" in llamafactory_err, llamafactory_err
+
+
+def test_a_key_given_twice_is_refused_by_every_front_end(tmp_path, capsys):
+    """A YAML reader keeps the last of a key given twice without a word (the stricter budget given first was dropped):
+    the Axolotl check, `forgetwatch llamafactory train --check` and the recipes refuse it, naming the file, the key
+    and both lines; nested keys (a budget's metrics) too. The front-end's own keys are its business."""
+    from conftest import run_as_main
+
+    from forgetwatch.cli import main as forgetwatch
+    from forgetwatch.integrations.axolotl import PLUGIN
+    from forgetwatch.integrations.axolotl import main as axolotl_check
+    from forgetwatch.integrations.config import duplicate_keys
+
+    body = ("forgetwatch_probes: sciq\nforgetwatch_per_suite: 2\nforgetwatch_eval_steps: 1\n"
+            "forgetwatch_budget: {forgetting: 0.1, forgetting: 0.5}\nforgetwatch_eval_steps: 7\n")
+    axolotl_cfg, llamafactory_cfg, recipe_cfg = (tmp_path / f"{n}.yaml" for n in ("axolotl", "llamafactory", "recipe"))
+    axolotl_cfg.write_text(f"base_model: x\nplugins: [{PLUGIN}]\n{body}")
+    llamafactory_cfg.write_text(f"stage: sft\n{body}")
+    recipe_cfg.write_text(f"model_name_or_path: x\n{body}")
+    assert duplicate_keys(axolotl_cfg) == [("forgetwatch_eval_steps", 5, 7), ("forgetwatch_budget.forgetting", 6, 6)]
+    said = "forgetwatch_eval_steps is given twice (first at line"
+    capsys.readouterr()
+    assert axolotl_check([str(axolotl_cfg)]) == 1
+    err = capsys.readouterr().err
+    assert f"{axolotl_cfg}:7: {said} 5)" in err and "forgetwatch_budget.forgetting" in err, err
+    if importlib.util.find_spec("llamafactory") is None:
+        assert forgetwatch(["llamafactory", "train", "--check", str(llamafactory_cfg)]) == 2
+        assert f"{llamafactory_cfg}:6: {said} 4)" in capsys.readouterr().err
+    root = Path(__file__).resolve().parents[2]
+    recipe = run_as_main(root / "recipes" / "sft.py", "--config", str(recipe_cfg), "--output_dir", str(tmp_path / "out"))
+    assert recipe.returncode != 0 and f"{recipe_cfg}:6: {said} 4)" in recipe.stderr, recipe.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+    # a key of the front-end's own given twice is not ours to refuse
+    axolotl_cfg.write_text(f"base_model: x\nbase_model: y\nplugins: [{PLUGIN}]\nforgetwatch_probes: sciq\n")
+    assert axolotl_check([str(axolotl_cfg)]) == 0

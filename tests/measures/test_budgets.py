@@ -256,3 +256,10 @@ def test_budget_options_are_checked_even_without_a_budget():
         watcher(on_budget="halt")
     with pytest.raises(ValueError, match="forgetwatch_budget_bound must be one of lower, point"):
         watcher(budget_bound="upper")
+
+
+@pytest.mark.parametrize("spec", ["forgetting=0.1,forgetting=0.2", '{"forgetting": 0.1, "forgetting": 0.5}'])
+def test_a_metric_given_twice_in_a_budget_is_refused(spec):
+    """The last limit would win silently (the stricter one given first dropped): refused, naming the metric."""
+    with pytest.raises(ValueError, match="'forgetting' is given twice"):
+        parse_budget(spec)

@@ -192,6 +192,12 @@ def test_a_second_training_into_a_live_runs_output_dir_is_refused_then_takes_ove
     first = in_live_child(lambda: sft_trainer(tokenizer, out, [watcher(), Hold()]).train())
     try:
         wait_for_lock(out, "training", first)
+        # and its base evaluation written: the record a second run must not move is there (the lock is taken before
+        # the base is scored, and a fast second run was refused before the first wrote anything: the check below raced)
+        deadline = time.monotonic() + 60
+        while not (out / "forgetwatch" / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+            assert os.waitpid(first, os.WNOHANG) == (0, 0), "the first run ended before its base evaluation"
+            time.sleep(0.05)
         before = sorted(p.name for p in tmp_path.iterdir())
         with pytest.raises(RecordInUseError, match=rf"pid {first} on .*one record takes one writer"):
             sft_trainer(tokenizer, out, [watcher()]).train()
