@@ -86,8 +86,13 @@ def parse(parser, argv: list[str] | None = None) -> tuple:
 
     args = sys.argv[1:] if argv is None else argv
     for i, a in enumerate(args):
-        path = args[i + 1] if a == "--config" and i + 1 < len(args) else a.partition("=")[2] if a.startswith("--config=") else None
-        if path and Path(path).is_file():
+        if a == "--config" and i + 1 < len(args):
+            path = args[i + 1]
+        elif a.startswith("--config="):
+            path = a.partition("=")[2]
+        else:
+            continue
+        if Path(path).is_file():
             try:
                 refuse_duplicate_keys(path)
             except ConfigKeyError as e:
