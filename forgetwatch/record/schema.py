@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["line_problem", "budget_problem", "eval_problem", "manifest_problem"]
+__all__ = ["line_problem", "budget_problem", "eval_problem", "manifest_problem", "metrics_line_problem"]
 
 BIG = 2**53  # the largest whole number a JSON reader anywhere carries exactly: larger ones were never written by us
 
@@ -238,4 +238,39 @@ def eval_problem(z: dict[str, np.ndarray]) -> str | None:
                     f"probe's answer starts), not {offsets.dtype} {_shown(offsets.tolist())}")
     if "fingerprint" in z and (z["fingerprint"].ndim != 0 or z["fingerprint"].dtype.kind != "U"):
         return f"array `fingerprint` must be one text, not {z['fingerprint'].dtype} of shape {z['fingerprint'].shape}"
+    return None
+
+
+def metrics_line_problem(row: dict[str, Any]) -> str | None:
+    """What makes a metrics.jsonl line one forgetwatch could not have written, or None: `step` a whole number >= 0,
+    `epoch` and `seconds` numbers, `metrics` an object of groups, each an object of figures that are numbers (NaN
+    included), true/false or a reason (text)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    step = row.get("step")
+    if "step" not in row:
+        return "field `step` is missing"
+    if not number(step) or isinstance(step, float) or not 0 <= step < 2**53:  # larger: no JSON reader carries it exactly
+        return f"field `step` must be a whole number >= 0, not {step!r} ({type(step).__name__})"
+    for field in ("epoch", "seconds"):
+        if field in row and not number(row[field]):
+            return f"field `{field}` must be a number, not {row[field]!r} ({type(row[field]).__name__})"
+    partial = row.get("partial")  # a partial evaluation's design (max_share): what the report reads of it
+    if partial is not None:
+        if not isinstance(partial, dict):
+            return f"field `partial` must be an object (the partial evaluation's counts), not {type(partial).__name__}"
+        for field in ("k", "scored", "n"):  # k is null for a pilot (nothing timed yet)
+            value = partial.get(field)
+            if (value is not None or field != "k") and (not number(value) or isinstance(value, float)):
+                return f"field `partial.{field}` must be a whole number, not {value!r}"
+    groups = row.get("metrics")
+    if not isinstance(groups, dict):
+        return f"field `metrics` must be an object of groups, not {type(groups).__name__}"
+    for name, figures in groups.items():
+        if not isinstance(figures, dict):
+            return f"field `metrics.{name}` must be an object of figures, not {type(figures).__name__}"
+        for key, value in figures.items():
+            if not isinstance(value, (int, float, str)):  # bool is an int; NaN is a float
+                return f"field `metrics.{name}.{key}` must be a number, not {value!r}"
     return None

@@ -41,74 +41,48 @@ import json
 import logging
 import math
 import os
-import re
 import shlex
 import shutil
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._io import atomic_write, read_json, read_jsonl, repair_cut_tail, split_cut_tail
+from .._io import atomic_write, read_jsonl
 from ..errors import RecordError
 from ..measures.robustness import VariantOutcomes
 from ..scoring.results import ProbeResults, pack_ragged, unpack_ragged
-from .schema import budget_problem, eval_problem, line_problem
+from .files import (
+    DAMAGED,
+    EVAL_FILE,
+    EVAL_LINES,
+    RECOVERED,
+    REORDERING,
+    SUPERSEDED,
+    UNWRITTEN,
+    append,
+    append_line,
+    new_folder,
+    read_json_file,
+    read_lines,
+    step_key,
+)
+from .recovery import Recovery
+from .schema import budget_problem, eval_problem, metrics_line_problem
 
 __all__ = ["RunRecord", "RecordError", "load_record"]
 
 logger = logging.getLogger(__name__)
 
-_EVAL_FILE = re.compile(r"step-(\d+)\.npz$")
 MODEL_FILES = "model"  # the record's directory of a sidecar-mode run's config and tokenizer
-# what a resume from step N cuts back to N: the scoring's per-step files (the trainer log is the training process's own:
-# the watcher, which scores beside training, never touches it)
-# (unwritten.jsonl too: a resume from before a step that could not be written scores it again)
-_STEP_FILES = ("evals", "metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl", "unwritten.jsonl")
-# the JSON-lines files an evaluation appends to (its scorer's: the watcher never touches the trainer's log)
-_EVAL_LINES = ("metrics.jsonl", "flips.jsonl", "at_risk.jsonl", "events.jsonl")
-UNWRITTEN = "unwritten.jsonl"  # the evaluations that could not be written (`append_unwritten`)
-RECOVERED = "recovered"  # what `recover` set aside: <record>/recovered/<time>/
-SUPERSEDED = "superseded"  # what a resume from an earlier step cut: <record>/superseded/after-step-N-<start>/
-REORDERING = "reordering.json"  # the marker of a reordering under way (see the module's docstring)
-
-
-_DAMAGED = ("forgetwatch writes whole lines, so the file was changed by hand or by another program: restore it, or move "
-            "the record away")
-
-
-def _append(path: Path, text: str, sync: bool = True) -> None:
-    """Every append to a record file: whole lines in one write, synced (the record's only other writes are atomic). A
-    write that fails part way (a full disk) is cut back, so that the next append never lands on half a line."""
-    # unbuffered: a buffered file flushes what it holds before it truncates, and on a full disk that flush fails again
-    # and leaves the half line in place
-    data = memoryview(text.encode("utf-8"))
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            while data:
-                data = data[os.write(fd, data):]
-            if sync:
-                os.fsync(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
-
-
-def _append_line(path: Path, obj: dict[str, Any], sync: bool = True) -> None:
-    _append(path, json.dumps(obj, ensure_ascii=False) + "\n", sync)
 
 
 @dataclass
-class RunRecord:
+class RunRecord(Recovery):
     """Writes (and reads back) the record directory of one training run."""
 
     root: Path
@@ -146,7 +120,7 @@ class RunRecord:
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         """The evaluation's commit point: written after every other file of it."""
-        _append_line(self.root / "metrics.jsonl", row)
+        append_line(self.root / "metrics.jsonl", row)
 
     def append_flips(self, rows: list[dict[str, Any]]) -> None:
         self._append_lines("flips.jsonl", rows)
@@ -154,7 +128,7 @@ class RunRecord:
     def _append_lines(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        _append(self.root / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        append(self.root / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
     def append_at_risk(self, rows: list[dict[str, Any]]) -> None:
         self._append_lines("at_risk.jsonl", rows)
@@ -163,8 +137,8 @@ class RunRecord:
     def rewrite_steps(self, name: str, steps: set[int], rows: list[dict[str, Any]]) -> None:
         """Replace the rows of `steps` in the JSON-lines file `name` with `rows`, the file kept in step order (rows of
         one step in the order given), rewritten whole, atomically."""
-        kept = [r for r in _read_jsonl(self.root / name) if r.get("step") not in steps]
-        ordered = sorted(kept + list(rows), key=_step_key)  # stable: a step's rows keep their order
+        kept = [r for r in read_lines(self.root / name) if r.get("step") not in steps]
+        ordered = sorted(kept + list(rows), key=step_key)  # stable: a step's rows keep their order
         if not ordered and not (self.root / name).is_file():
             return
         with atomic_write(self.root / name) as f:
@@ -189,7 +163,7 @@ class RunRecord:
 
     def reordering(self) -> int | None:
         """The step from which a reordering left unfinished recomputes, or None."""
-        state = _read_json(self.root / REORDERING) if (self.root / REORDERING).is_file() else None
+        state = read_json_file(self.root / REORDERING) if (self.root / REORDERING).is_file() else None
         step = (state or {}).get("from_step")
         return step if isinstance(step, int) and not isinstance(step, bool) else None
 
@@ -202,19 +176,19 @@ class RunRecord:
         its npz, its metrics.jsonl line and its rows of flips.jsonl, at_risk.jsonl and events.jsonl move to
         `superseded/rescore-step-<step>-<time>/`, never deleted. Its line leaves metrics.jsonl first, after a copy is
         on disk: a kill part way leaves the step unfinished, and `recover` sets the rest aside. Returns the folder."""
-        aside = _new_folder(self.root / SUPERSEDED / f"rescore-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        aside = new_folder(self.root / SUPERSEDED / f"rescore-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
         aside.mkdir(parents=True)
         self.begin_reordering(step)  # the step after it has its flips against it: recomputed against the one before
-        names = sorted((n for n in _EVAL_LINES if (self.root / n).is_file()), key=lambda n: n != "metrics.jsonl")
+        names = sorted((n for n in EVAL_LINES if (self.root / n).is_file()), key=lambda n: n != "metrics.jsonl")
         for name in names:
-            rows = [r for r in _read_jsonl(self.root / name) if r.get("step") == step]
+            rows = [r for r in read_lines(self.root / name) if r.get("step") == step]
             if rows:
                 with open(aside / name, "a", encoding="utf-8") as f:
                     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
                     f.flush()
                     os.fsync(f.fileno())
         for name in names:  # metrics.jsonl first: the step is uncommitted before anything else of it goes
-            if any(r.get("step") == step for r in _read_jsonl(self.root / name)):
+            if any(r.get("step") == step for r in read_lines(self.root / name)):
                 self.rewrite_steps(name, {step}, [])
         if self.eval_path(step).exists():
             (aside / "evals").mkdir()
@@ -224,26 +198,26 @@ class RunRecord:
     def append_trainer_log(self, row: dict[str, Any]) -> None:
         # Every logging step, inside the training loop: no fsync (a slow one on network storage would stall the step);
         # a crash loses at most the last rows, which trainer_state.json of the next checkpoint has anyway.
-        _append_line(self.root / "trainer_log.jsonl", row, sync=False)
+        append_line(self.root / "trainer_log.jsonl", row, sync=False)
 
     def read_trainer_log(self) -> list[dict[str, Any]]:
         # written without fsync: after a power loss a line may be garbage, and a plot of the loss is worth keeping
-        return _read_jsonl(self.root / "trainer_log.jsonl", skip_bad=True)
+        return read_lines(self.root / "trainer_log.jsonl", skip_bad=True)
 
     def append_event(self, row: dict[str, Any]) -> None:
-        _append_line(self.root / "events.jsonl", row)
+        append_line(self.root / "events.jsonl", row)
 
     def append_unwritten(self, row: dict[str, Any]) -> None:
         """Note an evaluation that could not be written (`step`, `path`, `error`): not one of the evaluation's own files
         (those are set aside when uncommitted), so that the loss stays said. Its own file at the record's root, which a
         write failure in `evals/` or a full disk (a short line fits where an npz does not) may spare."""
-        _append_line(self.root / UNWRITTEN, row)
+        append_line(self.root / UNWRITTEN, row)
 
     def unwritten(self) -> list[dict[str, Any]]:
         """The evaluations that could not be written and are still not in the record (a step scored again later, by a
         restarted watcher or a resumed run, is no longer missing), in step order."""
         done = set(self.committed_steps())
-        rows = [r for r in _read_jsonl(self.root / UNWRITTEN) if r.get("step") not in done]
+        rows = [r for r in read_lines(self.root / UNWRITTEN) if r.get("step") not in done]
         return sorted(rows, key=lambda r: r["step"] if isinstance(r.get("step"), int) else -1)
 
     def write_budget(self, state: dict[str, Any]) -> None:
@@ -251,13 +225,13 @@ class RunRecord:
             f.write(json.dumps(state, ensure_ascii=False, indent=1) + "\n")
 
     def read_events(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.root / "events.jsonl")
+        return read_lines(self.root / "events.jsonl")
 
     def read_at_risk(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.root / "at_risk.jsonl")
+        return read_lines(self.root / "at_risk.jsonl")
 
     def read_budget(self) -> dict[str, Any] | None:
-        return _read_json(self.root / "budget.json", budget_problem)
+        return read_json_file(self.root / "budget.json", budget_problem)
 
     def write_replay(self, lines: Iterable[str]) -> Path:
         """Replace replay.jsonl with these JSONL lines (`ReplayTracker.lines()`)."""
@@ -271,17 +245,17 @@ class RunRecord:
             f.write(json.dumps(state, ensure_ascii=False, indent=1) + "\n")
 
     def read_mix(self) -> dict[str, Any] | None:
-        return _read_json(self.root / "replay_mix.json")
+        return read_json_file(self.root / "replay_mix.json")
 
     def _npz_steps(self) -> list[int]:
         if not self.evals_dir.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := _EVAL_FILE.search(p.name)))
+        return sorted(int(m.group(1)) for p in self.evals_dir.iterdir() if (m := EVAL_FILE.search(p.name)))
 
     def committed_steps(self, file_order: bool = False) -> list[int]:
         """The evaluations committed, in step order: those with a `metrics.jsonl` line (the commit point). With
         `file_order`, in the order of the file (an earlier forgetwatch appended a step scored late after later ones)."""
-        rows = _read_jsonl(self.root / "metrics.jsonl") if file_order else self.read_metrics()
+        rows = read_lines(self.root / "metrics.jsonl") if file_order else self.read_metrics()
         return [r["step"] for r in rows if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
 
     def eval_steps(self) -> list[int]:
@@ -365,18 +339,18 @@ class RunRecord:
         holds them). With `checked`, every field is type-checked first (what the figures are made from: a report must not
         stop on a TypeError), and a line forgetwatch could not have written raises `RecordError` naming the file, the line
         and the field."""
-        order = (lambda rows: list(rows)) if file_order else (lambda rows: sorted(rows, key=_step_key))
+        order = (lambda rows: list(rows)) if file_order else (lambda rows: sorted(rows, key=step_key))
         if not checked:
-            return order(_read_jsonl(self.root / "metrics.jsonl"))
+            return order(read_lines(self.root / "metrics.jsonl"))
         path = self.root / "metrics.jsonl"
-        rows = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip")) if path.is_file() else []
+        rows = list(read_jsonl(path, RecordError, DAMAGED, objects=True, partial="skip")) if path.is_file() else []
         for lineno, row in rows:
-            if problem := _metrics_line_problem(row):
-                raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
+            if problem := metrics_line_problem(row):
+                raise RecordError(f"{path}, line {lineno}: {problem}; {DAMAGED}")
         return order(row for _, row in rows)
 
     def read_flips(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.root / "flips.jsonl")
+        return read_lines(self.root / "flips.jsonl")
 
     def format_curves(self) -> str:
         """One line per evaluation: step, forgetting, backward transfer (raw and adjusted), accuracy; of the knowledge
@@ -461,209 +435,9 @@ class RunRecord:
                 "probes, so this one was replaced or changed after it was written (another run's, copied in?): put step "
                 f"{step}'s own file back if you have it, and the report draws that step again")
 
-    # -- faults ---------------------------------------------------------------------------------------------------
-    def recover(self) -> list[str]:
-        """Make the record whole again after a crash, before writing to it: a line cut short by the crash, and every
-        file of an evaluation without its commit line (npz, flips, at-risk rows, events), move to
-        `recovered/<time>/`; nothing is deleted. Returns what was done (also said in one warning)."""
-        aside = _new_folder(self.root / RECOVERED / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        notes: list[str] = []
-        for name in _EVAL_LINES:
-            _, cut = split_cut_tail(self.root / name)
-            if cut:
-                aside.mkdir(parents=True, exist_ok=True)
-                repair_cut_tail(self.root / name, aside / f"{name}.cut")
-                notes.append(f"{name}: its last line was cut short ({len(cut)} bytes)")
-        # a metrics line without its npz (evals/ pruned by hand) is committed all the same: a crash cannot make one
-        committed = set(self.committed_steps())
-        unfinished = [s for s in self._npz_steps() if s not in committed]
-        for step in unfinished:
-            aside.mkdir(parents=True, exist_ok=True)
-            self.eval_path(step).rename(aside / self.eval_path(step).name)
-        for name in _EVAL_LINES:
-            path = self.root / name
-            if not path.is_file():
-                continue
-            rows = self._read_lines(path)
-            # a step that is no whole number (a metrics line edited by hand) is never committed: set aside with the rest
-            done = [isinstance(r.get("step"), int) and r["step"] in committed for r in rows]
-            keep = [r for r, d in zip(rows, done, strict=True) if d]
-            if len(keep) < len(rows):
-                unfinished += [r.get("step") for r, d in zip(rows, done, strict=True) if not d]
-                aside.mkdir(parents=True, exist_ok=True)
-                with open(aside / name, "a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r, d in zip(rows, done, strict=True) if not d))
-                with atomic_write(path) as f:
-                    f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
-        if unfinished:
-            notes.append(f"step(s) {', '.join(sorted({str(s) for s in unfinished}))} were not finished (no "
-                         "metrics.jsonl line, its commit point)")
-        if notes:
-            logger.warning("forgetwatch: %s was left mid-write (a crash or a kill?): %s. Set aside in %s; unfinished steps "
-                           "are scored again where the model still exists (a checkpoint, or a resumed run).",
-                           self.root, "; ".join(notes), aside)
-        return notes
-
-    def kept_aside(self) -> list[str]:
-        """What this record set aside and kept, not in its figures: `recovered/<time>` (a crash's unfinished writes) and
-        `superseded/after-step-N-<start>` (a trajectory a resume abandoned), as paths relative to the record."""
-        out = []
-        for folder in (RECOVERED, SUPERSEDED):
-            try:
-                out += [f"{folder}/{p.name}" for p in sorted((self.root / folder).iterdir(), key=lambda p: p.stat().st_mtime)
-                        if p.is_dir()] if (self.root / folder).is_dir() else []
-            except OSError as e:  # a report is not refused for a folder it cannot list
-                out.append(f"{folder}/ (unreadable: {e.strerror or e})")
-        return out
-
-    def being_written(self) -> tuple[int, dict[str, Any]] | None:
-        """The evaluation a live writer is writing now, and who: the latest npz without its `metrics.jsonl` line while
-        the record's scoring lock is held by a live process (`forgetwatch.record.lock.live_holder`); None otherwise. Its files
-        are not yet part of the record: not in its figures, and not a problem of it."""
-        from .lock import live_holder
-
-        unfinished = [s for s in self._npz_steps() if s not in set(self.committed_steps())]
-        if not unfinished:
-            return None
-        holder = live_holder(self.root.parent if self.root.name == "forgetwatch" else self.root, "scoring")
-        if holder is None:
-            return None
-
-        def written(step: int) -> float:
-            try:
-                return self.eval_path(step).stat().st_mtime
-            except OSError:
-                return 0.0
-
-        # one writer scores one evaluation at a time: the newest file is its; an older one was left by a crash
-        return max(unfinished, key=lambda s: (written(s), s)), holder
-
-    def check(self, fingerprint: str | None = None, n: int | None = None,
-              writing: int | None = None) -> list[str]:
-        """What is wrong with this record, for `forgetwatch report`: steps repeated (and out of order), evaluations without
-        their commit line or the other way round, npz files of another probe count or probe set. Empty when whole.
-        `writing`: the step a live writer is writing now (`being_written`), whose missing line is no problem."""
-        problems = []
-        steps = [r.get("step") for r in self.read_metrics(checked=True, file_order=True)]  # refused by name if damaged
-        repeated = sorted({s for s in steps if steps.count(s) > 1}, key=str)
-        if repeated:
-            problems.append(f"metrics.jsonl holds step(s) {', '.join(map(str, repeated))} more than once (two writers, or "
-                            "an evaluation written twice): flips and curves count them twice")
-        # out of order alone is a step scored late by an earlier forgetwatch: read in step order, nothing is wrong. With
-        # a step twice, it is what two writers leave
-        if repeated and any(isinstance(a, int) and isinstance(b, int) and b < a for a, b in zip(steps, steps[1:], strict=False)):
-            problems.append(f"metrics.jsonl's steps are out of order with steps repeated ({', '.join(map(str, steps[:12]))}"
-                            f"{', ...' if len(steps) > 12 else ''}): two runs wrote into one record?")
-        files = [s for s in self._npz_steps() if s != writing or s in steps]  # committed meanwhile: an evaluation
-        if missing := sorted({s for s in steps if isinstance(s, int)} - set(files)):
-            problems.append(f"step(s) {', '.join(map(str, missing))} have a metrics.jsonl line but no evals/ file")
-        if unfinished := [s for s in files if s not in set(steps)]:
-            problems.append(f"step(s) {', '.join(map(str, unfinished))} have an evals/ file but no metrics.jsonl line "
-                            "(unfinished: the writer stopped mid-evaluation)")
-        for s in files:
-            try:
-                z = self.read_eval(s)
-            except RecordError as e:
-                problems.append(str(e))
-                continue
-            if problem := self._npz_problem(s, z, n, fingerprint):
-                problems.append(problem)
-        return problems
-
     def _read_lines(self, path: Path) -> list[dict[str, Any]]:
-        return _read_jsonl(path)
+        return read_lines(path)
 
-    def set_aside(self) -> Path | None:
-        """Move an earlier run's record out of the way (to `forgetwatch.<time>/` beside it), never overwriting it.
-
-        Returns where it went, or None when there was no record here.
-        """
-        root = self.root
-        metrics = root / "metrics.jsonl"
-        # trainer_log.jsonl alone: a sidecar-mode run whose checkpoints no watcher scored; its log is a record too
-        if not metrics.is_file() and not any(self.evals_dir.glob("step-*.npz")) and not (root / "trainer_log.jsonl").is_file():
-            return None
-        when = metrics.stat().st_mtime if metrics.is_file() else time.time()
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
-        target, n = root.with_name(f"{root.name}.{stamp}"), 1
-        while target.exists():
-            target, n = root.with_name(f"{root.name}.{stamp}-{n}"), n + 1
-        root.rename(target)
-        logger.warning("forgetwatch: %s held the record of an earlier run; moved it to %s (nothing is deleted). Resume with "
-                       "`resume_from_checkpoint=` to continue a run's own record.", root, target)
-        return target
-
-    def truncate_after(self, step: int, names: tuple[str, ...] = _STEP_FILES, start: str | None = None) -> Path | None:
-        """Cut the evaluations after `step` out of the record (resuming from an earlier checkpoint recomputes them);
-        `names` says which files. What is cut, the abandoned trajectory's, is set aside byte for byte (evals/ files,
-        JSON-lines rows, and the trainer log's unreadable lines) in `superseded/after-step-<step>-<start>/`, never
-        deleted: `start` is the id of the training start that resumed, so the training process (its trainer log) and
-        the watcher (the evaluations) of one resume fill one folder, and two resumes two. Returns the folder, or None
-        when nothing came after `step`."""
-        cut_evals = [s for s in self._npz_steps() if s > step] if "evals" in names else []  # committed or not
-        # the commit lines (metrics.jsonl) go last: a crash mid-cut leaves those steps committed, cut again next time
-        lines = sorted((n for n in names if n != "evals" and (self.root / n).is_file()), key=lambda n: n == "metrics.jsonl")
-        cuts = {n: c for n in lines if (c := self._split_after(n, step))[1] or c[2]}
-        if not cut_evals and not cuts:
-            return None
-        label = f"after-step-{step}" if step >= 0 else "from-the-start"
-        aside = self.root / SUPERSEDED / (f"{label}-{start[:12]}" if start
-                                          else _new_folder(self.root / SUPERSEDED / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").name)
-        for s in cut_evals:
-            (aside / "evals").mkdir(parents=True, exist_ok=True)
-            src = self.eval_path(s)
-            # shutil.move: evals/ may be a link to another disk, where a rename cannot go
-            shutil.move(src, _new_folder(aside / "evals" / src.name))
-        for name, (kept, after, unreadable) in cuts.items():
-            aside.mkdir(parents=True, exist_ok=True)
-            for suffix, part in (("", after), (".unreadable", unreadable)):
-                if part:  # on disk before the record drops them: a crash between leaves them in both places
-                    with open(aside / f"{name}{suffix}", "ab") as f:
-                        f.write(part)
-                        f.flush()
-                        os.fsync(f.fileno())
-            with atomic_write(self.root / name, "wb") as f:
-                f.write(kept)
-        what = (["evals/"] if cut_evals else []) + [n for n, c in cuts.items() if c[1]]
-        # the trainer log alone (the training process's share of a resume) is said with the evaluations, by their writer
-        say = logger.warning if cut_evals or set(cuts) - {"trainer_log.jsonl"} else logger.info
-        say("forgetwatch: the run goes on from %s, so what the record held after it (%s%s) is of an abandoned trajectory "
-            "and is written again; set aside in %s (nothing is deleted)",
-            "the start" if step < 0 else f"step {step}", ", ".join(what) or "nothing",
-            "; the trainer log's unreadable lines too" if cuts.get("trainer_log.jsonl", (0, 0, b""))[2] else "", aside)
-        return aside
-
-    def _split_after(self, name: str, step: int) -> tuple[bytes, bytes, bytes]:
-        """A JSON-lines file's lines as (kept, after `step`, unreadable), each as its bytes. Unreadable: a last line cut
-        short by a crash (left in place, the next line appended would be glued to it), and in the trainer log, written without
-        fsync, a line a power loss garbled; damage elsewhere raises `RecordError` with the file and line. A row whose
-        step is not a number is kept."""
-        path = self.root / name
-        tolerant = name == "trainer_log.jsonl"
-        if not tolerant:
-            _read_jsonl(path)  # damage is refused with the file and line
-        kept, after, unreadable = [], [], []
-        parts = path.read_bytes().split(b"\n")  # lines as the reader splits them (on \n alone)
-        for i, line in enumerate([p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])):
-            if not line.strip():
-                continue
-            try:  # a byte-order mark (an editor's) opens line 1: the reader skips it, so it is no damage
-                text = line[3:] if i == 0 and line.startswith(b"\xef\xbb\xbf") else line
-                row = json.loads(text.decode("utf-8")) if line.endswith(b"\n") else None
-            except ValueError:
-                row = None
-            if not isinstance(row, dict):  # garbled (the trainer log only), or a last line cut short
-                unreadable.append(line if line.endswith(b"\n") else line + b"\n")
-                continue
-            at = row.get("step", 0)
-            numeric = isinstance(at, (int, float)) and not isinstance(at, bool)
-            (after if numeric and at > step else kept).append(line)
-        return b"".join(kept), b"".join(after), b"".join(unreadable)
-
-
-def _step_key(row: dict[str, Any]) -> float:
-    step = row.get("step")
-    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else math.inf
 
 
 def _pack_text(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -674,81 +448,6 @@ def _pack_text(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _unpack_text(data: np.ndarray, offsets: np.ndarray) -> list[str]:
     raw = data.tobytes()
     return [raw[a:b].decode("utf-8", "replace") for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
-
-
-def _new_folder(path: Path) -> Path:
-    """`path`, or `path.1`, `path.2`, ... (before a file's extension: `step-4.1.npz`): the first name not taken (what is
-    set aside never replaces what was)."""
-    target, n = path, 1
-    while target.exists():
-        target, n = path.with_name(f"{path.stem}.{n}{path.suffix}" if path.suffix == ".npz" else f"{path.name}.{n}"), n + 1
-    return target
-
-
-def _metrics_line_problem(row: dict[str, Any]) -> str | None:
-    """What makes a metrics.jsonl line one forgetwatch could not have written, or None: `step` a whole number >= 0,
-    `epoch` and `seconds` numbers, `metrics` an object of groups, each an object of figures that are numbers (NaN
-    included), true/false or a reason (text)."""
-    def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-    step = row.get("step")
-    if "step" not in row:
-        return "field `step` is missing"
-    if not number(step) or isinstance(step, float) or not 0 <= step < 2**53:  # larger: no JSON reader carries it exactly
-        return f"field `step` must be a whole number >= 0, not {step!r} ({type(step).__name__})"
-    for field in ("epoch", "seconds"):
-        if field in row and not number(row[field]):
-            return f"field `{field}` must be a number, not {row[field]!r} ({type(row[field]).__name__})"
-    partial = row.get("partial")  # a partial evaluation's design (max_share): what the report reads of it
-    if partial is not None:
-        if not isinstance(partial, dict):
-            return f"field `partial` must be an object (the partial evaluation's counts), not {type(partial).__name__}"
-        for field in ("k", "scored", "n"):  # k is null for a pilot (nothing timed yet)
-            value = partial.get(field)
-            if (value is not None or field != "k") and (not number(value) or isinstance(value, float)):
-                return f"field `partial.{field}` must be a whole number, not {value!r}"
-    groups = row.get("metrics")
-    if not isinstance(groups, dict):
-        return f"field `metrics` must be an object of groups, not {type(groups).__name__}"
-    for name, figures in groups.items():
-        if not isinstance(figures, dict):
-            return f"field `metrics.{name}` must be an object of figures, not {type(figures).__name__}"
-        for key, value in figures.items():
-            if not isinstance(value, (int, float, str)):  # bool is an int; NaN is a float
-                return f"field `metrics.{name}.{key}` must be a number, not {value!r}"
-    return None
-
-
-def _read_jsonl(path: Path, skip_bad: bool = False) -> list[dict[str, Any]]:
-    """The rows of a record's JSON-lines file; a last line cut short by a crash is not a record (`recover` sets it
-    aside). A damaged line elsewhere raises `RecordError` with the file and line, unless `skip_bad` (the trainer's log,
-    written without fsync: after a power loss a line may be garbage)."""
-    if not path.is_file():
-        return []
-    if not skip_bad:
-        numbered = list(read_jsonl(path, RecordError, _DAMAGED, objects=True, partial="skip"))
-    else:
-        numbered = []
-        for lineno, line in enumerate(path.read_bytes().split(b"\n")[:-1], 1):  # the part after the last newline is cut
-            with contextlib.suppress(UnicodeDecodeError, ValueError):
-                row = json.loads(line.decode("utf-8")) if line.strip() else None
-                if isinstance(row, dict):
-                    numbered.append((lineno, row))
-    # every field the readers use, type-checked: a report must say which line is wrong, not stop on a TypeError
-    for lineno, row in numbered:
-        if problem := line_problem(path.name, row):
-            raise RecordError(f"{path}, line {lineno}: {problem}; {_DAMAGED}")
-    return [row for _, row in numbered]
-
-
-def _read_json(path: Path, check: Callable[[dict[str, Any]], str | None] | None = None) -> dict[str, Any] | None:
-    """A record's JSON file (written whole, atomically), or None when absent; damage raises `RecordError` with the line,
-    and a field `check` finds wrong with the field."""
-    doc = read_json(path, "a forgetwatch record file", RecordError, objects=True) if path.is_file() else None
-    if doc is not None and check is not None and (problem := check(doc)):
-        raise RecordError(f"{path}: {problem}; {_DAMAGED}")
-    return doc
 
 
 def load_record(output_dir: str | os.PathLike) -> RunRecord:

@@ -136,7 +136,7 @@ class RewindCallback(TrainerCallback, ExportableState):
         labelled = lm_labels(args) if self.stage is None else self.stage == "sft"
         evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
         if self.rows is not None:
-            from ..run.callback import tokenizer_of
+            from ..run.hook_inputs import tokenizer_of
             from .interpolate import encode_task_rows
 
             encode_task_rows(tokenizer_of(processing_class), self.rows, source=self.data)  # a row it cannot read: now
@@ -157,7 +157,7 @@ class RewindCallback(TrainerCallback, ExportableState):
         if not state.is_world_process_zero:
             return
         from ..record.store import RunRecord
-        from ..run.callback import tokenizer_of
+        from ..run.hook_inputs import tokenizer_of
         from ..run.loggers import make_loggers
         from ..scoring.forward import model_device
 

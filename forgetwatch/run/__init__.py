@@ -1,7 +1,9 @@
 """Run: forgetwatch attached to a training run, in the trainer's process or beside it.
 
 `monitor.py` turns one evaluation's results into figures, the record, the loggers' rows and the budget's verdict;
-`callback.py` is `ForgetWatchCallback`, which scores probes inside any HF Trainer and hands them to the monitor;
+`callback.py` is `ForgetWatchCallback`, which scores probes inside any HF Trainer and hands them to the monitor, with
+`inloop.py` scoring the live model (every probe, the fp32 reference, a partial pass under max_share) and
+`hook_inputs.py` reading what the Trainer's hooks hand it; `start.py` is the run start the callback and the watcher share;
 `watcher.py` scores a run's checkpoints from another process (`forgetwatch watch`), with `sidecar.py`'s manifest;
 `distributed.py` and `launch.py` split the probes across ranks and read how the model is sharded; `loggers.py`,
 `keys.py`, `console.py` and `wandb_workspace.py` say where and under which names the figures go; `steering.py` steers

@@ -7,14 +7,12 @@ import inspect
 import itertools
 import logging
 import math
-import os
 import time
 import uuid
 import weakref
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
@@ -23,7 +21,6 @@ from ..measures.budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from ..measures.drift import RiskRule
 from ..measures.partial import Design, ShareBudget
 from ..measures.robustness import variant_outcomes
-from ..measures.schedule import plan_evaluation
 from ..options import (
     GROUPS,
     REMEDIES,
@@ -43,13 +40,14 @@ from ..record.store import RunRecord
 from ..scoring.engines import engine_spec
 from ..scoring.fit import ProbeFit, drop_unfit, measure_fit, write_dropped
 from ..scoring.models import model_identity
-from ..scoring.results import ProbeResults
-from ..scoring.score import ScoringConfig, describe_precision, full_precision
-from .distributed import broadcast_from_main, score_distributed
+from ..scoring.score import ScoringConfig, describe_precision
+from .distributed import broadcast_from_main
+from .hook_inputs import saves_at, tokenizer_of, training_autocast
+from .inloop import decide_design, score_all, score_part, score_reference, would_trip
 from .loggers import make_loggers
 from .monitor import PREFIX, Monitor
 from .sidecar import SidecarManifest
-from .start import begin_segment, find_base, pin_probes, take_locks
+from .start import base_cache_command, begin_segment, find_base, pin_probes, take_locks
 from .steering import ReplaySteering
 
 __all__ = ["ForgetWatchCallback"]
@@ -286,7 +284,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self._progress = not args.disable_tqdm
         record = RunRecord(Path(args.output_dir) / PREFIX)
         self._record_root = record.root  # on every rank and in every mode (the Monitor opens it on the main process only)
-        autocast = _training_autocast(model, args)
+        autocast = training_autocast(model, args)
         scoring_key = self.config.key(tokenizer, describe_precision(model, autocast=autocast))
         key = make_cache_key(model_identity(model), self.probes, scoring_key, self.plan.key() if self.plan else None)
         own_cache = record.root / "base.parquet"
@@ -316,9 +314,10 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # A resumed run uses the base its first run used: the given cache, or, when that was absent or did not match and
         # the base was scored at the start, the one written into the record.
         paths = [cache_path, own_cache] if resuming else [cache_path]
+        advice = lambda: base_cache_command(key, self.probes, self.options, self._record_root)  # noqa: E731
         cache, error = broadcast_from_main(
-            find_base(key, self.probes.ids, paths, state.global_step, given=bool(self.base_cache),
-                      cache_command=lambda: self._cache_command(key)) if self._is_main else None)
+            find_base(key, self.probes.ids, paths, state.global_step, given=bool(self.base_cache), cache_command=advice)
+            if self._is_main else None)
         if error is not None:
             self._release_locks()
             raise error
@@ -335,12 +334,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         t_begin = time.perf_counter()
         if cache is None:
             t0 = time.perf_counter()
-            base, variants = self._score(model, tokenizer, progress=self._is_main and not args.disable_tqdm,
-                                         desc="forgetwatch: scoring the base model")
+            base, variants = score_all(model, tokenizer, self.probes, self.plan, self.config,
+                                       self._is_main and not args.disable_tqdm, "forgetwatch: scoring the base model")
             logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
             if self._share is not None:
                 self._share.note_full(time.perf_counter() - t0, len(self.probes))
-            cache = BaseCache(key, base, self._score_reference(model, tokenizer, scoring_key["precision"], args), variants)
+            cache = BaseCache(key, base, score_reference(model, tokenizer, self.probes, self.config, scoring_key["precision"],
+                                              self._is_main and not args.disable_tqdm), variants)
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
                 cache.save(record.root / "base.parquet" if self.base_cache else cache_path)
@@ -417,7 +417,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if (state.global_step % self.eval_steps == 0 or state.global_step >= state.max_steps) and not self._probing_stopped():
             breaches = self._evaluate(model, processing_class if processing_class is not None else kwargs.get("tokenizer"), state,
                                       saving=bool(control.should_save or control.should_training_stop)
-                                      or self._saves_at(args, state, state.global_step),
+                                      or saves_at(args, state, state.global_step),
                                       args=args)
             if self.budget is not None and self.budget.on_budget in ("save", "stop"):
                 # Decided where the gathered results are, then shared: ranks that stopped or saved apart would hang.
@@ -480,44 +480,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                             cache=cache, start_id=self._start_id, model=model, tokenizer=tokenizer)
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _score(self, model, tokenizer, progress: bool, desc: str) -> tuple[ProbeResults, ProbeResults | None]:
-        """The probes' results and, with robustness on, their variants' rows, scored together in one pass (variants
-        share the probes' batches)."""
-        if self.plan is None:
-            return score_distributed(model, tokenizer, self.probes, self.config, progress=progress, desc=desc), None
-        full = score_distributed(model, tokenizer, self.plan.scored(), self.config, progress=progress, desc=desc)
-        return self.plan.split(full)
-
-    def _score_reference(self, model, tokenizer, precision: str, args) -> ProbeResults | None:
-        """The base scored again in fp32 without autocast, for the noise floor; None when the training precision is
-        fp32 already (nothing to compare) or the weights are not fp32 (no fp32 answer without a copy)."""
-        if precision == "float32":
-            return None
-        with full_precision(model) as ok:
-            if not ok:
-                logger.info("forgetwatch: the weights are %s, so the base has no fp32 reference and the precision noise floor "
-                            "is unknown; a `forgetwatch cache` of the fp32 model has one", precision)
-                return None
-            return score_distributed(model, tokenizer, self.probes, self.config, progress=self._is_main and not args.disable_tqdm,
-                                     desc="forgetwatch: the base in fp32 (noise floor)")
-
-    def _cache_command(self, key: dict) -> str:
-        """The `forgetwatch cache` command that makes a cache matching `key` (model, probes, scoring, precision)."""
-        from ..commands import cache_command
-
-        origin = self.probes.origin
-        if origin.startswith("suites:"):
-            probes = origin.removeprefix("suites:")
-            per_suite, seed = self.options.forgetwatch_per_suite, self.options.forgetwatch_seed
-            probes += (f" --per-suite {per_suite}" if per_suite else "") + (f" --seed {seed}" if seed else "")
-        elif origin.endswith(".jsonl"):
-            probes = origin
-        else:  # a ProbeSet built in code: the run's record keeps it as JSONL
-            probes = str(self._record_root / "probes.jsonl") if self._record_root else "probes.jsonl"
-        return cache_command(key["model"].get("name_or_path", ""), probes, key["scoring"], self.base_cache or "base.parquet",
-                             robustness=self.options.forgetwatch_robustness or None,
-                             robust_per_suite=self.options.forgetwatch_robust_per_suite)
-
     def _share_state_with_the_users_object(self) -> None:
         """With `restore_callback_states_from_checkpoint=True` the Trainer replaces the user's callback by a new one built
         from the checkpoint, so the object the user holds would never see the run. Find it (same probes and options, never
@@ -552,12 +514,14 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         progress, desc = self._is_main and self._progress, f"forgetwatch: step {state.global_step}"
         tokenizer = tokenizer_of(processing_class)
         if design is None:
-            results, variants = self._score(model, tokenizer, progress=progress, desc=desc)
+            results, variants = score_all(model, tokenizer, self.probes, self.plan, self.config, progress, desc)
         else:  # variants are scored at the full passes only
-            results, variants = self._score_part(model, tokenizer, design, progress, desc), None
-            if self._trips(results, design):  # a budget would save or stop here: that step gets an exact pass
+            results, variants = score_part(model, tokenizer, self.probes, self.config, self._share, design, progress, desc), None
+            # a budget would save or stop here: that step gets an exact pass
+            if would_trip(self.monitor, self.budget, results, design, self._is_main):
                 design = None
-                results, variants = self._score(model, tokenizer, progress=progress, desc=f"{desc} (budget: every probe)")
+                results, variants = score_all(model, tokenizer, self.probes, self.plan, self.config, progress,
+                                               f"{desc} (budget: every probe)")
         seconds = time.perf_counter() - t0
         account = None
         if self._share is not None:
@@ -589,62 +553,11 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                                 self._is_main)
         return breaches
 
-    # -- max_share: partial evaluations (`forgetwatch.measures.partial`) -------------------------------------------------------
-    @staticmethod
-    def _saves_at(args, state, step: int) -> bool:
-        """Whether the Trainer saves a checkpoint at `step` by its save strategy "steps" (the current step's save is
-        also read from `control.should_save`)."""
-        strategy = getattr(getattr(args, "save_strategy", None), "value", getattr(args, "save_strategy", None))
-        every = getattr(state, "save_steps", 0) or 0
-        return strategy == "steps" and every > 0 and step % every == 0
-
+    # -- max_share: partial evaluations (`forgetwatch.run.inloop`) -----------------------------------------------------
     def _design(self, args, state, saving: bool) -> Design | None:
-        """The design of this evaluation, None for a full pass: decided on the main process (which holds the record's
-        per-probe state and the clock) and the same on every rank."""
-        def decide() -> Design | None:
-            every = int(getattr(state, "save_steps", 0) or 0)
-            plan = plan_evaluation(state.global_step, state.max_steps, self.eval_steps,
-                                   every if every and self._saves_at(args, state, every) else 0, saving, self._share,
-                                   self.monitor.must_score(), self.monitor.kinds())
-            if plan.full:
-                return None
-            return self.monitor.partial_design(state.global_step, plan.fraction, self.options.forgetwatch_seed,
-                                               plan.steady)
-
-        try:
-            design = decide() if self._is_main else None
-        except Exception:  # never end training over the plan: a full pass instead
-            logger.exception("forgetwatch: could not plan a partial evaluation at step %d; scoring every probe",
-                             state.global_step)
-            design = None
-        return broadcast_from_main(design)
-
-    def _trips(self, scored: ProbeResults, design: Design) -> bool:
-        """With a budget that saves or stops: whether this partial evaluation would trip it (decided on the main
-        process, where the record is, and the same on every rank)."""
-        if self.budget is None or self.budget.on_budget not in ("save", "stop"):
-            return False
-        trip = None
-        if self._is_main:
-            try:
-                trip = self.monitor.would_trip(self.monitor.merged(scored), design)
-            except Exception:
-                logger.exception("forgetwatch: could not judge the partial evaluation against the budget")
-                trip = False
-        return bool(broadcast_from_main(trip))
-
-    def _score_part(self, model, tokenizer, design: Design, progress: bool, desc: str) -> ProbeResults:
-        """The probes `design` scores, each kind in a call of its own, timed (the sizing's cost per probe of each kind)."""
-        parts = []
-        for kind in dict.fromkeys(design.kinds.tolist()):
-            chosen = np.flatnonzero(design.scored & (design.kinds == kind))
-            if not len(chosen):
-                continue
-            t0 = time.perf_counter()
-            parts.append(score_distributed(model, tokenizer, [self.probes[int(i)] for i in chosen], self.config,
-                                           progress=progress, desc=f"{desc} ({kind}, partial)"))
-            self._share.note_cost(kind, time.perf_counter() - t0, len(chosen))
-        return ProbeResults.concat(parts)
+        """The design of this evaluation, None for a full pass (the same on every rank)."""
+        return decide_design(self.monitor, self._share, args, state, self.eval_steps, saving,
+                             self.options.forgetwatch_seed, self._is_main)
 
     def _log_config(self) -> None:
         try:
@@ -658,36 +571,6 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             }}, allow_val_change=True)
         except Exception as e:
             logger.warning("forgetwatch: could not add its settings to the W&B config (%s)", e)
-
-
-def _training_autocast(model: Any, args: Any) -> str | None:
-    """The autocast dtype the trainer really runs forwards in: what accelerate's forward wrapper does, found by running it
-    (`forward.wrapped_autocast`), else what the arguments say."""
-    from ..scoring.forward import model_device, wrapped_autocast
-
-    said = "bfloat16" if args.bf16 else ("float16" if args.fp16 else None)
-    done = wrapped_autocast(model, model_device(model))
-    if done is not None and done != said:
-        logger.warning("forgetwatch: the trainer runs forwards under %s autocast although its arguments say %s "
-                       "($ACCELERATE_MIXED_PRECISION=%s: set by `accelerate launch --mixed_precision`, or on transformers "
-                       "4 by any earlier TrainingArguments with bf16/fp16 in this process); probes are scored, and the "
-                       "base cache keyed, in the precision it runs", done, f"{said} autocast" if said else "none",
-                       os.environ.get("ACCELERATE_MIXED_PRECISION"))
-    return done or said
-
-
-def tokenizer_of(processing_class: Any) -> Any:
-    """The tokenizer in a Trainer hook's `processing_class` (a multimodal processor wraps one); refused when None."""
-    if processing_class is None:
-        import transformers
-
-        raise ValueError("ForgetWatchCallback needs the tokenizer: pass `processing_class=tokenizer` to the Trainer "
-                         f"(transformers {transformers.__version__} passed none to the callback)")
-    from transformers import ProcessorMixin
-
-    # a multimodal processor wraps the tokenizer
-    return processing_class.tokenizer if isinstance(processing_class, ProcessorMixin) else processing_class
-
 
 
 def _signature() -> inspect.Signature:

@@ -24,11 +24,11 @@ import numpy as np
 
 from ..errors import RecordWriteError
 from ..measures.behavior import compute_behavior
-from ..measures.budgets import ROBUST_BUDGETS, Breach, Budget, BudgetState
+from ..measures.budgets import Breach, Budget, BudgetState
 from ..measures.drift import RiskRule, at_risk_mask, compute_drift
 from ..measures.metrics import compute_report, mark_missing
 from ..measures.noise import NoiseFloor, noise_floor
-from ..measures.partial import MIN_SAMPLE, Design, estimate_rows, plan_partial, rotation_k
+from ..measures.partial import Design, estimate_rows
 from ..measures.robustness import (
     VariantOutcomes,
     variant_outcomes,
@@ -40,9 +40,11 @@ from ..record.ordering import History, Late, insert_late, repair, walk
 from ..record.replay import ReplayTracker
 from ..record.segments import ProbeSetChangedError, check_probes, segment_start
 from ..record.store import RunRecord
-from ..scoring.results import CORRECT, ProbeResults
+from ..scoring.results import ProbeResults
+from .budget_watch import BudgetWatch
 from .console import format_evaluation, headline_categories, say
 from .keys import OVERALL, PREFIX, final_key, table_key
+from .rotation import PartialRotation
 from .rows import add_robust_figures, flip_rows, fragile_flip_rows, members_of, scalars_of
 
 __all__ = ["Monitor", "figure_rows"]
@@ -50,7 +52,7 @@ __all__ = ["Monitor", "figure_rows"]
 logger = logging.getLogger(__name__)
 
 
-class Monitor:
+class Monitor(PartialRotation, BudgetWatch):
     """One run's forgetting record, kept up to date evaluation by evaluation.
 
     Args:
@@ -360,110 +362,6 @@ class Monitor:
                 logger.exception("forgetwatch: could not print the console line at step %d; training goes on", step)
         return breaches
 
-    # -- partial evaluations (`max_share`, `forgetwatch.measures.partial`) --------------------------------------------------
-    def merged(self, scored: ProbeResults) -> ProbeResults:
-        """Every probe's latest result: those in `scored` as scored now, the others as last scored (the last
-        evaluation, or the base)."""
-        assert self.base is not None
-        latest = self.last if self.last is not None else self.base
-        out = latest.take(range(len(latest)))
-        for j, pid in enumerate(scored.ids):
-            out.set_row(self.probes.index_of(pid), scored, j)
-        return out
-
-    def must_score(self) -> np.ndarray:
-        """The probes a partial evaluation scores whatever its share: those that flipped at the last evaluation, and
-        those due (not scored in the last K-1 evaluations)."""
-        must = self._flipped_or_bad()
-        if self.ages is not None and self.rotation_k is not None:
-            must |= self.ages >= self.rotation_k - 1
-        return must
-
-    def _flipped_or_bad(self) -> np.ndarray:
-        """Flipped at the last evaluation, or not finite when last scored (scored again: a NaN must not stand for the
-        probe until it is due, blanking its groups' estimates)."""
-        n = len(self.probes)
-        must = self.flipped_last.copy() if self.flipped_last is not None else np.zeros(n, bool)
-        if self.last is not None:
-            must |= self.last.nonfinite_mask()
-        return must
-
-    def risk(self) -> np.ndarray:
-        """Each probe's margin when last scored where it was at risk then (right at base, still right, margin under the
-        at-risk threshold or fallen by the drop), inf elsewhere: a partial evaluation scores the lowest first."""
-        assert self.base is not None
-        latest = self.last if self.last is not None else self.base
-        return np.where(at_risk_mask(self.base, latest, self.risk_rule), latest.margin.astype(np.float64), np.inf)
-
-    def kinds(self) -> np.ndarray:
-        """Each probe's kind as a partial evaluation samples them: knowledge or behavior, each with its own share."""
-        return np.array(["behavior" if p.is_behavior else "knowledge" for p in self.probes], dtype=str)
-
-    def partial_design(self, step: int, fraction: float, seed: int, steady: float | None = None) -> Design:
-        """The design of a partial evaluation at `step` scoring `fraction` of each kind (`forgetwatch.measures.partial`).
-        `steady`: the share the partial evaluations afford on average (`ShareBudget.steady`), which sizes K: twice the
-        mean revisit time at it (or at the fewest a sample takes of the largest kind). K only grows, so that the due
-        probes never eat a share that shrank; each evaluation's K is in the record. None (nothing timed yet): K is not
-        set, and no probe is due."""
-        kinds = self.kinds()
-        if steady is not None:
-            largest = max(int((kinds == kind).sum()) for kind in set(kinds.tolist()))
-            self.rotation_k = max(self.rotation_k or 0, rotation_k(max(steady, MIN_SAMPLE / largest)))
-        ages = self.ages if self.ages is not None else np.zeros(len(self.probes), np.int64)
-        return plan_partial(kinds, self._flipped_or_bad(), ages, self.rotation_k, fraction, seed, step, risk=self.risk(),
-                            categories=self._categories)
-
-    def would_trip(self, results: ProbeResults, design: Design) -> bool:
-        """Whether a partial evaluation's estimates would newly exceed a budget limit: with on_budget "save" or "stop"
-        the callback then scores every probe at that step, so that the checkpoint it saves (or the step it stops at)
-        has an exact pass. Never raises (False)."""
-        if self.budget is None or self.base is None:
-            return False
-        try:
-            _, _, rows = self.figures(results)
-            estimate_rows(rows, self._members, design, self.base.outcome, results.outcome, self._k, self._categories)
-            return any(b.key not in self.budget_state.over for b in self.budget.check(rows))
-        except Exception:
-            logger.exception("forgetwatch: could not judge the partial evaluation at step %d against the budget; it is "
-                             "judged as recorded", design.step)
-            return False
-
-    def _advance_rotation(self, design: Design | None, prev: ProbeResults, now: ProbeResults) -> None:
-        n = len(self.probes)
-        scored = design.scored if design is not None else np.ones(n, bool)
-        self.ages = np.where(scored, 0, (self.ages if self.ages is not None else np.zeros(n, np.int64)) + 1)
-        self.flipped_last = (prev.outcome == CORRECT) != (now.outcome == CORRECT)
-
-    def share_account(self) -> dict[str, Any] | None:
-        """The time account (max_share) the record's last evaluation kept, or None."""
-        if self.record is None or not self.evaluated_steps:
-            return None
-        line = next((r for r in reversed(self.record.read_metrics()) if r["step"] == self.evaluated_steps[-1]), {})
-        return line.get("share")
-
-    def _read_rotation(self) -> None:
-        """The rotation as the record's evaluations left it (a resumed run goes on with it): each probe's evaluations
-        since it was last scored, the flips of the last evaluation, and K."""
-        assert self.record is not None and self.base is not None
-        self.ages = self.flipped_last = self.rotation_k = None
-        steps = self.evaluated_steps
-        if not steps:
-            return
-        n = len(self.probes)
-        ages = np.zeros(n, np.int64)
-        with_files = set(self.record.eval_steps())
-        ks = [line["partial"]["k"] for line in self.record.read_metrics()
-              if line.get("partial") and line["partial"].get("k") is not None]
-        self.rotation_k = max(ks) if ks else None  # K only grows: the run's latest
-        for step in steps:
-            z = self.record.read_eval(step) if step in with_files else {}
-            scored = np.asarray(z["scored"]).astype(bool) if "scored" in z else np.ones(n, bool)
-            ages = np.where(scored, 0, ages + 1)
-        self.ages = ages
-        if len(steps) >= 2 and {steps[-1], steps[-2]} <= with_files:
-            a, b = (self.record.read_results(s, self.probes.ids).outcome for s in steps[-2:])
-            self.flipped_last = (a == CORRECT) != (b == CORRECT)
-
     def _report_late(self, late: Late, epoch: float, seconds: float, source: dict[str, Any] | None) -> list[Breach]:
         """An evaluation at a step lower than the record's last (a checkpoint scored late): inserted in the record in
         step order (`forgetwatch.record.ordering`); the loggers that keep one value per step in order (W&B, trackio) get it as a
@@ -589,77 +487,6 @@ class Monitor:
         for lg in self.loggers:
             lg.summary(final)
             lg.close()
-
-    # -- budget -------------------------------------------------------------------------------------------------
-    def _check_budget(self, step: int, rows: dict[str, dict[str, Any]]) -> list[Breach]:
-        """Compare this evaluation with the budget; alert on each limit newly exceeded. Never raises."""
-        assert self.budget is not None and self.record is not None
-        try:
-            new, events, self._unjudged_before = self.budget_events(self.budget_state, self._unjudged_before, step, rows)
-            for row, title, text in events:
-                self.say_event(title, text)
-                self.record.append_event(row)
-            self.write_budget()
-            return new
-        except OSError:  # events.jsonl or budget.json could not be written: the step cannot be committed either
-            raise
-        except Exception:
-            logger.exception("forgetwatch: could not check the forgetting budget at step %d; training goes on", step)
-            return []
-
-    def say_event(self, title: str, text: str) -> None:
-        """A budget event's warning, and its alert to every logger."""
-        logger.warning("forgetwatch: budget%s %s", " exceeded." if title.endswith("over budget") else ".", text)
-        for lg in self.loggers:
-            lg.alert(title, text)
-
-    def budget_events(self, state: BudgetState, unjudged_before: set[str], step: int, rows: dict[str, dict[str, Any]]
-                      ) -> tuple[list[Breach], list[tuple[dict[str, Any], str, str]], set[str]]:
-        """One evaluation's turn of the budget: `state` updated in place; returns the limits newly exceeded, the events
-        (row of events.jsonl, alert title, text) and the keys that cannot be judged now (`unjudged_before` next)."""
-        assert self.budget is not None
-        unjudged = self._unjudged(rows) if step > 0 else []
-        new = state.update(step, self.budget.check(rows) if step > 0 else [], unjudged=unjudged)
-        within = self.within_budget(state)
-        events = []
-        new_unjudged = [k for k in unjudged if k not in unjudged_before]
-        if new_unjudged:  # said when it starts, like a limit exceeded: not at every evaluation it lasts
-            groups = {lim.group: lim for lim in self.budget.limits if lim.key in new_unjudged}
-            reason = next(rows[g].get("missing") or rows[g]["robust_missing"] for g in groups if g in rows)
-            text = (f"Step {step}: cannot judge {', '.join(new_unjudged)}: {reason}. This step does not count as within "
-                    "budget.")
-            events.append(({"step": step, "event": "budget_cannot_judge", "keys": new_unjudged, "reason": reason,
-                            "last_within_budget": within}, "forgetwatch: budget cannot judge", text))
-        for b in new:
-            where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
-            text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
-            events.append(({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
-                            "measured": b.measured, "limit": b.limit, "bound": b.bound, "action": self.budget.on_budget,
-                            "last_within_budget": within}, f"forgetwatch: {b.key} over budget", text))
-        return new, events, set(unjudged)
-
-    def _unjudged(self, rows: dict[str, dict[str, Any]]) -> list[str]:
-        """The budget's keys whose figure is missing at this evaluation (probes, or for robust figures their variants,
-        scored NaN / inf)."""
-        assert self.budget is not None
-
-        def missing(lim) -> bool:
-            row = rows.get(lim.group) or {}
-            return bool(row.get("missing") or (lim.metric in ROBUST_BUDGETS and row.get("robust_missing")))
-
-        return [lim.key for lim in self.budget.limits if missing(lim)]
-
-    def within_budget(self, state: BudgetState | None = None) -> dict[str, Any]:
-        """The last evaluation within budget and its checkpoint directory, when the trainer saved one at that step."""
-        step = (state if state is not None else self.budget_state).last_within
-        ckpt = self.output_dir / f"checkpoint-{step}" if step is not None and self.output_dir is not None else None
-        return {"step": step, "checkpoint": str(ckpt) if ckpt is not None and ckpt.is_dir() else None}
-
-    def write_budget(self, state: BudgetState | None = None) -> None:
-        assert self.budget is not None and self.record is not None
-        state = state if state is not None else self.budget_state
-        self.record.write_budget({**self.budget.to_dict(), "over": sorted(state.over),
-                                  "last_within_budget": self.within_budget(state)})
 
     # -- tables -------------------------------------------------------------------------------------------------
     def at_risk(self, results: ProbeResults, step: int) -> list[dict[str, Any]]:

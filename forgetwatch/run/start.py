@@ -29,7 +29,7 @@ from ..record.cache import BaseCache, CacheMismatchError
 from ..record.lock import RecordInUseError, RecordUnwritableError, acquire
 from ..record.segments import check_probes, start_segment
 
-__all__ = ["begin_segment", "find_base", "pin_probes", "take_locks"]
+__all__ = ["base_cache_command", "begin_segment", "find_base", "pin_probes", "take_locks"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,3 +109,24 @@ def find_base(key: dict[str, Any], probe_ids: list[str], paths: list[Path], step
            f"probe_change='new_segment'), one of the base model made with: {cache_command()}"
            if mismatched else ".")
     )
+
+
+def base_cache_command(key: dict[str, Any], probes: Any, options: Any, record_root: Path | None) -> str:
+    """The `forgetwatch cache` command that makes a base cache matching `key` (model, probes, scoring, precision), for
+    the advice `find_base` gives: the probes named as the run named them (suites with their sampling, a JSONL path, or
+    the record's copy of a `ProbeSet` built in code)."""
+    from ..commands import cache_command
+
+    origin = probes.origin
+    if origin.startswith("suites:"):
+        named = origin.removeprefix("suites:")
+        per_suite, seed = options.forgetwatch_per_suite, options.forgetwatch_seed
+        named += (f" --per-suite {per_suite}" if per_suite else "") + (f" --seed {seed}" if seed else "")
+    elif origin.endswith(".jsonl"):
+        named = origin
+    else:  # a ProbeSet built in code: the run's record keeps it as JSONL
+        named = str(record_root / "probes.jsonl") if record_root else "probes.jsonl"
+    return cache_command(key["model"].get("name_or_path", ""), named, key["scoring"],
+                         options.forgetwatch_base_cache or "base.parquet",
+                         robustness=options.forgetwatch_robustness or None,
+                         robust_per_suite=options.forgetwatch_robust_per_suite)

@@ -27,7 +27,8 @@ import torch
 from ...options import default
 from ..forward import pad_token_id, warn_once
 from ..requests import Answer, GenerateRequest, encode_prompts
-from .hf import HFEngine, cut_answer
+from .decoding import cut_answer
+from .hf import HFEngine
 
 __all__ = ["ContinuousBatchingEngine", "continuous_batching_unavailable"]
 

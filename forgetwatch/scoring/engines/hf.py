@@ -9,7 +9,7 @@
   leaves the batch (its keys and values dropped) and waiting prompts take the free rows (prefilled, then merged into
   the batch's KV cache, left-padded), so every decoded token slot belongs to an answer still being written. A model
   whose cache cannot be merged that way (not a plain `DynamicCache`) gets static batches through `model.generate`,
-  said once in a warning; `HFEngine(refill=False)` asks for them.
+  said once in a warning; `HFEngine(refill=False)` asks for them. The decoding loop is `decoding.py`'s.
 
 Log-softmax runs in fp32 so results do not move with batch size; requests are sorted by length to keep padding low;
 the batch is halved on out-of-memory. With `sync_ranks`, every rank runs as many forwards as the busiest and
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,19 +30,14 @@ import torch
 
 from ...options import default
 from ..forward import (
-    CACHE_NAMES,
     PrefixCache,
-    cache_length,
-    cache_of,
     call,
     check_logits_kept,
-    forward_parameters,
     logits_to_keep_kwargs,
     model_device,
     no_grad_context,
     pad_token_id,
     untouched,
-    warn_once,
 )
 from ..lengths import over_limit, refuse_over
 from ..requests import (
@@ -56,12 +50,19 @@ from ..requests import (
     encode,
     encode_prompts,
 )
+from .decoding import (
+    OOM_ERRORS,
+    NonFinite,
+    Prompt,
+    cut_answer,
+    generate_refill,
+    left_pad,
+    most_over_ranks,
+)
 
 __all__ = ["HFEngine"]
 
 logger = logging.getLogger(__name__)
-
-_OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 
 
 class HFEngine:
@@ -110,7 +111,7 @@ class HFEngine:
 
     def max_over_ranks(self, n: int) -> int:
         """The largest `n` over the ranks that score together (a collective with `sync_ranks`), else `n`."""
-        return _most_over_ranks(n) if self.sync_ranks else n
+        return most_over_ranks(n) if self.sync_ranks else n
 
     # -- log-likelihood of continuations --------------------------------------------------------------------------
 
@@ -247,13 +248,13 @@ class HFEngine:
         model = self.model
         ids = encode(self.tokenizer, [r.context for r in requests], chat)
         self._check_context([r.probe_id for r in requests], [len(x) + 1 for x in ids], "the answer's letter")
-        prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
+        prompts = sorted((Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
         device = model_device(model)
         pad_id = pad_token_id(self.tokenizer)
         scores: list[np.ndarray] = [np.zeros(0)] * len(requests)
 
-        def run(batch: list[_Prompt], keep: bool = True) -> None:
-            input_ids, mask = _left_pad(batch, pad_id)
+        def run(batch: list[Prompt], keep: bool = True) -> None:
+            input_ids, mask = left_pad(batch, pad_id)
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
             kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "position_ids": position_ids.to(device), "use_cache": False}
             kwargs.update(logits_to_keep_kwargs(model, 1))
@@ -298,7 +299,7 @@ class HFEngine:
         ids = encode(tokenizer, [r.prompt for r in requests], chat)
         self._check_context([r.probe_id for r in requests], [len(x) + max_new_tokens for x in ids],
                             f"{max_new_tokens} generated tokens")
-        prompts = sorted((_Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
+        prompts = sorted((Prompt(i, x) for i, x in enumerate(ids)), key=lambda p: len(p.ids), reverse=True)
         device = model_device(model)
         pad_id = pad_token_id(tokenizer)
         eos = self.eos_token_ids
@@ -312,9 +313,9 @@ class HFEngine:
         )
         out_answers: list[Answer] = [Answer("", 0, False)] * len(requests)
 
-        def run(batch: list[_Prompt], keep: bool = True) -> None:
-            input_ids, mask = _left_pad(batch, pad_id)
-            watch = _NonFinite()
+        def run(batch: list[Prompt], keep: bool = True) -> None:
+            input_ids, mask = left_pad(batch, pad_id)
+            watch = NonFinite()
             out = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=mask.to(device),
@@ -335,31 +336,9 @@ class HFEngine:
         return out_answers
 
     def _generate_refill(self, requests: list[GenerateRequest], chat: bool, bar: Any) -> list[Answer] | None:
-        """Greedy answers decoded in a refilling batch; None (said once) when the model's KV cache cannot be merged
-        and split by rows, decided on the first forwards (alike on every rank): then static batches run instead."""
-        from transformers import StopStringCriteria
-
-        model, tokenizer = self.model, self.tokenizer
-        ids = encode_prompts(tokenizer, requests, chat, self._check_context)
-        eos, pad_id = self.eos_token_ids, pad_token_id(tokenizer)
-        criteria = {stops: StopStringCriteria(tokenizer, list(stops)) for stops in {tuple(r.stops) for r in requests} if stops}
-        slots = [_Slot(i, x, r.max_new_tokens, criteria.get(tuple(r.stops))) for i, (x, r) in enumerate(zip(ids, requests, strict=True))]
-        slots.sort(key=lambda s: len(s.ids), reverse=True)  # longest first, as static batches (stable: ties keep order)
-        out: list[Answer] = [Answer("", 0, False)] * len(requests)
-
-        def finish(slot: _Slot) -> None:
-            r = requests[slot.index]
-            out[slot.index] = cut_answer(tokenizer, slot.tokens, eos, pad_id, r.max_new_tokens, list(r.stops), slot.bad)
-            if bar is not None:
-                bar.update(1)
-
-        try:
-            _RefillLoop(self, set(eos), pad_id).run(slots, finish)
-        except _CannotRefill as e:
-            warn_once(f"no-refill:{type(model).__name__}", f"forgetwatch: {e}: generating in static batches instead "
-                      "(same answers; each batch decodes until its longest answer ends).")
-            return None
-        return out
+        """Greedy answers decoded in a refilling batch (`decoding.generate_refill`); None when the model's KV cache
+        cannot be merged and split by rows: then static batches run instead."""
+        return generate_refill(self, encode_prompts(self.tokenizer, requests, chat, self._check_context), requests, bar)
 
     # -- shared by every kind of request --------------------------------------------------------------------------
 
@@ -375,14 +354,14 @@ class HFEngine:
         a second count at the end evens that out under DDP (under FSDP the ranks are already out of step by then).
         """
         batch_size = self.batch_size
-        target = _most_over_ranks(-(-len(items) // batch_size)) if self.sync_ranks else 0
+        target = most_over_ranks(-(-len(items) // batch_size)) if self.sync_ranks else 0
         start = 0
         batches = 0
         while start < len(items):
             batch = items[start : start + batch_size]
             try:
                 run(batch)
-            except _OOM_ERRORS:
+            except OOM_ERRORS:
                 if batch_size == 1:
                     raise
                 batch_size = max(1, batch_size // 2)
@@ -398,7 +377,7 @@ class HFEngine:
             for _ in range(target - batches):
                 run(items[:1], keep=False)
             batches = max(batches, target)
-            for _ in range(_most_over_ranks(batches) - batches):
+            for _ in range(most_over_ranks(batches) - batches):
                 run(items[:1], keep=False)
 
     def _check_context(self, ids: Sequence[str | None], lengths: Sequence[int], what: str) -> None:
@@ -411,20 +390,10 @@ class HFEngine:
             return
         over = over_limit(ids, lengths, limit)
         # every rank decides alike (a rank that raised alone would leave the others waiting in a collective forward)
-        if self.sync_ranks and _most_over_ranks(len(over)) and not over:
+        if self.sync_ranks and most_over_ranks(len(over)) and not over:
             raise ProbeSetError(f"a probe on another rank does not fit the model's context of {limit} tokens with {what} "
                                 "(that rank names it)")
         refuse_over(over, limit, what)
-
-
-def _most_over_ranks(n: int) -> int:
-    """The largest `n` over all ranks (a collective: every rank calls it)."""
-    dist = torch.distributed
-    # NCCL reduces CUDA tensors only; gloo (and the CPU) takes CPU tensors
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([n], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -503,212 +472,3 @@ def _block_mask(segment: torch.Tensor, model: torch.nn.Module, prefix: int = 0) 
     return allowed
 
 
-@dataclass
-class _Prompt:
-    probe_index: int
-    ids: list[int]
-
-
-def _left_pad(batch: list[_Prompt], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(len(p.ids) for p in batch)
-    input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), T), dtype=torch.long)
-    for b, p in enumerate(batch):
-        input_ids[b, T - len(p.ids) :] = torch.tensor(p.ids)
-        mask[b, T - len(p.ids) :] = 1
-    return input_ids, mask
-
-
-def cut_answer(tokenizer: Any, tokens: list[int], eos: Sequence[int], pad_id: int, max_new_tokens: int, stops: Sequence[str],
-            bad: bool) -> Answer:
-    """The answer in generated `tokens`: up to the end of turn, else without trailing padding; cut at a stop string."""
-    end = next((j for j, t in enumerate(tokens) if t in eos), None)
-    if end is None:  # no end of turn: cut by a stop string (then padded, in a static batch), or ran to the limit
-        end = len(tokens)
-        while end and tokens[end - 1] == pad_id:
-            end -= 1
-    text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
-    cut = min((text.find(s) for s in stops if s in text), default=-1)
-    stopped = end < max_new_tokens or cut >= 0
-    return Answer(text[:cut] if cut >= 0 else text, end, stopped, bad)
-
-
-@dataclass
-class _Slot:
-    """A prompt in a refilling batch: what it has generated so far, and when it must stop."""
-
-    index: int  # position in the requests
-    ids: list[int]  # the prompt's tokens
-    max_new_tokens: int
-    stop: Any  # a StopStringCriteria, or None
-    tokens: list[int] = field(default_factory=list)
-    bad: bool = False  # a NaN / +inf among its logits
-
-
-class _CannotRefill(Exception):
-    """The model's KV cache cannot be merged and split by rows (or the forward did not read it back)."""
-
-
-class _RefillLoop:
-    """Greedy decoding where finished rows leave the batch and waiting prompts take their place.
-
-    The batch holds the rows being decoded: a KV cache whose per-layer keys and values are (B, H, T, D), left-padded,
-    with a (B, T) attention mask, holding every row's tokens but the last one it generated (fed by the next forward).
-    Each forward is either a decode step of every row (one token each) or the prefill of waiting prompts, which are
-    then merged into the batch (both caches left-padded to one length and stacked); rows that end are dropped with
-    `index_select`, and columns no row reads any more are cut off. A row's logits are its own whatever the other rows
-    are (only their padding differs), so its greedy answer is what `model.generate` gives, up to near-ties in fp32.
-    """
-
-    def __init__(self, engine: HFEngine, eos: set[int], pad_id: int):
-        self.engine, self.model, self.eos, self.pad_id = engine, engine.model, eos, pad_id
-        self.device = model_device(engine.model)
-        named, takes_kwargs = forward_parameters(self.model)
-        self.cache_name = next((n for n in CACHE_NAMES if n in named), CACHE_NAMES[0] if takes_kwargs else None)
-        if self.cache_name is None:
-            raise _CannotRefill(f"the model's forward ({type(self.model).__name__}) takes no KV cache by name")
-
-    def run(self, waiting_slots: list[_Slot], finish: Callable[[_Slot], None]) -> None:
-        engine, model = self.engine, self.model
-        waiting = deque(waiting_slots)
-        batch_size = engine.batch_size
-        # Waiting prompts join when a quarter of the rows are free: each prefill is a forward of its own, where the
-        # rows already decoding wait, so joining one prompt at a time would add a forward per prompt.
-        admit_at = max(1, batch_size // 4)
-        self.batch: list[_Slot] = []
-        self.cache: Any = None
-        self.mask: torch.Tensor | None = None
-        while True:
-            has_work = bool(waiting or self.batch)
-            if engine.sync_ranks:
-                # Agreed before every forward (ZeRO-3 / FSDP: each forward is a collective): a rank with nothing left
-                # runs a one-token forward alongside the others' until every rank is done.
-                if not _most_over_ranks(int(has_work)):
-                    return
-                if not has_work:
-                    call(model, {"input_ids": torch.full((1, 1), self.pad_id, device=self.device), "use_cache": False})
-                    continue
-            elif not has_work:
-                return
-            free = batch_size - len(self.batch)
-            new: list[_Slot] = []
-            try:
-                if waiting and (free >= min(admit_at, len(waiting)) or not self.batch):
-                    new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
-                    rows, logits = self._prefill(new)
-                else:
-                    rows, logits = self._decode()
-            except _OOM_ERRORS:
-                if batch_size == 1:
-                    raise
-                batch_size = max(1, batch_size // 2)
-                admit_at = max(1, batch_size // 4)
-                logger.warning("out of memory while generating; retrying with batch_size=%d", batch_size)
-                again = sorted(self.batch + new, key=lambda s: len(s.ids))  # shortest first: extendleft reverses
-                for s in again:
-                    s.tokens, s.bad = [], False
-                waiting.extendleft(again)
-                self.batch, self.cache, self.mask = [], None, None
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                continue
-            self._step(rows, logits, finish)
-
-    def _prefill(self, new: list[_Slot]) -> tuple[range, torch.Tensor]:
-        """One forward over the waiting prompts `new` (left-padded), merged into the batch after its rows."""
-        input_ids, mask = _left_pad([_Prompt(s.index, s.ids) for s in new], self.pad_id)
-        position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as `generate` numbers left-padded rows
-        kwargs = {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device),
-                  "position_ids": position_ids.to(self.device), "use_cache": True, **logits_to_keep_kwargs(self.model, 1)}
-        output = call(self.model, kwargs)
-        cache = cache_of(output)
-        layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer).__name__ != "DynamicLayer" or getattr(layer, "keys", None) is None for layer in layers):
-            raise _CannotRefill(f"the model returned a KV cache whose rows cannot be merged and dropped ({type(cache).__name__})")
-        mask = mask.to(self.device)
-        if self.cache is None:
-            self.cache, self.mask = cache, mask
-        else:
-            T = max(self.mask.shape[1], mask.shape[1])
-            for old, add in zip(self.cache.layers, layers, strict=True):
-                old.keys = torch.cat([_pad_left(old.keys, T, 2), _pad_left(add.keys, T, 2)])
-                old.values = torch.cat([_pad_left(old.values, T, 2), _pad_left(add.values, T, 2)])
-            self.mask = torch.cat([_pad_left(self.mask, T, 1), _pad_left(mask, T, 1)])
-        self.batch += new
-        return range(len(self.batch) - len(new), len(self.batch)), output.logits[:, -1]
-
-    def _decode(self) -> tuple[range, torch.Tensor]:
-        """One forward: every row's last generated token, after its cached tokens."""
-        assert self.mask is not None
-        B = len(self.batch)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(B, 1)], dim=1)
-        position_ids = self.mask.sum(-1, keepdim=True) - 1
-        input_ids = torch.tensor([[s.tokens[-1]] for s in self.batch], device=self.device)
-        kwargs = {"input_ids": input_ids, "attention_mask": self.mask, "position_ids": position_ids,
-                  self.cache_name: self.cache, "use_cache": True, **logits_to_keep_kwargs(self.model, 1)}
-        output = call(self.model, kwargs)
-        if cache_length(self.cache) != self.mask.shape[1]:
-            raise _CannotRefill(f"the model's forward did not read back the KV cache passed as `{self.cache_name}`")
-        return range(B), output.logits[:, -1]
-
-    def _step(self, rows: range, logits: torch.Tensor, finish: Callable[[_Slot], None]) -> None:
-        """Append each row's greedy token; rows that end leave the batch."""
-        scores = logits.to(dtype=torch.float32)  # as `generate`: greedy over fp32 logits
-        # -inf is how processors mask tokens (none run here): watch NaN and +inf, as _NonFinite does
-        bad = (torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)).tolist()
-        tokens = scores.argmax(dim=-1).tolist()
-        ended = []
-        for r, t, b in zip(rows, tokens, bad, strict=True):
-            slot = self.batch[r]
-            slot.tokens.append(t)
-            slot.bad = slot.bad or b
-            if t in self.eos or len(slot.tokens) >= slot.max_new_tokens:
-                ended.append(r)
-        for stop in {id(s.stop): s.stop for s in (self.batch[r] for r in rows) if s.stop is not None}.values():
-            mine = [r for r in rows if self.batch[r].stop is stop and r not in ended]
-            if mine:
-                K = stop.maximum_token_len  # the stop string is matched on the sequence's last K tokens, prompt included
-                tails = [(self.batch[r].ids + self.batch[r].tokens)[-K:] for r in mine]
-                tails = torch.tensor([[self.pad_id] * (K - len(t)) + t for t in tails])
-                ended += [r for r, hit in zip(mine, stop(tails, None).tolist(), strict=True) if hit]
-        if not ended:
-            return
-        for r in sorted(ended):
-            finish(self.batch[r])
-        keep = [r for r in range(len(self.batch)) if r not in set(ended)]
-        self.batch = [self.batch[r] for r in keep]
-        if not keep:
-            self.cache, self.mask = None, None
-            return
-        assert self.mask is not None
-        index = torch.tensor(keep, device=self.mask.device)
-        mask = self.mask.index_select(0, index)
-        first = int(mask.any(0).int().argmax())  # columns before it are padding in every row left
-        self.mask = mask[:, first:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))[:, :, first:]
-            layer.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, first:]
-
-
-def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    """`t` with zeros before its entries along `dim`, up to `length`."""
-    missing = length - t.shape[dim]
-    if not missing:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class _NonFinite:
-    """A logits processor that only watches: which rows ever had a NaN or infinite logit (greedy decoding would pick
-    token 0 or the first NaN and carry on, producing a plain-looking answer). No host sync per step."""
-
-    def __init__(self):
-        self.bad: torch.Tensor | None = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # -inf is how processors mask tokens (none run here, but keep to NaN and +inf, which no processor writes)
-        now = torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)
-        self.bad = now if self.bad is None else self.bad | now
-        return scores

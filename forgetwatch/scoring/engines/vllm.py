@@ -294,7 +294,7 @@ class VLLMEngine:
         """Greedy answers, in the order of `requests`."""
         from vllm import SamplingParams
 
-        from .hf import cut_answer
+        from .decoding import cut_answer
 
         requests = list(requests)
         if not requests:
