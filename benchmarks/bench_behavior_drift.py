@@ -36,7 +36,10 @@ OUT = REPO / "outputs" / "behavior_drift"
 KNOWLEDGE = "arc_easy,sciq,piqa,hellaswag,triviaqa"
 PER_SUITE = 40
 SEEDS = (0, 1, 2)
-STAGES = {"sft": "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml", "grpo": "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml"}
+STAGES = {
+    "sft": "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml",
+    "grpo": "recipes/SmolLM2-135M-Instruct/grpo/config_demo.yaml",
+}
 MAX_NEW_TOKENS = 128
 LAST_STEP = 30
 
@@ -99,16 +102,26 @@ def summarise_run(out: Path) -> dict:
         ir = compute_report(base.outcome[inst], now.outcome[inst], k[inst], list(cats[inst]))
         beh = compute_behavior(base, now, list(cats), kinds)["overall"].to_dict()
         steps[step] = {
-            "knowledge_F": kr.forgetting, "knowledge_F_adj": kr.forgetting_adjusted, "knowledge_BT": kr.backward_transfer,
+            "knowledge_F": kr.forgetting,
+            "knowledge_F_adj": kr.forgetting_adjusted,
+            "knowledge_BT": kr.backward_transfer,
             "knowledge_acc": kr.accuracy_post,
             "knowledge_mcnemar_p": kr.mcnemar_p,
-            "instruct_F": ir["overall"].forgetting, "instruct_BT": ir["overall"].backward_transfer,
+            "instruct_F": ir["overall"].forgetting,
+            "instruct_BT": ir["overall"].backward_transfer,
             "instruct_mcnemar_p": ir["overall"].mcnemar_p,
-            "instruct_compliance": beh["instruct_compliance"], "instruct_forgetting": beh["instruct_forgetting"],
-            "runaway_rate": beh["runaway_rate"], "runaway": beh["runaway"], "length_ratio": float(np.exp(beh["length_log_ratio"])),
-            "over_refusal_rate": beh["over_refusal_rate"], "over_refusal": beh["over_refusal"],
-            "groups": {g: {"F": m.forgetting, "BT": m.backward_transfer, "acc_pre": m.accuracy_pre, "acc_post": m.accuracy_post}
-                       for g, m in ir.items() if g != "overall"},
+            "instruct_compliance": beh["instruct_compliance"],
+            "instruct_forgetting": beh["instruct_forgetting"],
+            "runaway_rate": beh["runaway_rate"],
+            "runaway": beh["runaway"],
+            "length_ratio": float(np.exp(beh["length_log_ratio"])),
+            "over_refusal_rate": beh["over_refusal_rate"],
+            "over_refusal": beh["over_refusal"],
+            "groups": {
+                g: {"F": m.forgetting, "BT": m.backward_transfer, "acc_pre": m.accuracy_pre, "acc_post": m.accuracy_post}
+                for g, m in ir.items()
+                if g != "overall"
+            },
         }
     return steps
 
@@ -130,8 +143,11 @@ def summarise() -> dict:
             for f in figs}}
         groups = runs[names[0]][0]["groups"]
         summary[stage]["groups_final"] = {
-            g: {f: float(np.mean([runs[n][steps[-1]]["groups"][g][f] for n in names])) for f in ("F", "BT", "acc_pre", "acc_post")}
-            for g in groups}
+            g: {
+                f: float(np.mean([runs[n][steps[-1]]["groups"][g][f] for n in names])) for f in ("F", "BT", "acc_pre", "acc_post")
+            }
+            for g in groups
+        }
     return {"setting": {"knowledge": KNOWLEDGE, "per_suite": PER_SUITE, "behaviour": "instructions (105) + over_refusal (32)",
                         "max_new_tokens": MAX_NEW_TOKENS, "seeds": SEEDS, "configs": STAGES}, "summary": summary, "runs": runs}
 

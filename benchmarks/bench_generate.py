@@ -96,7 +96,10 @@ def main() -> None:
             calls[side]["calls"] += counter.calls
             calls[side]["positions"] += counter.positions
         per_chunk.append(row)
-        print(f"  chunk {ci + 1}/{args.chunks} ({len(idx)} probes): forgetwatch {row['forgetwatch']:.1f}s  loop {row['loop']:.1f}s", flush=True)
+        print(
+            f"  chunk {ci + 1}/{args.chunks} ({len(idx)} probes): forgetwatch {row['forgetwatch']:.1f}s  loop {row['loop']:.1f}s",
+            flush=True,
+        )
 
     # the loop's answers judged like forgetwatch judges them
     def judge(text, p):

@@ -20,7 +20,8 @@ context "Question: {q}\\nAnswer:", continuations " {choice}"):
 
 The questions are sorted by length (question + options) and split into `--chunks` chunks of whole batches of 16
 (so each side batches exactly as it would over all N at once); each chunk is scored by every side, in an order that
-rotates from chunk to chunk, so a change of machine load hits every side alike. Ratios are computed from the summed times. Predictions
+rotates from chunk to chunk, so a change of machine load hits every side alike. Ratios are computed from the summed times.
+Predictions
 (argmax of summed log-likelihood, exact ties to the lowest index) of forgetwatch and lm-eval are compared question by
 question; a disagreement is reported with both sides' gaps between the two options involved.
 """
@@ -184,7 +185,9 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
             for k, v in counter.snapshot().items():
                 tokens[side][k] += v
         per_chunk.append(row)
-        print(f"  {name} chunk {ci + 1}/{len(chunks)} ({len(idx)} q): " + "  ".join(f"{s} {row[s]:.1f}s" for s in sides), flush=True)
+        print(
+            f"  {name} chunk {ci + 1}/{len(chunks)} ({len(idx)} q): " + "  ".join(f"{s} {row[s]:.1f}s" for s in sides), flush=True
+        )
 
     # predictions: forgetwatch vs lm-eval (argmax of summed log-likelihood, ties to the lowest index)
     lm_pred = [int(np.argmax(s)) for s in lm_scores]
@@ -215,11 +218,15 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
         "naive_questions_measured": nq_naive,
         "naive_seconds_extrapolated": round(naive_extrap, 1),
         # the subset's questions are not exactly of average length: the same extrapolation per token (question + options)
-        "naive_seconds_extrapolated_by_tokens": round(seconds["naive"] * sum(map(len, floor_rows)) / max(1, sum(len(floor_rows[i]) for i in naive_pred)), 1),
+        "naive_seconds_extrapolated_by_tokens": round(
+            seconds["naive"] * sum(map(len, floor_rows)) / max(1, sum(len(floor_rows[i]) for i in naive_pred)), 1
+        ),
         "naive_subset_mean_tokens": round(float(subset_len), 1),
         "all_mean_tokens": round(float(np.mean([len(r) for r in floor_rows])), 1),
         "questions_per_s": {
-            "forgetwatch": n / seconds["forgetwatch"], "lm-eval": n / seconds["lm-eval"], "floor": n / seconds["floor"],
+            "forgetwatch": n / seconds["forgetwatch"],
+            "lm-eval": n / seconds["lm-eval"],
+            "floor": n / seconds["floor"],
             "floor+head": n / seconds["floor+head"],
             "naive": (1 / naive_per_q) if nq_naive else None,
         },
@@ -231,8 +238,10 @@ def bench_suite(name, args, model, tok, lm, counter, pad_id):
             "forgetwatch/floor+head": seconds["forgetwatch"] / seconds["floor+head"],
             "lm-eval/forgetwatch": seconds["lm-eval"] / seconds["forgetwatch"],
             "naive/forgetwatch": naive_extrap / seconds["forgetwatch"],
-            "naive/forgetwatch (per-token extrapolation)": seconds["naive"] * sum(map(len, floor_rows))
-            / max(1, sum(len(floor_rows[i]) for i in naive_pred)) / seconds["forgetwatch"],
+            "naive/forgetwatch (per-token extrapolation)": seconds["naive"]
+            * sum(map(len, floor_rows))
+            / max(1, sum(len(floor_rows[i]) for i in naive_pred))
+            / seconds["forgetwatch"],
         },
         "per_chunk_ratios": {
             "forgetwatch/floor": [round(r["forgetwatch"] / r["floor"], 3) for r in per_chunk],
@@ -294,11 +303,14 @@ def main() -> None:
         r = bench_suite(name, args, model, tok, lm, counter, pad_id)
         info["suites"].append(r)
         q, rt, pr = r["questions_per_s"], r["ratios"], r["predictions"]
-        print(f"{name}: q/s forgetwatch {q['forgetwatch']:.2f}  lm-eval {q['lm-eval']:.2f}  floor {q['floor']:.2f}  "
-              f"naive {q['naive']:.2f}\n  forgetwatch/floor {rt['forgetwatch/floor']:.3f}  forgetwatch/floor+head "
-              f"{rt['forgetwatch/floor+head']:.3f}  lm-eval/forgetwatch "
-              f"{rt['lm-eval/forgetwatch']:.2f}  naive/forgetwatch {rt['naive/forgetwatch']:.2f}  disagreements "
-              f"{pr['disagreements_forgetwatch_vs_lm_eval']}  max |d gold loglik| {pr['max_abs_diff_gold_loglik']:.2e}", flush=True)
+        print(
+            f"{name}: q/s forgetwatch {q['forgetwatch']:.2f}  lm-eval {q['lm-eval']:.2f}  floor {q['floor']:.2f}  "
+            f"naive {q['naive']:.2f}\n  forgetwatch/floor {rt['forgetwatch/floor']:.3f}  forgetwatch/floor+head "
+            f"{rt['forgetwatch/floor+head']:.3f}  lm-eval/forgetwatch "
+            f"{rt['lm-eval/forgetwatch']:.2f}  naive/forgetwatch {rt['naive/forgetwatch']:.2f}  disagreements "
+            f"{pr['disagreements_forgetwatch_vs_lm_eval']}  max |d gold loglik| {pr['max_abs_diff_gold_loglik']:.2e}",
+            flush=True,
+        )
     info["machine"]["loadavg_at_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
     print("saved", _common.save(args.out, info))
 

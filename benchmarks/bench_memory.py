@@ -97,7 +97,11 @@ def main() -> None:
     if args.child:
         child(args.child, args.steps)
         return
-    info = {"command": "python benchmarks/bench_memory.py " + " ".join(sys.argv[1:]), "machine": _common.machine(), "children": {}}
+    info = {
+        "command": "python benchmarks/bench_memory.py " + " ".join(sys.argv[1:]),
+        "machine": _common.machine(),
+        "children": {},
+    }
     for variant in ("without", "with-100", "with-400"):
         proc = subprocess.Popen([sys.executable, __file__, "--child", variant, "--steps", str(args.steps)],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -829,7 +829,10 @@ def report(result: dict) -> None:
                   f"{diffs} | {t['p_sign_flip']:.3f} | {holm_p} | {mc} | {cost} | {verdict} |")
     if result.get("post_hoc"):
         print("\npost hoc (added after the primary test; not in the protocol, no verdict):")
-        print("| comparison | seeds paired | cut in F (95% CI) | reference − arm F per seed | sign-flip p | task cost paired (95% CI) |")
+        print(
+            "| comparison | seeds paired | cut in F (95% CI) | reference − arm F per seed | sign-flip p | task cost paired (95% "
+            "CI) |"
+        )
         print("|---|---|---|---|---|---|")
         for t in result["post_hoc"].values():
             ci = f" ({_pct(t['cut_F_ci95'][0], 1)}, {_pct(t['cut_F_ci95'][1], 1)})" if t["cut_F_ci95"] else ""
@@ -843,8 +846,11 @@ def report(result: dict) -> None:
     if result["interpolation"]:
         alphas = sorted({p["alpha"] for v in result["interpolation"].values() for p in v["points"]})
         thr = result["interpolation_threshold_F"]
-        print("\ninterpolation: held-out F / task loss (answers cut at 128 tokens) per α; the protocol's α: the lowest task loss with "
-              f"F ≤ the control's mean F × 0.7 ({'?' if thr is None else f'{thr:.4f}'})")
+        print(
+            "\ninterpolation: held-out F / task loss (answers cut at 128 tokens) per α; the protocol's α: the lowest task loss "
+            "with "
+            f"F ≤ the control's mean F × 0.7 ({'?' if thr is None else f'{thr:.4f}'})"
+        )
         print("| model | " + " | ".join(f"α {a:g}" for a in alphas) + " | α by the rule |")
         print("|---|" + "---|" * (len(alphas) + 1))
         for k, v in result["interpolation"].items():
@@ -876,9 +882,14 @@ def report(result: dict) -> None:
             return (f" (model trained again: {same}, monitored curve {'the same' if r['monitored_same'] else 'differs'}, "
                     f"task loss {r['task_loss_kept']:.5f} / {r['task_loss_rebuilt']:.5f})")
 
-        print("\nthe run's figures against its model's at α = 1 (the same weights, scored again): "
-              + "; ".join(f"{k} F {c['run_F']:.4f} / {c['interp_F_alpha1']:.4f}, task loss {c['run_task_loss']:.4f} / "
-                          f"{c['interp_task_loss_alpha1']:.4f}{again(c)}" for k, c in result["interpolation_alpha1_vs_run"].items()))
+        print(
+            "\nthe run's figures against its model's at α = 1 (the same weights, scored again): "
+            + "; ".join(
+                f"{k} F {c['run_F']:.4f} / {c['interp_F_alpha1']:.4f}, task loss {c['run_task_loss']:.4f} / "
+                f"{c['interp_task_loss_alpha1']:.4f}{again(c)}"
+                for k, c in result["interpolation_alpha1_vs_run"].items()
+            )
+        )
     if result["missing_runs"] or result["interpolation_missing"]:
         runs, interps = result["missing_runs"], result["interpolation_missing"]
         print(f"\nmissing: {len(runs)} runs ({', '.join(runs) or 'none'}); {len(interps)} interpolations "

@@ -242,9 +242,12 @@ def main() -> None:
     (REPO / "benchmarks" / "results" / "bench_replay.json").write_text(json.dumps(result, indent=1))
     plot(result)
     for arm, s in result["arms"].items():
-        print(f"{arm:12s} held-out F_adj {s['held_out_forgetting_adjusted']['mean']:.3f} ± {s['held_out_forgetting_adjusted']['sd'] or 0:.3f}"
-              f"  F {s['held_out_forgetting']['mean']:.3f}  monitored F_adj {s['monitored_forgetting_adjusted']['mean']:.3f}"
-              f"  task loss {s['task_loss']['mean']:.4f} ± {s['task_loss']['sd'] or 0:.4f}")
+        print(
+            f"{arm:12s} held-out F_adj {s['held_out_forgetting_adjusted']['mean']:.3f} ± "
+            f"{s['held_out_forgetting_adjusted']['sd'] or 0:.3f}"
+            f"  F {s['held_out_forgetting']['mean']:.3f}  monitored F_adj {s['monitored_forgetting_adjusted']['mean']:.3f}"
+            f"  task loss {s['task_loss']['mean']:.4f} ± {s['task_loss']['sd'] or 0:.4f}"
+        )
 
 
 if __name__ == "__main__":

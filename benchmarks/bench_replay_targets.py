@@ -3,7 +3,8 @@
 Setting (fixed before the first run; benchmarks/RESULTS.md §12): SmolLM2-135M-Instruct, fp32, SFT on GSM8K worked
 solutions (rows 100+; rows 0-99 are the held-out task), learning rate 1e-4 constant, 200 steps of 2 examples,
 max_length 128, the monitor's evaluations every 20 steps (they steer the closed loop). 2 examples a step, not 4: at one
-thread a step of 4 x 128 tokens took 5.3 s, and 18 runs of 200 steps would not fit in a few hours. Probe sets, disjoint, from arc_easy, sciq, piqa, hellaswag, triviaqa:
+thread a step of 4 x 128 tokens took 5.3 s, and 18 runs of 200 steps would not fit in a few hours. Probe sets, disjoint, from
+arc_easy, sciq, piqa, hellaswag, triviaqa:
 
     monitored   20 per suite (seed 0): the callback scores them every 20 steps; they steer the closed loop
     held out    40 per suite (another sample): scored every 40 steps by this script only (never steer, never replayed);
@@ -126,9 +127,11 @@ def prepare() -> None:
     print(f"monitored {len(monitored)}, held out {len(held)} + {len(behavior)} behaviour, pool {len(pool)}", flush=True)
     subprocess.run([str(Path(sys.executable).parent / "forgetwatch"), "cache", "--model", "smollm2", "--probes",
                     str(OUT / "monitored.jsonl"), "-o", str(OUT / "base-monitored.parquet"), "--device", "cpu"], check=True)
-    base = {"knowledge": score_probes(model, tok, ProbeSet(held)).outcome.tolist(),
-            "behavior": score_probes(model, tok, behavior, ScoringConfig(behavior_max_new_tokens=BEHAVIOR_TOKENS)).outcome.tolist(),
-            "task_loss": held_out_loss(model, tok)}
+    base = {
+        "knowledge": score_probes(model, tok, ProbeSet(held)).outcome.tolist(),
+        "behavior": score_probes(model, tok, behavior, ScoringConfig(behavior_max_new_tokens=BEHAVIOR_TOKENS)).outcome.tolist(),
+        "task_loss": held_out_loss(model, tok),
+    }
     (OUT / "base_held_out.json").write_text(json.dumps(base))
     outs = load_or_make(OUT / "base_outputs.parquet", model, tok, str(OUT / "pool.jsonl"), exclude=monitored,
                         max_length=MAX_LENGTH, max_new_tokens=128, progress=True)
@@ -227,9 +230,16 @@ def one(arm: str, seed: int, ratio: float) -> None:
     model, tok = load_model(str(out))
     model.eval()
     behavior = ProbeSet.from_jsonl(OUT / "held_out_behavior.jsonl")
-    done = {"arm": arm, "seed": seed, "ratio": ratio, "curve": curve, "task_loss": held_out_loss(model, tok),
-            "behavior": score_probes(model, tok, behavior, ScoringConfig(behavior_max_new_tokens=BEHAVIOR_TOKENS)).outcome.tolist(),
-            "train_seconds": train_seconds, "total_seconds": time.time() - t0}
+    done = {
+        "arm": arm,
+        "seed": seed,
+        "ratio": ratio,
+        "curve": curve,
+        "task_loss": held_out_loss(model, tok),
+        "behavior": score_probes(model, tok, behavior, ScoringConfig(behavior_max_new_tokens=BEHAVIOR_TOKENS)).outcome.tolist(),
+        "train_seconds": train_seconds,
+        "total_seconds": time.time() - t0,
+    }
     (out / "done.json").write_text(json.dumps(done))
     DONE.mkdir(parents=True, exist_ok=True)
     (DONE / f"{out.name}.json").write_text(json.dumps(done))
@@ -249,7 +259,9 @@ def run_one(arm: str, seed: int, ratio: float) -> None:
     with open(OUT / f"{out.name}.log", "w") as log:
         proc = subprocess.run([sys.executable, __file__, "--one", arm, str(seed), str(ratio)], env=_env(), cwd=REPO,
                               stdout=log, stderr=subprocess.STDOUT)
-    print(f"{out.name}: {'ok' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} in {time.time() - t0:.0f} s", flush=True)
+    print(
+        f"{out.name}: {'ok' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} in {time.time() - t0:.0f} s", flush=True
+    )
 
 
 # -- analysis ---------------------------------------------------------------------------------------------------
@@ -282,8 +294,15 @@ def analyse() -> dict:
             v = [r[key] for r in rs]  # noqa: B023 (called in this iteration)
             return {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "runs": v}
 
-        summary[name] = {"seeds": sorted(r["seed"] for r in rs), "F": stat("F"), "F_curve_mean": stat("F_curve_mean"), "BT": stat("BT"),
-                         "task_loss": stat("task_loss"), "behavior_F": stat("behavior_F"), "minutes": stat("minutes")}
+        summary[name] = {
+            "seeds": sorted(r["seed"] for r in rs),
+            "F": stat("F"),
+            "F_curve_mean": stat("F_curve_mean"),
+            "BT": stat("BT"),
+            "task_loss": stat("task_loss"),
+            "behavior_F": stat("behavior_F"),
+            "minutes": stat("minutes"),
+        }
     # paired by seed and probe: among the base's right held-out answers, forgotten by the reference arm only vs by the
     # arm only (pooled over the seeds both have), with an exact two-sided sign test: is the difference more than churn?
     # Against no replay (the cut) and against uniform gold replay (the issue's second bar).
@@ -302,12 +321,30 @@ def analyse() -> dict:
     if ref:
         for s in summary.values():
             s["cut_F"] = 1 - s["F"]["mean"] / ref["F"]["mean"] if ref["F"]["mean"] else None
-            s["cut_F_curve_mean"] = 1 - s["F_curve_mean"]["mean"] / ref["F_curve_mean"]["mean"] if ref["F_curve_mean"]["mean"] else None
+            s["cut_F_curve_mean"] = (
+                1 - s["F_curve_mean"]["mean"] / ref["F_curve_mean"]["mean"] if ref["F_curve_mean"]["mean"] else None
+            )
             s["task_cost"] = s["task_loss"]["mean"] / ref["task_loss"]["mean"] - 1
-    return {"setting": {"steps": STEPS, "eval_steps": EVAL_STEPS, "held_out_steps": HELD_OUT_STEPS, "lr": LR, "batch": BATCH, "max_length": MAX_LENGTH,
-                        "ratio": RATIO, "beta": BETA, "seeds": SEEDS, "monitored_per_suite": MONITORED,
-                        "held_out_per_suite": HELD_OUT, "pool_per_suite": POOL, "suites": SUITES},
-            "base_task_loss": base["task_loss"], "arms": summary, "runs": runs}
+    return {
+        "setting": {
+            "steps": STEPS,
+            "eval_steps": EVAL_STEPS,
+            "held_out_steps": HELD_OUT_STEPS,
+            "lr": LR,
+            "batch": BATCH,
+            "max_length": MAX_LENGTH,
+            "ratio": RATIO,
+            "beta": BETA,
+            "seeds": SEEDS,
+            "monitored_per_suite": MONITORED,
+            "held_out_per_suite": HELD_OUT,
+            "pool_per_suite": POOL,
+            "suites": SUITES,
+        },
+        "base_task_loss": base["task_loss"],
+        "arms": summary,
+        "runs": runs,
+    }
 
 
 def _finals(name: str) -> list[dict]:
@@ -389,16 +426,24 @@ def main() -> None:
         result = analyse()
         (REPO / "benchmarks" / "results" / "replay_targets.json").write_text(json.dumps(result, indent=1))
         plot(result)
-        print("| arm | seeds | held-out F (headline) | held-out 0→1 | held-out GSM8K loss | task cost | F cut vs none | "
-              "forgotten by none only : by the arm only (p) | by gold uniform only : by the arm only (p) | by none_stream only : by the arm only (p) | F over the run (steps 40-200; post hoc) | instructions lost (of the 8 followed at base) | minutes a run |")
+        print(
+            "| arm | seeds | held-out F (headline) | held-out 0→1 | held-out GSM8K loss | task cost | F cut vs none | "
+            "forgotten by none only : by the arm only (p) | by gold uniform only : by the arm only (p) | by none_stream only : "
+            "by the arm only (p) | F over the run (steps 40-200; post hoc) | instructions lost (of the 8 followed at base) | "
+            "minutes a run |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, s in sorted(result["arms"].items(), key=lambda kv: ARMS.index(kv[0].split("-r")[0])):
             sd = lambda x: f" ± {x['sd']:.3f}" if x["sd"] is not None else ""  # noqa: E731
             cut, cost = s.get("cut_F"), s.get("task_cost")
-            print(f"| {name} | {len(s['seeds'])} | {s['F']['mean']:.3f}{sd(s['F'])} | {s['BT']['mean']:.3f}{sd(s['BT'])} | "
-                  f"{s['task_loss']['mean']:.4f}{sd(s['task_loss'])} | {'' if cost is None else f'{cost:+.1%}'} | "
-                  f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {_paired(s, 'gold_uniform')} | {_paired(s, 'none_stream')} | {s['F_curve_mean']['mean']:.3f}{sd(s['F_curve_mean'])} ({s['cut_F_curve_mean']:+.0%}) | {s['behavior_F']['mean'] * 24:.1f} | "
-                  f"{s['minutes']['mean']:.0f} |")
+            print(
+                f"| {name} | {len(s['seeds'])} | {s['F']['mean']:.3f}{sd(s['F'])} | {s['BT']['mean']:.3f}{sd(s['BT'])} | "
+                f"{s['task_loss']['mean']:.4f}{sd(s['task_loss'])} | {'' if cost is None else f'{cost:+.1%}'} | "
+                f"{'' if cut is None else f'{cut:+.0%}'} | {_paired(s)} | {_paired(s, 'gold_uniform')} | "
+                f"{_paired(s, 'none_stream')} | {s['F_curve_mean']['mean']:.3f}{sd(s['F_curve_mean'])} "
+                f"({s['cut_F_curve_mean']:+.0%}) | {s['behavior_F']['mean'] * 24:.1f} | "
+                f"{s['minutes']['mean']:.0f} |"
+            )
         for name, s in sorted(result["arms"].items()):
             print(f"{name:20s} seeds {s['seeds']}  held-out F {s['F']['mean']:.3f} ± {s['F']['sd'] or 0:.3f}"
                   f"  BT {s['BT']['mean']:.3f}  task loss {s['task_loss']['mean']:.4f} ± {s['task_loss']['sd'] or 0:.4f}"

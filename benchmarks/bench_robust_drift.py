@@ -366,12 +366,17 @@ def analyse() -> dict:
             per_step[step] = {k: mean_sd([result["runs"][n]["curves"]["rows"][i][k] for n in names])
                               for k in ("F", "F_of_right", "robust_forgetting", "consistency_change", "fragile",
                                         "fragile_share", "seconds")}
-        summary[recipe] = {"runs": names, "per_step": per_step,
-                           "more_robust_minus_F_at_end": mean_sd([result["runs"][n]["curves"]["more_robust_minus_F_at_end"] for n in names]),
-                           "more_robust_minus_F_of_right_at_end": mean_sd([result["runs"][n]["curves"]["more_robust_minus_F_of_right_at_end"] for n in names]),
-                           "first_step_lower_bound_above_0": {n: result["runs"][n]["curves"]["first_step_lower_bound_above_0"] for n in names},
-                           "position_bias_change": mean_sd([result["runs"][n].get("letters", {}).get("position_bias_change") for n in names]),
-                           "wall_s": mean_sd([result["runs"][n]["wall"]["wall_s"] for n in names])}
+        summary[recipe] = {
+            "runs": names,
+            "per_step": per_step,
+            "more_robust_minus_F_at_end": mean_sd([result["runs"][n]["curves"]["more_robust_minus_F_at_end"] for n in names]),
+            "more_robust_minus_F_of_right_at_end": mean_sd(
+                [result["runs"][n]["curves"]["more_robust_minus_F_of_right_at_end"] for n in names]
+            ),
+            "first_step_lower_bound_above_0": {n: result["runs"][n]["curves"]["first_step_lower_bound_above_0"] for n in names},
+            "position_bias_change": mean_sd([result["runs"][n].get("letters", {}).get("position_bias_change") for n in names]),
+            "wall_s": mean_sd([result["runs"][n]["wall"]["wall_s"] for n in names]),
+        }
     result["summary"] = summary
     if CALIBRATION in done:
         result["leading_indicator"] = leading({n: candidates(n) for n in done})

@@ -152,7 +152,9 @@ def run(probes, base, stream, root: Path, replay: bool, trace: bool = False, pro
     out["record_bytes_total"] = sum(out["record_bytes"].values())
     if timers:
         timers.restore()
-        out["ms_per_eval_by_step"] = {k: round(1000 * v / len(stream), 2) for k, v in sorted(timers.t.items(), key=lambda kv: -kv[1])}
+        out["ms_per_eval_by_step"] = {
+            k: round(1000 * v / len(stream), 2) for k, v in sorted(timers.t.items(), key=lambda kv: -kv[1])
+        }
     if trace:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
@@ -193,15 +195,22 @@ def main() -> None:
         for replay in (False, True):
             r = run(probes, base, stream, parent / f"replay-{replay}", replay)
             info["runs"][f"replay={replay}"] = r
-            print(f"replay={replay}: {r['ms_per_eval_mean']:.1f} ms/eval (median {r['ms_per_eval_median']:.1f}, max "
-                  f"{r['ms_max']:.1f}); first {r['ms_first_5']} last {r['ms_last_5']}; record {r['record_bytes_total'] / 2**20:.1f} MB "
-                  f"{r['record_bytes']}; flip rows/eval {r['flip_rows_per_eval']:.0f}\n  by step (ms/eval): {r['ms_per_eval_by_step']}",
-                  flush=True)
+            print(
+                f"replay={replay}: {r['ms_per_eval_mean']:.1f} ms/eval (median {r['ms_per_eval_median']:.1f}, max "
+                f"{r['ms_max']:.1f}); first {r['ms_first_5']} last {r['ms_last_5']}; record "
+                f"{r['record_bytes_total'] / 2**20:.1f} MB "
+                f"{r['record_bytes']}; flip rows/eval {r['flip_rows_per_eval']:.0f}\n  by step (ms/eval): "
+                f"{r['ms_per_eval_by_step']}",
+                flush=True,
+            )
         info["peak_rss_mb_end"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         for replay in (False, True):
             tr = run(probes, base, stream, parent / f"trace-{replay}", replay, trace=True)
             info["runs"][f"replay={replay}"]["tracemalloc_peak_mb"] = tr["tracemalloc_peak_mb"]
-            print(f"replay={replay}: tracemalloc peak during the {args.evals} evaluations {tr['tracemalloc_peak_mb']:.1f} MB", flush=True)
+            print(
+                f"replay={replay}: tracemalloc peak during the {args.evals} evaluations {tr['tracemalloc_peak_mb']:.1f} MB",
+                flush=True,
+            )
         prof = run(probes, base, stream[:10], parent / "profile", True, profile=True)
         info["profile_replay_on_10_evals"] = prof["profile"]
         print(prof["profile"])

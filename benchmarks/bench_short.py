@@ -69,10 +69,14 @@ def main() -> None:
         for chat in (False, True):
             layout = "chat" if chat else "plain"
             t0 = time.perf_counter()
-            gen = score_probes(model, tok, probes, ScoringConfig(chat_template=chat, short_mode="generate", batch_size=args.batch_size))
+            gen = score_probes(
+                model, tok, probes, ScoringConfig(chat_template=chat, short_mode="generate", batch_size=args.batch_size)
+            )
             t_gen = time.perf_counter() - t0
             t0 = time.perf_counter()
-            gm = score_probes(model, tok, probes, ScoringConfig(chat_template=chat, short_mode="greedy_match", batch_size=args.batch_size))
+            gm = score_probes(
+                model, tok, probes, ScoringConfig(chat_template=chat, short_mode="greedy_match", batch_size=args.batch_size)
+            )
             t_gm = time.perf_counter() - t0
             rows[f"{layout}/generate+exact"] = summary(gen.outcome, t_gen)
             rows[f"{layout}/generate+contains"] = summary(rejudge_contains(probes, gen), t_gen)
@@ -81,10 +85,19 @@ def main() -> None:
             rows[f"{layout}/agreement"] = {"same_correctness": agree, "n": len(probes)}
             for i, p in enumerate(probes):
                 if (gen.outcome[i] == CORRECT) != (gm.outcome[i] == CORRECT):
-                    disagreements.append({"layout": layout, "id": p.id, "question": p.question, "answers": list(p.answers[:12]),
-                                          "n_answers": len(p.answers), "generation": gen.generation[i],
-                                          "generate_correct": bool(gen.outcome[i] == CORRECT),
-                                          "greedy_match": gm.prediction[i], "greedy_match_correct": bool(gm.outcome[i] == CORRECT)})
+                    disagreements.append(
+                        {
+                            "layout": layout,
+                            "id": p.id,
+                            "question": p.question,
+                            "answers": list(p.answers[:12]),
+                            "n_answers": len(p.answers),
+                            "generation": gen.generation[i],
+                            "generate_correct": bool(gen.outcome[i] == CORRECT),
+                            "greedy_match": gm.prediction[i],
+                            "greedy_match_correct": bool(gm.outcome[i] == CORRECT),
+                        }
+                    )
             print(suite, layout, {k: v for k, v in rows.items() if k.startswith(layout)}, flush=True)
         out["suites"][suite] = {"rows": rows, "disagreements": disagreements}
     path = _common.save(args.out, out)

@@ -128,8 +128,12 @@ def main() -> None:
         return
     if not base.is_file():
         exe = str(Path(sys.executable).parent / "forgetwatch")
-        subprocess.run([exe, "probes", "build", *SUITES.split(","), "--per-suite", str(args.per_suite), "-o", str(probes)], check=True)
-        subprocess.run([exe, "cache", "--model", "smollm2", "--probes", str(probes), "-o", str(base), "--device", "cpu"], check=True)
+        subprocess.run(
+            [exe, "probes", "build", *SUITES.split(","), "--per-suite", str(args.per_suite), "-o", str(probes)], check=True
+        )
+        subprocess.run(
+            [exe, "cache", "--model", "smollm2", "--probes", str(probes), "-o", str(base), "--device", "cpu"], check=True
+        )
     rows = []
     for rep in range(args.reps):
         for mode in ("none", "inline", "sidecar"):
@@ -156,7 +160,12 @@ def main() -> None:
             **({"watcher_lag_seconds": [r["watcher_lag_seconds"] for r in rs],
                 "watcher_ok": all(r["watcher_ok"] for r in rs)} if mode == "sidecar" else {}),
         }
-    result = {"machine": _common.machine(), "setting": {**vars(args), "out": str(args.out), "suites": SUITES}, "runs": rows, "summary": summary}
+    result = {
+        "machine": _common.machine(),
+        "setting": {**vars(args), "out": str(args.out), "suites": SUITES},
+        "runs": rows,
+        "summary": summary,
+    }
     if args.out == OUT:
         _common.save("bench_sidecar", result)
     print(json.dumps(summary, indent=1))

@@ -98,9 +98,12 @@ def run_once(cfg: dict, args, with_callback: bool, output_dir: Path, instrument=
     tok = AutoTokenizer.from_pretrained(path)
     fw = None
     if with_callback:
-        fw = ForgetWatchCallback(probes=cfg["forgetwatch_probes"], per_suite=getattr(args, "per_suite", None) or cfg["forgetwatch_per_suite"],
-                                 eval_steps=args.eval_steps or cfg["forgetwatch_eval_steps"],
-                                 replay=cfg.get("forgetwatch_replay", False))
+        fw = ForgetWatchCallback(
+            probes=cfg["forgetwatch_probes"],
+            per_suite=getattr(args, "per_suite", None) or cfg["forgetwatch_per_suite"],
+            eval_steps=args.eval_steps or cfg["forgetwatch_eval_steps"],
+            replay=cfg.get("forgetwatch_replay", False),
+        )
         begin = fw.on_train_begin
         fw.base_seconds = 0.0
 
@@ -251,7 +254,9 @@ def main() -> None:
             })
             need_step = e_default * 0.95 / 0.05 / 50
             summary["step_seconds_needed_for_5pct_at_defaults"] = need_step
-            summary["train_tokens_per_step_needed_for_5pct_at_defaults"] = need_step / t_step * withcb["train_tokens_per_step_mean"]
+            summary["train_tokens_per_step_needed_for_5pct_at_defaults"] = (
+                need_step / t_step * withcb["train_tokens_per_step_mean"]
+            )
         summary["share_tables"] = share_tables(summary, per_probe)
         info["summary"] = summary
     info["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -612,7 +612,9 @@ def queue(st: Setting, arms: list[str]) -> list[tuple[str, int, float | None]]:
     jobs = [("control", st.seeds[0], None)] if "control" in arms else []  # first: the accuracy rule reads it
     jobs += [(LORA_PILOT, st.pilot_seed, lr) for lr in LORA_RATES] if "lora" in arms else []
     for s in st.seeds:
-        jobs += [(a, s, None) for a in ("control", "control_sampler", "anchor") if a in arms and (a, s) != ("control", st.seeds[0])]
+        jobs += [
+            (a, s, None) for a in ("control", "control_sampler", "anchor") if a in arms and (a, s) != ("control", st.seeds[0])
+        ]
     for s in st.seeds:
         jobs += [(a, s, None) for a in ("lora", "penalty") if a in arms]
     if CONSTANT in arms:
@@ -721,8 +723,11 @@ def _flat(runs: dict[str, dict[int, dict]]) -> dict[tuple[str, int], dict]:
                                  "task_kl": final.get("task_kl"), "task_loss_0_99": final["task_losses"]["rows_0_99"]}
             for tag, key in (("rewind", "budget"), ("dev", "dev_only")):
                 pick = r["rewind"]["picks"][key]
-                judged = {"final": final, "budget": r["rewind"]["picks"]["budget"]["judged"]}.get(pick["judged"], pick["judged"]) \
-                    if isinstance(pick["judged"], str) else pick["judged"]
+                judged = (
+                    {"final": final, "budget": r["rewind"]["picks"]["budget"]["judged"]}.get(pick["judged"], pick["judged"])
+                    if isinstance(pick["judged"], str)
+                    else pick["judged"]
+                )
                 flat[(f"{arm}@{tag}", seed)] = {"F": judged["F"], "BT": judged["BT"], "task_loss": judged["task_losses"]["task"],
                                                 "dev_loss": judged["task_losses"]["dev"], "outcome": judged["outcome"],
                                                 "alpha": pick["alpha"], "case": pick.get("case"),
@@ -779,7 +784,10 @@ def analyse(st: Setting) -> dict:
     for name in sorted({k[0] for k in flat}):
         seeds = sorted(s for (n, s) in flat if n == name)
         rows = [flat[(name, s)] for s in seeds]
-        arms[name] = {"seeds": seeds, **{k: s18._stat([r[k] for r in rows]) for k in ("F", "BT", "task_loss", "dev_loss", "alpha")}}
+        arms[name] = {
+            "seeds": seeds,
+            **{k: s18._stat([r[k] for r in rows]) for k in ("F", "BT", "task_loss", "dev_loss", "alpha")},
+        }
     tests = {}
 
     def compare(ref: str, arm: str, what: str, held: str) -> None:
@@ -816,7 +824,10 @@ def analyse(st: Setting) -> dict:
         pts = [(v["task_kl"], v["F"], n) for (n, _), v in flat.items() if keep(n) and v.get("task_kl") is not None]
         if len(pts) >= 3:
             # within one recipe too: a correlation across arms can be only the arms' difference
-            groups = {"all": pts, **{a: [p for p in pts if p[2].split("@")[0] == a] for a in sorted({p[2].split("@")[0] for p in pts})}}
+            groups = {
+                "all": pts,
+                **{a: [p for p in pts if p[2].split("@")[0] == a] for a in sorted({p[2].split("@")[0] for p in pts})},
+            }
             razor[label] = {"n": len(pts), **_spearman(pts),
                             "within": {g: {"n": len(q), **_spearman(q)} for g, q in groups.items() if g != "all" and len(q) >= 5},
                             "by_arm": {a: {"task_kl": s18._stat([p[0] for p in pts if p[2] == a]),
@@ -828,9 +839,13 @@ def analyse(st: Setting) -> dict:
         kept = S18_RUNS / f"{s18.CONTROL}-s{seed}.json"
         if kept.is_file() and not st.smoke:
             k = json.loads(kept.read_text())
-            again[seed] = {"outcomes_differing": int(sum(a != b for a, b in zip(k["outcome"], r["final"]["outcome"], strict=True))),
-                           "F_s18": k["F"], "F_now": r["final"]["F"], "task_loss_rows_0_99_s18": k["task_loss"],
-                           "task_loss_rows_0_99_now": r["final"]["task_losses"]["rows_0_99"]}
+            again[seed] = {
+                "outcomes_differing": int(sum(a != b for a, b in zip(k["outcome"], r["final"]["outcome"], strict=True))),
+                "F_s18": k["F"],
+                "F_now": r["final"]["F"],
+                "task_loss_rows_0_99_s18": k["task_loss"],
+                "task_loss_rows_0_99_now": r["final"]["task_losses"]["rows_0_99"],
+            }
     beside = _beside_s18_anchor(runs, flat, outcomes["held_out_s18"], note) if not st.smoke else {}
     lora = json.loads((_done(st) / "lora_lr.json").read_text()) if (_done(st) / "lora_lr.json").is_file() else None
     missing = [run_name(a, s) for a in ARMS for s in st.seeds if s not in runs.get(a, {})]
@@ -846,17 +861,49 @@ def analyse(st: Setting) -> dict:
                              if r["seconds"].get("total") is not None])
                for a, by in runs.items()}
     lanes = {a: sorted({r["machine"]["lanes"] for r in by.values()}) for a, by in runs.items()}
-    gsm8k = {a: {s: {"final": r["final"].get("gsm8k_solved"),
-                     "rewind": (r["rewind"]["picks"]["budget"]["judged"] if isinstance(r["rewind"]["picks"]["budget"]["judged"], dict)
-                                else r["final"]).get("gsm8k_solved")}
-                 for s, r in by.items() if "gsm8k_solved" in r["final"]} for a, by in runs.items()}
-    return {"protocol": "benchmarks/protocols/which_remedy.md", "setting": asdict(st), "base": base, "arms": arms,
-            "tests": tests, "constant_again": again, "beside_s18_anchor": beside, "lora_lr": lora, "missing": missing, "minutes": minutes,
-            "lanes": lanes, "gsm8k": gsm8k, "razor": razor, "task_cost_rows_0_99": rows_0_99,
-            "runs": {a: {s: {"front": r["rewind"]["front"], "picks": {k: {"alpha": v["alpha"], "case": v.get("case")}
-                                                                       for k, v in r["rewind"]["picks"].items()},
-                             "budget_F": r["budget_F"], "check_alpha_1": r["rewind"]["check_alpha_1"]}
-                         for s, r in by.items()} for a, by in runs.items()}}
+    gsm8k = {
+        a: {
+            s: {
+                "final": r["final"].get("gsm8k_solved"),
+                "rewind": (
+                    r["rewind"]["picks"]["budget"]["judged"]
+                    if isinstance(r["rewind"]["picks"]["budget"]["judged"], dict)
+                    else r["final"]
+                ).get("gsm8k_solved"),
+            }
+            for s, r in by.items()
+            if "gsm8k_solved" in r["final"]
+        }
+        for a, by in runs.items()
+    }
+    return {
+        "protocol": "benchmarks/protocols/which_remedy.md",
+        "setting": asdict(st),
+        "base": base,
+        "arms": arms,
+        "tests": tests,
+        "constant_again": again,
+        "beside_s18_anchor": beside,
+        "lora_lr": lora,
+        "missing": missing,
+        "minutes": minutes,
+        "lanes": lanes,
+        "gsm8k": gsm8k,
+        "razor": razor,
+        "task_cost_rows_0_99": rows_0_99,
+        "runs": {
+            a: {
+                s: {
+                    "front": r["rewind"]["front"],
+                    "picks": {k: {"alpha": v["alpha"], "case": v.get("case")} for k, v in r["rewind"]["picks"].items()},
+                    "budget_F": r["budget_F"],
+                    "check_alpha_1": r["rewind"]["check_alpha_1"],
+                }
+                for s, r in by.items()
+            }
+            for a, by in runs.items()
+        },
+    }
 
 
 def report(result: dict) -> None:
@@ -879,11 +926,18 @@ def report(result: dict) -> None:
     for name, t in result["tests"].items():
         ci = t["cut_F_ci95"]
         mc = t["mcnemar_pooled"]
-        mc = f"{mc['forgotten_by_control_only']} : {mc['forgotten_by_remedy_only']} (p {mc['p']:.2g})" if isinstance(mc, dict) else "—"
+        mc = (
+            f"{mc['forgotten_by_control_only']} : {mc['forgotten_by_remedy_only']} (p {mc['p']:.2g})"
+            if isinstance(mc, dict)
+            else "—"
+        )
         cut = "—" if t["cut_F"] is None else f"{t['cut_F']:.1%}" + (f" ({ci[0]:.1%}, {ci[1]:.1%})" if ci else "")
-        print(f"| {name} | {len(t['seeds'])} | {cut} | {', '.join(f'{d:+.3f}' for d in t['diff_F_per_seed'])} | "
-              f"{t['p_sign_flip']:.3g} | {mc} | {t['mean_diff_BT']:+.3f} | {t['task_cost_paired']:+.1%} ({t['task_cost_ci95'][0]:+.1%}, "
-              f"{t['task_cost_ci95'][1]:+.1%}) | {t['dev_cost_paired']:+.1%} |")
+        print(
+            f"| {name} | {len(t['seeds'])} | {cut} | {', '.join(f'{d:+.3f}' for d in t['diff_F_per_seed'])} | "
+            f"{t['p_sign_flip']:.3g} | {mc} | {t['mean_diff_BT']:+.3f} | {t['task_cost_paired']:+.1%} "
+            f"({t['task_cost_ci95'][0]:+.1%}, "
+            f"{t['task_cost_ci95'][1]:+.1%}) | {t['dev_cost_paired']:+.1%} |"
+        )
     solved = {f"{a}-s{s}": v for a, by in result["gsm8k"].items() for s, v in by.items()}
     if result["base"]:
         print(f"\nGSM8K rows 0-99 solved: base {result['base']['gsm8k_solved']}; "

@@ -21,24 +21,39 @@ versions = [("new", new)]
 if len(sys.argv) > 1:  # an older penalty.py: its relative imports pointed at forgetwatch/, where the remedies were then
     source = Path(sys.argv[1]).read_text()
     for name in ("anchor", "mixing", "distill"):
-        source = source.replace(f"from .{name} import", f"from forgetwatch.remedies.{name.replace('distill', 'base_outputs')} import")
+        source = source.replace(
+            f"from .{name} import", f"from forgetwatch.remedies.{name.replace('distill', 'base_outputs')} import"
+        )
     old = type(sys)("forgetwatch.penalty_old")
     old.__package__ = "forgetwatch"
     exec(compile(source, sys.argv[1], "exec"), old.__dict__)
     versions.insert(0, ("old", old))
 
 
-rows = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": f"The answer is {i + 1}."}]}
-        for i in range(16)]
+rows = [
+    {"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": f"The answer is {i + 1}."}]}
+    for i in range(16)
+]
 for name, mod in versions:
     tok = build_tokenizer()
     model = build_model(tok)
     p = mod.MarginPenalty(penalty_pool(), beta=1.0, ratio=1.0, tokenizer=tok, strategy="uniform", floor=50.0)
     import torch
 
-    args = SFTConfig(output_dir=f"/tmp/pen-{name}", bf16=True, use_cpu=not torch.cuda.is_available(), max_steps=6, per_device_train_batch_size=4,
-                     learning_rate=0.0, logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
-                     max_length=64)
+    args = SFTConfig(
+        output_dir=f"/tmp/pen-{name}",
+        bf16=True,
+        use_cpu=not torch.cuda.is_available(),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        learning_rate=0.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        max_length=64,
+    )
     t = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[p])
     add_loss_term(t, p)
     t.train()

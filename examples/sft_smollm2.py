@@ -94,8 +94,11 @@ def main() -> None:
 
     rec = callback.record_dir
     last = json.loads((rec / "metrics.jsonl").read_text().splitlines()[-1])["metrics"]["overall"]
-    print(f"\nforgetting {last['forgetting']:.3f} ({last['forgotten']} probes 1→0), backward transfer "
-          f"{last['backward_transfer']:.3f} ({last['learned']} probes 0→1), accuracy {last['accuracy_pre']:.3f} → {last['accuracy_post']:.3f}")
+    print(
+        f"\nforgetting {last['forgetting']:.3f} ({last['forgotten']} probes 1→0), backward transfer "
+        f"{last['backward_transfer']:.3f} ({last['learned']} probes 0→1), accuracy {last['accuracy_pre']:.3f} → "
+        f"{last['accuracy_post']:.3f}"
+    )
     print(f"local record: {rec}")
     print(f"replay file:  {rec / 'replay.jsonl'} ({len(callback.replay_examples())} forgotten probes)")
     if args.save_steps != 0:

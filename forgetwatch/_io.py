@@ -380,7 +380,7 @@ def read_json(path: str | os.PathLike, what: str = "", error: type[Exception] = 
         >>> _ = p.write_text('{\\n  "max_forgetting": 0.05,\\n  "on": "stop",,\\n}')
         >>> read_json(p, what="a budget file")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ValueError: .../budget.json line 3: not valid JSON (Expecting property name enclosed in double quotes at column 16); a budget file
+        ValueError: .../budget.json line 3: not valid JSON (Expecting property name ... at column 16); a budget file
     """
     path = Path(path)
     data = path.read_bytes()

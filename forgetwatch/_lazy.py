@@ -10,7 +10,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy(package: str, namespace: dict[str, Any], names: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy(
+    package: str, namespace: dict[str, Any], names: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """A module `__getattr__` that imports `names[name]` (relative to `package`) when `name` is first asked for, and a
     `__dir__` that lists them with the package's own names.
 

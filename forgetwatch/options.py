@@ -111,7 +111,8 @@ class ForgetWatchArguments:
     """forgetwatch's options, for `TrlParser` / `HfArgumentParser` scripts, YAML recipes and front-end configs.
 
     Field names are the callback's argument names with a `forgetwatch_` prefix, because the trainer's own arguments
-    already have `eval_steps` and `seed`. `forgetwatch options` lists them with their meanings (`forgetwatch docs options`: the page).
+    already have `eval_steps` and `seed`. `forgetwatch options` lists them with their meanings (`forgetwatch docs options`:
+    the page).
 
     Example:
         >>> from trl import SFTConfig, TrlParser

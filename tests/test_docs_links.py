@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 REPO_URL = re.compile(r"https://github\.com/forgetwatch/forgetwatch/(?:blob|tree)/main/([^#?]*)(#.*)?$")
 PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "recipes" / "README.md",
                 ROOT / "benchmarks" / "RESULTS.md", *(ROOT / "docs").glob("*.md")])
-LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)|<(?:img|a)\s[^>]*?(?:src|href)=\"(?P<html>[^\"]+)\"")
+LINK = re.compile(
+    r"!?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)|<(?:img|a)\s[^>]*?(?:src|href)=\"(?P<html>[^\"]+)\""
+)
 
 
 def _prose(text: str) -> str:

@@ -153,15 +153,21 @@ def test_read_json_names_the_files_line_not_a_position_in_a_string(tmp_path):
     assert read_json(path) == {"a": {"b": [1, 2]}}
 
 
-@pytest.mark.parametrize("data, says", [
-    (b"", ": the file is empty"),
-    (b"  \n", ": the file is empty"),
-    (b"[1, 2]", ": expected a JSON object ({...}), got a list"),
-    (b"null", ": expected a JSON object ({...}), got null"),
-    (b'{\n "name": "caf\xe9"\n}', " line 2: not UTF-8 text (byte 0xe9 at column 14, byte offset 15 of the file)"),
-    (b'{"a": [' + b"[" * 100_000, ": not valid JSON (nested too deeply to read)"),
-    (b'{"a":\n 1,\n "b": {"c": 2', " line 3: not valid JSON (Expecting ',' delimiter at column 14); the file ends before the JSON does"),
-])
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        (b"", ": the file is empty"),
+        (b"  \n", ": the file is empty"),
+        (b"[1, 2]", ": expected a JSON object ({...}), got a list"),
+        (b"null", ": expected a JSON object ({...}), got null"),
+        (b'{\n "name": "caf\xe9"\n}', " line 2: not UTF-8 text (byte 0xe9 at column 14, byte offset 15 of the file)"),
+        (b'{"a": [' + b"[" * 100_000, ": not valid JSON (nested too deeply to read)"),
+        (
+            b'{"a":\n 1,\n "b": {"c": 2',
+            " line 3: not valid JSON (Expecting ',' delimiter at column 14); the file ends before the JSON does",
+        ),
+    ],
+)
 def test_read_json_faults(tmp_path, data, says):
     path = write(tmp_path, data, "sidecar.json")
     with pytest.raises(MyError) as e:

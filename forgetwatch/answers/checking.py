@@ -113,7 +113,8 @@ def is_correct_short(
     Example:
         >>> is_correct_short("sunset blvd.", ["Sunset Boulevard", "Sunset Blvd"])
         True
-        >>> is_correct_short("It is Paris, I think", ["Paris"]), is_correct_short("It is Paris, I think", ["Paris"], match="contains")
+        >>> said = "It is Paris, I think"
+        >>> is_correct_short(said, ["Paris"]), is_correct_short(said, ["Paris"], match="contains")
         (False, True)
         >>> is_correct_short("$1,234.00", ["1234"], numeric=True)
         True

@@ -31,7 +31,8 @@ from typing import Any
 
 from ..errors import InstructionFormatError
 
-__all__ = ["InstructionFormatError", "Verdict", "UNAVAILABLE", "instruction_ids", "instruction_group", "describe_instruction", "validate_instructions", "check_instructions"]
+__all__ = ["InstructionFormatError", "Verdict", "UNAVAILABLE", "instruction_ids", "instruction_group",
+           "describe_instruction", "validate_instructions", "check_instructions"]
 
 # Instruction ids of IFEval whose checkers need nltk's punkt tokenizer: nltk downloads it at run time, and no
 # registry package ships it, so they are left out rather than switched off in silence.
@@ -171,8 +172,13 @@ class Verdict:
         return all(self.loose_each)
 
     def to_json(self) -> str:
-        return json.dumps({"strict": self.strict, "loose": self.loose,
-                           "each": {i: [s, lo] for i, s, lo in zip(self.instructions, self.strict_each, self.loose_each, strict=True)}})
+        return json.dumps(
+            {
+                "strict": self.strict,
+                "loose": self.loose,
+                "each": {i: [s, lo] for i, s, lo in zip(self.instructions, self.strict_each, self.loose_each, strict=True)},
+            }
+        )
 
 
 def check_instructions(answer: str, ids: Sequence[str], kwargs: Sequence[Mapping[str, Any]], prompt: str = "") -> Verdict:

@@ -58,7 +58,9 @@ def add_base_outputs(sub) -> None:
     bo.add_argument("--exclude", default=None, help="the monitored probes (a probe file or suite names): never in the pool")
     bo.add_argument("--exclude-per-suite", default=None, metavar="N|all",
                     help="with suite names in --exclude: the run's forgetwatch_per_suite (the monitored probes are a sample)")
-    bo.add_argument("--exclude-seed", type=int, default=0, help="with suite names in --exclude: the run's forgetwatch_seed (default 0)")
+    bo.add_argument(
+        "--exclude-seed", type=int, default=0, help="with suite names in --exclude: the run's forgetwatch_seed (default 0)"
+    )
     bo.add_argument("-o", "--output", required=True, help="the file to write (.parquet); an existing one is never overwritten")
     bo.add_argument("--max-length", type=int, default=None, help="the trainer's max_length: longer prompts are refused")
     bo.add_argument("--max-new-tokens", type=int, default=128, help="generation budget of generated answers (default 128)")

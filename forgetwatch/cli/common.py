@@ -26,7 +26,9 @@ _NONE_MEANS_AUTO = ("chat_template", "short_mode", "max_new_tokens")  # None is 
 
 
 def model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--model", required=required, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model", required=required, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)"
+    )
     p.add_argument("--probes", required=required, help="a probe JSONL file, or comma-separated suite names")
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
@@ -221,7 +223,9 @@ def save_results(cache, path: str, replace: bool) -> None:
             continue
         raise OSError(f"could not write {path} ({failure}); the results were saved to {fallback} instead. Move them into "
                       f"place with: mv {quote(fallback)} {quote(path)}") from None
-    raise OSError(f"could not write {path} ({failure}), nor a copy elsewhere ({'; '.join(tried)}): the results are lost") from None
+    raise OSError(
+        f"could not write {path} ({failure}), nor a copy elsewhere ({'; '.join(tried)}): the results are lost"
+    ) from None
 
 
 def first_ids(probes: ProbeSet, mask, n: int = 3) -> list[str]:

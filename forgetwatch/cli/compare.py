@@ -162,7 +162,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if flips and args.flips:
         print(f"\nflipped probes ({len(flips)}; first {min(args.flips, len(flips))}):")
         for f in flips[: args.flips]:
-            print(f"  {f['direction']}  {f['id']}  [{f['category']}]  base: {f['base_prediction']!r}  now: {f['prediction']!r}  gold: {f['gold']!r}")
+            print(
+                f"  {f['direction']}  {f['id']}  [{f['category']}]  base: {f['base_prediction']!r}  now: {f['prediction']!r}  "
+                f"gold: {f['gold']!r}"
+            )
     if unsaved is not None:
         raise unsaved
     return 0
@@ -174,7 +177,9 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
         raise ValueError(f"compare takes two per-sample outputs, BEFORE and AFTER; got {len(args.runs)}: {' '.join(args.runs)}")
     given = [f"--{n}" for n in ("model", "probes", "base", "output") if getattr(args, n) is not None]
     if given:
-        raise ValueError(f"{', '.join(given)} score a model; with two per-sample outputs (BEFORE AFTER) nothing is scored: drop them")
+        raise ValueError(
+            f"{', '.join(given)} score a model; with two per-sample outputs (BEFORE AFTER) nothing is scored: drop them"
+        )
     cmp = compare_samples(args.runs[0], args.runs[1], metric=args.metric, filter=args.filter, match=args.match)
     # acc_norm ranks the options by log-likelihood per character, another figure than acc: the header's "counted" list
     # is easy to read past, so a task counted that way without being asked for says so in a note of its own
@@ -200,8 +205,10 @@ def cmd_compare_samples(args: argparse.Namespace) -> int:
     for label, only in (("before", cmp.only_before), ("after", cmp.only_after)):
         if only:
             per = Counter(s.task for s in only)
-            print(f"  samples only {label} (not compared): {len(only)} ({', '.join(f'{t}: {n}' for t, n in sorted(per.items()))}); "
-                  "--json lists them")
+            print(
+                f"  samples only {label} (not compared): {len(only)} ({', '.join(f'{t}: {n}' for t, n in sorted(per.items()))}); "
+                "--json lists them"
+            )
     print()
     print(format_report(cmp.report, label="task"))
     if cmp.by_group:

@@ -41,7 +41,9 @@ def add_interpolate(sub) -> None:
         description="WiSE-FT without training: for each α of the grid the weights are θ_base + α(θ_ft − θ_base) (a LoRA "
                     "adapter is scaled by α), streamed in slices of a tensor (one model in memory), and scored as `compare` "
                     f"scores a checkpoint. α = 0 is the base, α = 1 the checkpoint. More: {docs_hint('cli', 'interpolate')}.")
-    ip.add_argument("--model", required=True, help="the fine-tuned checkpoint: a model directory (safetensors) or a LoRA adapter directory")
+    ip.add_argument(
+        "--model", required=True, help="the fine-tuned checkpoint: a model directory (safetensors) or a LoRA adapter directory"
+    )
     ip.add_argument("--probes", required=True, help="the probe set of the base cache: a JSONL file or suite names")
     ip.add_argument("--base", required=True, help="the base cache made by `forgetwatch cache`")
     ip.add_argument("--base-model", default=None,
@@ -52,7 +54,9 @@ def add_interpolate(sub) -> None:
                                                       "directory or Hub name; text, messages, or prompt + completion rows; "
                                                       "nats per answer token; lower is better)")
     ip.add_argument("--task-split", default="test", help="with a dataset in --task-data: its split (default test)")
-    ip.add_argument("--task-max-examples", type=int, default=200, help="with --task-data: at most this many examples (default 200)")
+    ip.add_argument(
+        "--task-max-examples", type=int, default=200, help="with --task-data: at most this many examples (default 200)"
+    )
     ip.add_argument("--task-max-length", type=int, default=1024,
                     help="with --task-data: examples cut at this many tokens, as training cut them (default 1024)")
     ip.add_argument("--task-probes", default=None, help="task measure: accuracy on this probe set of the task (e.g. gsm8k)")

@@ -15,8 +15,11 @@ def add_options(sub) -> None:
                                    "`forgetwatch llamafactory train`, a --forgetwatch_* flag of recipes/*.py, and (without "
                                    "the prefix) a keyword argument of ForgetWatchCallback.")
     o.add_argument("--group", choices=GROUPS, default=None, help="only this group")
-    o.add_argument("--markdown", action="store_true", help=f"print the reference page as markdown instead ({docs_hint('options')} "
-                                                                  "prints it as shipped)")
+    o.add_argument(
+        "--markdown",
+        action="store_true",
+        help=f"print the reference page as markdown instead ({docs_hint('options')} prints it as shipped)",
+    )
     o.set_defaults(func=cmd_options)
 
 

@@ -17,13 +17,15 @@ from ..remedies.sweep import format_interpolation
 def add_rewind(sub) -> None:
     """`rewind`."""
     rp = sub.add_parser(
-        "rewind", help="a finished run's final model stepped back toward its base: θ(α) scored on the run's probes and a "
+        "rewind",
+        help="a finished run's final model stepped back toward its base: θ(α) scored on the run's probes and a "
         "task loss, α picked by a stated rule, the model saved to OUTPUT_DIR/rewound/",
         description="Scores θ_base + α(θ_final − θ_base) at each α of the grid on the run's monitored probes (against its "
-                    f"base cache, in its precision) and on a task loss, picks α ({docs_hint('rewind', 'rule')}: the lowest task loss "
-                    "within the run's budget, else the knee of the front), saves that model to OUTPUT_DIR/rewound/ and "
-                    "writes the front and the pick to OUTPUT_DIR/forgetwatch/rewind.json (the report shows them). α = 1 "
-                    "must give the run's final evaluation: checked, and said loudly when it does not.")
+        f"base cache, in its precision) and on a task loss, picks α ({docs_hint('rewind', 'rule')}: the lowest task loss "
+        "within the run's budget, else the knee of the front), saves that model to OUTPUT_DIR/rewound/ and "
+        "writes the front and the pick to OUTPUT_DIR/forgetwatch/rewind.json (the report shows them). α = 1 "
+        "must give the run's final evaluation: checked, and said loudly when it does not.",
+    )
     rp.add_argument("output_dir", help="the trainer's output_dir of a finished run (inline or watched by `forgetwatch watch`)")
     rp.add_argument("--checkpoint", default=None, help="the model to rewind (default: the final model saved in OUTPUT_DIR, "
                                                        "else its latest checkpoint-N)")

@@ -1,6 +1,7 @@
 """Behaviour drift: how a model answers, probe by probe against the base's answer to the same prompt.
 
-Behaviour probes are judged by `forgetwatch.scoring.judge.judge_behavior` (an `instruct` probe by IFEval's checkers, `forgetwatch.answers.instructions`;
+Behaviour probes are judged by `forgetwatch.scoring.judge.judge_behavior` (an `instruct` probe by IFEval's checkers,
+`forgetwatch.answers.instructions`;
 a `comply` probe by the refusal rule, `forgetwatch.answers.refusals`), so their 1→0 and 0→1 are counted like any probe's.
 Beyond right and wrong, every generated answer (behaviour probes, and knowledge probes scored by generation) has a
 length and either ends its turn or runs to the token limit; `compute_behavior` turns those into drift figures per
@@ -122,8 +123,13 @@ def behavior_scalars(row: dict[str, Any]) -> dict[str, float]:
     return row_scalars(row, SCALARS)
 
 
-def compute_behavior(base: ProbeResults, now: ProbeResults, categories: Sequence[str] | None = None,
-                     kinds: Sequence[str] | None = None, groups: Mapping[str, np.ndarray] | None = None) -> dict[str, BehaviorStats]:
+def compute_behavior(
+    base: ProbeResults,
+    now: ProbeResults,
+    categories: Sequence[str] | None = None,
+    kinds: Sequence[str] | None = None,
+    groups: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, BehaviorStats]:
     """Behaviour drift since base overall, per category and per extra group, keyed like `compute_report`.
 
     Args:

@@ -4,7 +4,8 @@ A budget maps metric names, as `metrics.jsonl` names them, to upper limits: `for
 (rates in [0, 1]), `margin_drop` (minus the mean margin change, nats) and `kl` (nats), and for behaviour probes
 `runaway`, `over_refusal`, `instruct_forgetting` (rates) and `length_drift` (|median log length ratio|), with
 robustness on `robust_forgetting` (a rate, with a Wilson interval) and `consistency_drop` (minus the change in the
-share of variants right; no interval), each overall or for one category as `<category>/<metric>`. With `bound="lower"` (the default) a limit counts as exceeded only when the lower
+share of variants right; no interval), each overall or for one category as `<category>/<metric>`. With `bound="lower"` (the
+default) a limit counts as exceeded only when the lower
 end of the 95% interval is above it, so that noise pages nobody: the Wilson lower bound of F; for the adjusted figure
 that bound minus the chance term, clipped at 0; for `margin_drop` minus the interval's upper end. `kl` has no
 interval and is compared as measured. `bound="point"` compares the measured values.
@@ -26,7 +27,8 @@ from typing import Any
 
 from .. import options
 
-__all__ = ["ROBUST_BUDGETS", "Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET", "check_options", "parse_budget"]
+__all__ = ["ROBUST_BUDGETS", "Budget", "BudgetState", "Breach", "Limit", "BUDGET_METRICS", "ON_BUDGET",
+           "check_options", "parse_budget"]
 
 # metric -> whether it is a rate (limit in [0, 1]) or a figure in nats (limit >= 0)
 BUDGET_METRICS = {"forgetting": "rate", "forgetting_adjusted": "rate", "margin_drop": "nats", "kl": "nats",
@@ -175,7 +177,8 @@ def _figure(row: Mapping[str, Any], metric: str, bound: str) -> tuple[float, flo
     if metric == "consistency_drop":  # no interval: compared as measured
         measured = -float(row.get("consistency_change", nan))
         return measured, measured
-    if metric in ("runaway", "over_refusal", "instruct_forgetting", "length_drift"):  # the lower end: Wilson for rates; for length_drift the median interval's end nearest 0
+    # the lower end: Wilson for rates; for length_drift the median interval's end nearest 0
+    if metric in ("runaway", "over_refusal", "instruct_forgetting", "length_drift"):
         measured = float(row.get(metric, nan))
         return measured, measured if bound == "point" else float(row.get(f"{metric}_ci_low", nan))
     measured = float(row.get(metric, nan))  # kl: no interval

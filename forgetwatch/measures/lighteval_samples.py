@@ -97,7 +97,12 @@ def _old_lighteval_row(where: str, r: dict) -> dict:
         doc = {"query": r.get("example"), "choices": choices, "gold_index": r.get("gold_index"), "sampling_methods": ["LOGPROBS"]}
         response = {"logprobs": [p[0] if isinstance(p, (list, tuple)) else p for p in preds]}
     else:  # generative: the golds are the answers, the predictions the texts
-        doc = {"query": r.get("example"), "choices": list(r.get("gold") or []), "gold_index": 0, "sampling_methods": ["GENERATIVE"]}
+        doc = {
+            "query": r.get("example"),
+            "choices": list(r.get("gold") or []),
+            "gold_index": 0,
+            "sampling_methods": ["GENERATIVE"],
+        }
         response = {"text": preds}
     return {"doc": doc, "metric": r.get("metrics") or {}, "model_response": response}
 

@@ -178,7 +178,12 @@ def _lm_eval_sample(task: str, where: str, row: dict, metric: str, cfg: dict) ->
     args = _lm_eval_args(row)
     output_type = cfg.get("output_type")
     half = len(args) // 2
-    if len(args) >= 4 and len(args) % 2 == 0 and all(a and a[0] == "" for a in args[half:]) and all(a and a[0] for a in args[:half]):
+    if (
+        len(args) >= 4
+        and len(args) % 2 == 0
+        and all(a and a[0] == "" for a in args[half:])
+        and all(a and a[0] for a in args[:half])
+    ):
         # acc_mutual_info adds each option again with an empty context (its unconditional log-likelihood)
         args = args[: len(args) // 2]
     continuations = [a[1] for a in args if len(a) > 1 and isinstance(a[1], str)]
@@ -195,18 +200,34 @@ def _lm_eval_sample(task: str, where: str, row: dict, metric: str, cfg: dict) ->
         if lls and metric == "acc_norm" and all(v is not None for v in lls):
             # lm-eval divides by the option's length in characters, without the delimiter before it
             delim = str(cfg.get("target_delimiter", " "))
-            lls = [ll / max(len(c[len(delim):] if c.startswith(delim) else c), 1) for ll, c in zip(lls, continuations, strict=False)]
+            lls = [
+                ll / max(len(c[len(delim) :] if c.startswith(delim) else c), 1) for ll, c in zip(lls, continuations, strict=False)
+            ]
         prediction = continuations[int(np.argmax(lls))].strip() if lls and all(v is not None for v in lls) else ""
         gold = _gold_choice(target, continuations)
     else:
         prediction = as_text(resps)
         # ifeval's target is a placeholder (0): what is checked is the document's instructions
-        gold = "; ".join(map(str, doc["instruction_id_list"])) if isinstance(doc.get("instruction_id_list"), list) else as_text(target)
+        gold = (
+            "; ".join(map(str, doc["instruction_id_list"]))
+            if isinstance(doc.get("instruction_id_list"), list)
+            else as_text(target)
+        )
     question = next((doc[q] for q in QUESTION_FIELDS if isinstance(doc.get(q), str)), None)
     if question is None:
         question = str(args[0][0]) if args and args[0] else ""
-    return Sample(task, "" if row["doc_id"] is None else str(row["doc_id"]), row.get("doc_hash"), int(float(row[metric])), k, question.strip(), gold,
-                  prediction, where, row.get("prompt_hash"))
+    return Sample(
+        task,
+        "" if row["doc_id"] is None else str(row["doc_id"]),
+        row.get("doc_hash"),
+        int(float(row[metric])),
+        k,
+        question.strip(),
+        gold,
+        prediction,
+        where,
+        row.get("prompt_hash"),
+    )
 
 
 def _loglik(r: Any) -> float | None:

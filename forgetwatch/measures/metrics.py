@@ -47,20 +47,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = [
-    "OUTCOME_CORRECT",
-    "OUTCOME_WRONG",
-    "OUTCOME_INVALID",
-    "ForgettingMetrics",
-    "compute_metrics",
-    "compute_report",
-    "wilson_interval",
-    "mcnemar_exact",
-    "forgetting_events",
-    "first_forgotten_index",
-    "format_report",
-    "format_figure",
-]
+__all__ = ["OUTCOME_CORRECT", "OUTCOME_WRONG", "OUTCOME_INVALID", "ForgettingMetrics", "compute_metrics",
+           "compute_report", "wilson_interval", "mcnemar_exact", "forgetting_events", "first_forgotten_index",
+           "format_report", "format_figure"]
 
 OUTCOME_CORRECT, OUTCOME_WRONG, OUTCOME_INVALID = 1, 0, -1
 
@@ -79,7 +68,7 @@ class ForgettingMetrics:
         >>> m.forgotten, m.learned, m.forgetting, m.net_change
         (1, 1, 0.25, 0.0)
         >>> sorted(m.scalars())
-        ['accuracy', 'backward_transfer', 'backward_transfer_adjusted', 'forgetting', 'forgetting_adjusted', 'invalid_rate', 'net_change']
+        ['accuracy', 'backward_transfer', 'backward_transfer_adjusted', 'forgetting', 'forgetting_adjusted', 'invalid_rate', ...]
     """
 
     n: int
@@ -248,7 +237,9 @@ def _metrics_from_table(cells: np.ndarray, k_values: np.ndarray) -> ForgettingMe
     known_mcq_pre = float(((kf * a - ng) / (kf - 1)).sum())
     known_pre = known_mcq_pre + short_pre_ok
     n_short = n - n_mcq
-    nothing_to_forget = (n_mcq == 0 or known_mcq_pre <= 1e-9) and (n_short == 0 or (short_pre_ok < 2 and short_pre_ok < 0.02 * n_short))
+    nothing_to_forget = (n_mcq == 0 or known_mcq_pre <= 1e-9) and (
+        n_short == 0 or (short_pre_ok < 2 and short_pre_ok < 0.02 * n_short)
+    )
     known_post = float(((kf * b - ng) / (kf - 1)).sum()) + short_post_ok
 
     forgetting, backward_transfer = forgotten / n, learned / n
@@ -517,7 +508,8 @@ def format_report(report: dict, label: str = "category", footer: bool = True) ->
     """A fixed-width table, one row per category (or task) and one for all probes; `footer`: the net change, McNemar
     and what the columns mean (the nothing-to-forget mark is explained either way)."""
     w = max([22] + [len(k) + 4 for k in report])  # mmlu subtasks and lighteval's suite|task|k are long
-    head = f"{label:<{w}}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}{'BT':>8}{'BT adj':>8}{'invalid':>9}"
+    head = (f"{label:<{w}}{'n':>6}{'acc base':>10}{'acc now':>9}{'1→0':>6}{'0→1':>6}{'F':>8}{'F adj':>8}{'F 95% CI':>16}"
+            f"{'BT':>8}{'BT adj':>8}{'invalid':>9}")
     lines = [head, "-" * len(head)]
     names = [k for k in report if k != "overall"] + ["overall"]
     for name in names:
@@ -535,11 +527,17 @@ def format_report(report: dict, label: str = "category", footer: bool = True) ->
     overall = report["overall"]
     if footer:
         lines.append(f"\nnet change {overall.net_change:+.3f} (= BT − F); McNemar exact p = {overall.mcnemar_p:.3g}")
-        lines.append("F adj / BT adj subtract flips expected from guessing among each item's own k options; short-answer and generative items have no chance term (n/a).")
+        lines.append(
+            "F adj / BT adj subtract flips expected from guessing among each item's own k options; short-answer and generative "
+            "items have no chance term (n/a)."
+        )
     nothing = [k for k in names if k != "overall" and report[k].nothing_to_forget]
     if nothing:
-        lines.append(f"* nothing to forget ({', '.join(nothing)}): the base model knew nothing there beyond chance "
-                     "(chance-corrected base accuracy 0, or fewer than 2 and under 2% of short answers right); only backward transfer can show.")
+        lines.append(
+            f"* nothing to forget ({', '.join(nothing)}): the base model knew nothing there beyond chance "
+            "(chance-corrected base accuracy 0, or fewer than 2 and under 2% of short answers right); only backward transfer "
+            "can show."
+        )
     return "\n".join(lines)
 
 

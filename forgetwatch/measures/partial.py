@@ -5,7 +5,8 @@ With `max_share=0.1` the callback keeps probing to about a tenth of `train()`, a
 last, and every step the Trainer saves a checkpoint at, are full passes, exact as without the option. The evaluations
 between them score a part of the probes, chosen by a probability design, so that the figures stay honest:
 
-- **certain**: those that flipped at the last evaluation (or whose latest result was not finite); those *due*, not scored in the last K-1 evaluations, so
+- **certain**: those that flipped at the last evaluation (or whose latest result was not finite); those *due*, not scored in
+  the last K-1 evaluations, so
   every probe is scored at least every K evaluations (K is fixed at the run's first partial evaluation and reported);
   and the probes at risk (right at base, still right when last scored, with a margin under the at-risk threshold),
   the most at risk first, as far as the kind's share goes.
@@ -41,8 +42,8 @@ import numpy as np
 
 from .metrics import wilson_interval
 
-__all__ = ["CERTAIN_AT_RISK", "CERTAIN_DUE", "CERTAIN_FLIPPED", "MIN_SAMPLE", "SAMPLED", "Design", "Estimate", "ShareBudget", "estimate_mean",
-           "estimate_rows", "plan_partial", "rotation_k"]
+__all__ = ["CERTAIN_AT_RISK", "CERTAIN_DUE", "CERTAIN_FLIPPED", "MIN_SAMPLE", "SAMPLED", "Design", "Estimate",
+           "ShareBudget", "estimate_mean", "estimate_rows", "plan_partial", "rotation_k"]
 
 # each probe's stratum in a partial evaluation (the record's `stratum` array)
 CERTAIN_AT_RISK, CERTAIN_DUE, SAMPLED, CERTAIN_FLIPPED = 0, 1, 2, 3

@@ -37,8 +37,8 @@ from ..probes.variants import SEP, VariantPlan
 from ..scoring.results import CORRECT, ProbeResults
 from .metrics import format_figure, row_scalars, wilson_interval
 
-__all__ = ["VariantOutcomes", "variant_outcomes", "robust_figures", "position_bias", "fragile_probes", "robust_rows", "robust_scalars", "fragile_changes",
-           "format_robust", "SCALARS"]
+__all__ = ["VariantOutcomes", "variant_outcomes", "robust_figures", "position_bias", "fragile_probes", "robust_rows",
+           "robust_scalars", "fragile_changes", "format_robust", "SCALARS"]
 
 # the curves logged per group: scalar name -> its metrics.jsonl field
 SCALARS = {"robust_accuracy": "robust_accuracy_post", "robust_forgetting": "robust_forgetting",
@@ -252,9 +252,11 @@ def format_robust(rows: dict[str, dict[str, Any]]) -> str:
             line += f"{num(r.get('position_bias_pre')):>16}{num(r.get('position_bias_post')):>7}"
         lines.append(line)
     lines += [f"{name}: robust figures missing: {r['robust_missing']}" for name, r in rows.items() if r.get("robust_missing")]
-    lines.append("robust: right in every variant; robust F: of those robust at base, the share no longer robust; consist.: "
-                 "share of variants right; fragile: robust at base, right as asked, wrong in some variant now"
-                 + ("; pos. bias: distance of the chosen letters from the gold letters' distribution (0: none)" if lettered else ""))
+    lines.append(
+        "robust: right in every variant; robust F: of those robust at base, the share no longer robust; consist.: "
+        "share of variants right; fragile: robust at base, right as asked, wrong in some variant now"
+        + ("; pos. bias: distance of the chosen letters from the gold letters' distribution (0: none)" if lettered else "")
+    )
     return "\n".join(lines)
 
 

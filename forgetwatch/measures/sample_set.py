@@ -15,9 +15,11 @@ from typing import Any
 
 from ..errors import SamplesFormatError
 
-__all__ = ["Sample", "SampleSet", "LIGHTEVAL_FILE", "LM_EVAL_FILE", "QUESTION_FIELDS", "abbreviate", "as_text", "check_metric_used", "is_str_list", "latest_per_task", "pick_metric"]
+__all__ = ["Sample", "SampleSet", "LIGHTEVAL_FILE", "LM_EVAL_FILE", "QUESTION_FIELDS", "abbreviate", "as_text",
+           "check_metric_used", "is_str_list", "latest_per_task", "pick_metric"]
 
-FORMATS = "lm-evaluation-harness `--log_samples` outputs (samples_<task>_<time>.jsonl) and lighteval details (details_<task>_<time>.parquet, from --save-details)"
+FORMATS = ("lm-evaluation-harness `--log_samples` outputs (samples_<task>_<time>.jsonl) and lighteval details "
+           "(details_<task>_<time>.parquet, from --save-details)")
 
 # lm-eval names its files <prefix>_<task>_<ISO time with '-' for ':'>; the task name may itself hold underscores.
 LM_EVAL_FILE = re.compile(r"^samples_(?P<task>.+)_(?P<time>\d{4}-\d\d-\d\dT[\d\-.]+)\.jsonl$")
@@ -129,8 +131,10 @@ def pick_metric(task: str, f: Path, rows: list[tuple[int, dict]], metric: str | 
     if metric is not None and metric in logged:
         if metric not in binary:
             line, row = next((ln, r) for ln, r in rows if not _is01(r.get(metric)))
-            raise SamplesFormatError(f"{f} {unit} {line}: metric {metric!r} of task {task} is not 0/1 per sample "
-                                     f"({row.get(metric)!r}); sample-wise forgetting needs a 0/1 metric (this task has: {', '.join(binary) or 'none'})")
+            raise SamplesFormatError(
+                f"{f} {unit} {line}: metric {metric!r} of task {task} is not 0/1 per sample "
+                f"({row.get(metric)!r}); sample-wise forgetting needs a 0/1 metric (this task has: {', '.join(binary) or 'none'})"
+            )
         return metric
     for m in (*_PREFERRED, *logged):
         if m in holed:

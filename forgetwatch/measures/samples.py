@@ -121,9 +121,18 @@ class SampleComparison:
 
     def to_dict(self) -> dict[str, Any]:
         def side(s: SampleSet, only: list[Sample], tasks_only: list[str]) -> dict[str, Any]:
-            return {"path": s.path, "format": s.format, "model": s.model, "version": s.version, "metric": s.metric,
-                    "filter": s.filter, "tasks_only_here": tasks_only,
-                    "samples_only_here": [{"task": x.task, "doc_id": x.doc_id, "doc_hash": x.doc_hash, "where": x.where} for x in only]}
+            return {
+                "path": s.path,
+                "format": s.format,
+                "model": s.model,
+                "version": s.version,
+                "metric": s.metric,
+                "filter": s.filter,
+                "tasks_only_here": tasks_only,
+                "samples_only_here": [
+                    {"task": x.task, "doc_id": x.doc_id, "doc_hash": x.doc_hash, "where": x.where} for x in only
+                ],
+            }
 
         return {"before": side(self.before, self.only_before, self.tasks_only_before),
                 "after": side(self.after, self.only_after, self.tasks_only_after),
@@ -232,7 +241,9 @@ def _match_task(task: str, a: list[Sample], b: list[Sample], match: str):
     hashed = all(s.doc_hash for s in a) and all(s.doc_hash for s in b)
     with_id = all(s.doc_id for s in a) and all(s.doc_id for s in b)
     if match == "hash" and not hashed:
-        raise SamplesFormatError(f"task {task}: --match hash, but some documents carry no content hash ({_first_missing(a + b, 'doc_hash')})")
+        raise SamplesFormatError(
+            f"task {task}: --match hash, but some documents carry no content hash ({_first_missing(a + b, 'doc_hash')})"
+        )
     if match == "id" and not with_id:
         raise SamplesFormatError(f"task {task}: --match id, but some documents carry no id ({_first_missing(a + b, 'doc_id')})")
     if match == "id" or (match == "auto" and not hashed):
@@ -245,8 +256,10 @@ def _match_task(task: str, a: list[Sample], b: list[Sample], match: str):
             bad = [(x, kb[key]) for key, x in ka.items() if key in kb and x.doc_hash != kb[key].doc_hash]
             if bad:
                 x, y = bad[0]
-                raise SamplesFormatError(f"task {task}: {len(bad)} document id(s) hold different documents on the two sides "
-                                         f"(first: doc_id {x.doc_id} at {x.where} and {y.where}); match by content with --match hash")
+                raise SamplesFormatError(
+                    f"task {task}: {len(bad)} document id(s) hold different documents on the two sides "
+                    f"(first: doc_id {x.doc_id} at {x.where} and {y.where}); match by content with --match hash"
+                )
     else:
         attr, how = "doc_hash", "content hash"
         ka, kb = _keyed(a, attr), _keyed(b, attr)

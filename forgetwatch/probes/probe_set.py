@@ -267,8 +267,10 @@ class Probe:
                 hurt = ("; one of them is the gold option, so a model that knows the answer is scored by which twin "
                         "wins a tie" if gold in twins else "; the chance level (1 in k) is then wrong")
                 raise _NeverFlips(
-                    f"{where}: field `choices` of probe {pid!r}: options {i} and {j} are {same}: the model cannot tell them apart{hurt}. "
-                    f"Remove option {j} (and renumber `gold`)")
+                    f"{where}: field `choices` of probe {pid!r}: options {i} and {j} are {same}: the model cannot tell them "
+                    f"apart{hurt}. "
+                    f"Remove option {j} (and renumber `gold`)"
+                )
             return cls(pid, kind, question, tuple(choices), gold, (), False, category, source)
 
         for name in ("choices", "gold"):
@@ -293,16 +295,20 @@ class Probe:
             # extract_number found a number, but numeric answers are judged by math-verify (`is_correct_short`): a
             # gold it cannot read makes every scoring of this probe fail
             raise _NeverFlips(
-                f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: the checker that judges numeric answers (math-verify) "
+                f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: the checker that judges numeric answers "
+                "(math-verify) "
                 "reads no number in it, so no answer could ever be judged; write the answer as a plain number (e.g. "
-                "\"72\", \"-3.5\", \"3/4\") or set `numeric: false`")
+                '"72", "-3.5", "3/4") or set `numeric: false`'
+            )
         if not numeric and not any(normalize_answer(a) for a in answers):
             # is_correct_short compares normalised forms and skips an alias that normalises to nothing
             raise _NeverFlips(
-                f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: every answer is empty once articles, punctuation and "
+                f"{where}: field `answers` of probe {pid!r}: {list(answers)!r}: every answer is empty once articles, "
+                "punctuation and "
                 "spaces are set aside (the comparison short answers are judged by), so no answer can match and the probe "
                 "is always wrong; give an answer with a word or a number in it, or make it a multiple-choice probe "
-                "(`kind: mcq`)")
+                "(`kind: mcq`)"
+            )
         return cls(pid, kind, question, (), None, tuple(answers), numeric, category, source)
 
 
@@ -324,8 +330,14 @@ def _from_ifeval(record: Mapping[str, Any], where: str) -> dict[str, Any]:
         # the key becomes the probe's id, "ifeval/<key>": a list or NaN would make an id no one can look up
         raise ProbeFormatError(f"{where}: field `key`: must be a whole number or a non-empty string (IFEval's keys are "
                                f"numbers), got {key!r}")
-    out = {"id": f"ifeval/{pid}" if "id" not in record else pid, "kind": "instruct", "question": record["prompt"],
-           "instructions": record["instruction_id_list"], "kwargs": record.get("kwargs"), "source": record.get("source", "ifeval")}
+    out = {
+        "id": f"ifeval/{pid}" if "id" not in record else pid,
+        "kind": "instruct",
+        "question": record["prompt"],
+        "instructions": record["instruction_id_list"],
+        "kwargs": record.get("kwargs"),
+        "source": record.get("source", "ifeval"),
+    }
     if "category" in record:
         out["category"] = record["category"]
     return out
@@ -340,7 +352,8 @@ class ProbeSet:
         origin: where they came from (a file path, suite names); used in messages only.
 
     Example:
-        >>> ps = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1), Probe("b", "short", "Capital of France?", answers=("Paris",))])
+        >>> ps = ProbeSet([Probe("a", "mcq", "1+1?", ("1", "2"), 1),
+        ...                Probe("b", "short", "Capital of France?", answers=("Paris",))])
         >>> len(ps), ps.categories
         (2, ('default',))
         >>> ps.fingerprint == ProbeSet(list(ps)).fingerprint
@@ -392,7 +405,8 @@ class ProbeSet:
         return ProbeSet(self.probes + other.probes, origin=f"{self.origin} + {other.origin}")
 
     def __repr__(self) -> str:
-        return f"ProbeSet({len(self)} probes, {len(self.categories)} categories, fingerprint={self.fingerprint}, origin={self.origin!r})"
+        return (f"ProbeSet({len(self)} probes, {len(self.categories)} categories, fingerprint={self.fingerprint}, "
+                f"origin={self.origin!r})")
 
     @property
     def ids(self) -> list[str]:

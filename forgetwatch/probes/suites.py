@@ -35,7 +35,8 @@ Notes on the mapping:
     - SciQ's choices are its three distractors with the correct answer inserted at a position derived
       from a hash of the question (fixed, but not always last). The support passage is not included.
     - GSM8K's answer is the final number (after `####`), commas removed.
-    - No probe that no model could flip is kept (refused in a probe file as a `ProbeFormatError`): an option given twice (24 CommonsenseQA,
+    - No probe that no model could flip is kept (refused in a probe file as a `ProbeFormatError`): an option given twice (24
+      CommonsenseQA,
       9 MMLU and 2 SciQ rows: "indestructible" as options 0 and 3) keeps its first copy and `gold` moves onto it;
       a row whose every answer normalises to nothing (nq_open rows 290 and 363: "---", ")") is left out. Each load
       says how many at log level INFO (`forgetwatch -v`).

@@ -34,8 +34,9 @@ from ..errors import RobustnessError
 from ..options import default
 from .probe_set import Probe
 
-__all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "make_variants", "max_variants",
-           "check_robustness", "plan_variants", "make_plan", "serves", "choose_robust", "LETTERED_MODES", "variant_key", "is_variant", "RobustnessError"]
+__all__ = ["FRAMES", "NOISES", "Variant", "VariantPlan", "make_variants", "max_variants", "check_robustness",
+           "plan_variants", "make_plan", "serves", "choose_robust", "LETTERED_MODES", "variant_key", "is_variant",
+           "RobustnessError"]
 
 # Bump when a frame, a noise rule or the order of variants changes: variants are part of the cache key.
 VARIANTS_VERSION = 2
@@ -118,7 +119,8 @@ SEP = "~v"
 @dataclass
 class VariantPlan:
     """Which variants of which probes are scored: `scored()` is what goes to `score_probes` in one call (the probes
-    and their variants together, so variants share the probes' batches), `forgetwatch.measures.robustness.variant_outcomes` reads the results back."""
+    and their variants together, so variants share the probes' batches), `forgetwatch.measures.robustness.variant_outcomes`
+    reads the results back."""
 
     probes: list[Probe]
     variants: dict[str, list[Variant]] = field(default_factory=dict)  # robust probe id -> its variants, itself first
@@ -178,8 +180,9 @@ LETTERED_MODES = ("letter", "generate")  # multiple-choice modes that read the o
 
 def make_plan(probes: Sequence[Probe], robustness: int | None, robust_per_suite: int | None = None,
               mcq_mode: str = default("mcq_mode")) -> VariantPlan | None:
-    """The variants a run scores with `robustness=K` (0: robustness off; None, as records before 0.2 say, too), on `robust_per_suite` probes of each
-    suite or all; option order varies only where the options are read as a list (`mcq_mode` letter or generate).
+    """The variants a run scores with `robustness=K` (0: robustness off; None, as records before 0.2 say, too), on
+    `robust_per_suite` probes of each suite or all; option order varies only where the options are read as a list
+    (`mcq_mode` letter or generate).
     One function for the callback, the watcher and the CLI, so that they always plan the same variants.
 
     Example:
@@ -210,7 +213,9 @@ def serves(found: Any, wanted: dict[str, Any]) -> bool:
     """
     if not isinstance(found, dict):
         return False
-    same = {k: v for k, v in found.items() if k not in ("k", "rows")} == {k: v for k, v in wanted.items() if k not in ("k", "rows")}
+    same = {k: v for k, v in found.items() if k not in ("k", "rows")} == {
+        k: v for k, v in wanted.items() if k not in ("k", "rows")
+    }
     return same and isinstance(found.get("k"), int) and found["k"] >= wanted.get("k", 0)
 
 

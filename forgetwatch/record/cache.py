@@ -125,7 +125,9 @@ class BaseCache:
         """Read a cache; with `expect`, refuse it unless its key matches (sections in `ignore` are not compared)."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {quote(path)}`")
+            raise FileNotFoundError(
+                f"{path}: no base cache here; make one with `forgetwatch cache --model <base> --probes <file> -o {quote(path)}`"
+            )
         try:
             key, cols, where = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
             if not isinstance(key, dict):
@@ -133,13 +135,16 @@ class BaseCache:
         except CacheFormatError:
             raise
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise CacheFormatError(f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again") from e
+            raise CacheFormatError(
+                f"{path}: not a readable forgetwatch cache ({e}); delete it and run `forgetwatch cache` again"
+            ) from e
         found = key.get("format")
         if found != CACHE_FORMAT:
             raise CacheMismatchError(
                 f"{path}: cache format {found!r}, and this forgetwatch reads format {CACHE_FORMAT} (it keeps every option's "
                 "score, for drift and KL). Rebuild it from the base model: `forgetwatch cache --model <base> --probes "
-                f"<file> -o {quote(path)}` (the exact command is printed by `forgetwatch compare` or the callback when they refuse it)."
+                f"<file> -o {quote(path)}` (the exact command is printed by `forgetwatch compare` or the callback when they "
+                "refuse it)."
             )
         _check_key(path, key)
         # every value a figure is computed from is checked before it becomes a number: NaN cast to int8 reads as 0
@@ -208,9 +213,14 @@ class BaseCache:
             hint = ""
             if any(d.startswith("variants") for d in diffs):
                 want = expect.get("variants")
-                hint = ("\nIts robustness variants differ: score the base with the same variants (`forgetwatch cache ... "
-                        f"--robustness {want['k']}`" + (f" --robust-per-suite {want['per_suite']}" if want.get("per_suite") else "")
-                        + ")" if isinstance(want, dict) else "")
+                hint = (
+                    "\nIts robustness variants differ: score the base with the same variants (`forgetwatch cache ... "
+                    f"--robustness {want['k']}`"
+                    + (f" --robust-per-suite {want['per_suite']}" if want.get("per_suite") else "")
+                    + ")"
+                    if isinstance(want, dict)
+                    else ""
+                )
             if any(d.startswith("scoring.runtime") for d in diffs):
                 hint += ("\nOne side was scored by vLLM and the other by transformers: their kernels differ in the last "
                          "bits, and a near-tie that comes out otherwise would count as a flip. Score both with one engine: "

@@ -178,8 +178,15 @@ class Recovery:
         if not cut_evals and not cuts:
             return None
         label = f"after-step-{step}" if step >= 0 else "from-the-start"
-        aside = self.root / SUPERSEDED / (f"{label}-{start[:12]}" if start
-                                          else new_folder(self.root / SUPERSEDED / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").name)
+        aside = (
+            self.root
+            / SUPERSEDED
+            / (
+                f"{label}-{start[:12]}"
+                if start
+                else new_folder(self.root / SUPERSEDED / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").name
+            )
+        )
         for s in cut_evals:
             (aside / "evals").mkdir(parents=True, exist_ok=True)
             src = self.eval_path(s)

@@ -45,7 +45,8 @@ class ReplayTracker:
 
     def __init__(self, probes: Sequence[Probe], base: np.ndarray):
         self.probes = probes
-        # behaviour probes have no gold answer to replay (self-distilled replay trains on their base answers: forgetwatch.remedies.base_outputs)
+        # behaviour probes have no gold answer to replay (self-distilled replay trains on their base answers:
+        # forgetwatch.remedies.base_outputs)
         self._replayable = np.array([not p.is_behavior for p in probes], bool)
         self.base_correct = np.asarray(base) == CORRECT
         self._was_correct = self.base_correct.copy()

@@ -41,7 +41,9 @@ logger = logging.getLogger(__name__)
 
 SEGMENTS = "segments"  # <record>/segments/<k>-steps-<a>-<b>/: the earlier segments, each a complete record
 SEGMENTS_FILE = "segments.json"  # <record>/segments.json: which segments came before this one, and where it starts
-PROBE_CHANGE_HINT = "probe_change='new_segment' (--forgetwatch_probe_change new_segment; `forgetwatch watch --probe-change new_segment`)"
+PROBE_CHANGE_HINT = (
+    "probe_change='new_segment' (--forgetwatch_probe_change new_segment; `forgetwatch watch --probe-change new_segment`)"
+)
 _SHOWN = 5  # ids named per kind of change
 
 

@@ -297,8 +297,11 @@ class RunRecord(Recovery):
         run = self.root.parent if self.root.name == "forgetwatch" else self.root
         ckpt = run / f"checkpoint-{step}"
         if (self.root / "sidecar.json").is_file() and ckpt.is_dir():
-            return (f"Score it again from {ckpt}: `forgetwatch watch {shlex.quote(str(run))} --rescore {step}` (the file is set aside under "
-                    f"{self.root / SUPERSEDED}/, never deleted); or, to go on without it, {self.without_checkpoint(step)}")
+            return (
+                f"Score it again from {ckpt}: `forgetwatch watch {shlex.quote(str(run))} --rescore {step}` (the file is set "
+                "aside under "
+                f"{self.root / SUPERSEDED}/, never deleted); or, to go on without it, {self.without_checkpoint(step)}"
+            )
         return (f"Its checkpoint cannot be scored again here ({ckpt} is not there" +
                 ("" if (self.root / "sidecar.json").is_file() else ", or the run was not scored by `forgetwatch watch`") +
                 f"): restore the file from a copy, or {self.without_checkpoint(step)}")

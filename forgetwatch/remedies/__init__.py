@@ -5,8 +5,8 @@
 - the base's own outputs (`BaseOutputs`, `load_or_make`): the targets of self-distilled replay and of the anchor;
 - the KL anchor (`KLAnchor`): `beta · KL(base ‖ model)` on the base's answers to pool prompts, added to the loss;
 - the 1→0 penalty (`MarginPenalty`): a hinge on the margins of held-out items the base answered right;
-- the step back toward the base after training (`rewind.rewind`, `RewindCallback`, `rewind_callback`; `interpolate` and `sweep` move and score
-  the weights): θ(α) scored on the monitored probes and a task loss, α picked, the model saved.
+- the step back toward the base after training (`rewind.rewind`, `RewindCallback`, `rewind_callback`; `interpolate` and
+  `sweep` move and score the weights): θ(α) scored on the monitored probes and a task loss, α picked, the model saved.
 
 `build_remedies(fw_args, ...)` builds what the `forgetwatch_*` options ask for, and `Remedies.attach(trainer)` adds
 the loss term (and its callback) to a built trainer; forgetwatch's recipes, the Axolotl plugin and

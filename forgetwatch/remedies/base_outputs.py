@@ -178,9 +178,13 @@ class BaseOutputs:
             meta = table.schema.metadata or {}
             key = json.loads(meta[_META_KEY])
         except Exception as e:
-            raise ValueError(f"{path}: not a forgetwatch base-outputs file ({e}); make one with `forgetwatch base-outputs`") from None
+            raise ValueError(
+                f"{path}: not a forgetwatch base-outputs file ({e}); make one with `forgetwatch base-outputs`"
+            ) from None
         if key.get("format") != FORMAT:
-            raise ValueError(f"{path}: base outputs of format {key.get('format')!r}, this forgetwatch reads {FORMAT!r}; make them again")
+            raise ValueError(
+                f"{path}: base outputs of format {key.get('format')!r}, this forgetwatch reads {FORMAT!r}; make them again"
+            )
         if expect is not None:
             diffs = diff_keys(expect, key)
             if diffs:

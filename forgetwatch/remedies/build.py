@@ -95,7 +95,7 @@ def check_remedies(fw_args: Any, stage: str, *, front_end: str | None = None) ->
         >>> check_remedies(ForgetWatchArguments(forgetwatch_probes="sciq", forgetwatch_anchor_beta=5.0), "dpo")
         Traceback (most recent call last):
         ...
-        ValueError: forgetwatch_anchor_beta is an SFT option and this run trains stage 'dpo': DPO trains on preference pairs and anchors to its reference model with its own `beta`. Set forgetwatch_anchor_beta to 0 for this stage, or train with SFT
+        ValueError: forgetwatch_anchor_beta is an SFT option and this run trains stage 'dpo': ... or train with SFT
     """
     terms = _terms(fw_args)
     if not terms:
@@ -260,8 +260,10 @@ def build_remedies(fw_args: Any, *, stage: str, callback: MonitorView | None, tr
                                 max_length=max_length, scale=fw_args.forgetwatch_penalty_scale)
         remedies.loss_term = penalty
         remedies.callbacks.append(penalty)  # it keeps the base's margins (read at the first micro-batch) for a resume
-        remedies.summary.append(f"1→0 penalty: beta {penalty.beta} ({penalty.scale}), {penalty.ratio} pool items per example, floor "
-                                f"{penalty.floor} nats, {strategy}, over {len(penalty.items)} held-out multiple-choice items")
+        remedies.summary.append(
+            f"1→0 penalty: beta {penalty.beta} ({penalty.scale}), {penalty.ratio} pool items per example, floor "
+            f"{penalty.floor} nats, {strategy}, over {len(penalty.items)} held-out multiple-choice items"
+        )
     if training_args.process_index == 0:
         for line in remedies.summary:
             logger.info("forgetwatch: %s", line)
@@ -286,10 +288,12 @@ def base_outputs_for(fw_args: Any, training_args: Any, model: Any, callback: Mon
         # a front-end passes the loaded model: its name, not its printout, goes into the command
         name = model if isinstance(model, (str, os.PathLike)) else (
             getattr(getattr(model, "config", None), "_name_or_path", None) or "<the base model>")
-        raise ValueError(f"{path}: the base outputs do not exist yet; make them once before a multi-process run:\n  "
-                         f"forgetwatch base-outputs --model {quote(str(name))} --pool {replay_pool(fw_args)} --exclude {probes}{sampled} "
-                         f"--max-length {max_length or 1024} -o {path}\n"
-                         f"and pass --forgetwatch_base_outputs {path} (in a YAML config: forgetwatch_base_outputs: {path})")
+        raise ValueError(
+            f"{path}: the base outputs do not exist yet; make them once before a multi-process run:\n  "
+            f"forgetwatch base-outputs --model {quote(str(name))} --pool {replay_pool(fw_args)} --exclude {probes}{sampled} "
+            f"--max-length {max_length or 1024} -o {path}\n"
+            f"and pass --forgetwatch_base_outputs {path} (in a YAML config: forgetwatch_base_outputs: {path})"
+        )
     if tokenizer is None:
         from transformers import AutoTokenizer
 

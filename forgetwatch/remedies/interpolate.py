@@ -47,7 +47,7 @@ def alpha_grid(spec: str | Sequence[float] | None, extrapolate: bool = False) ->
         [0.0, 0.25, 0.5, 0.75, 1.0]
         >>> alpha_grid("0.5,1.5")
         Traceback (most recent call last):
-        forgetwatch.errors.InterpolationError: --alphas: 1.5 is outside [0, 1] (0 is the base, 1 the checkpoint); pass --extrapolate to go beyond them
+        forgetwatch.errors.InterpolationError: --alphas: 1.5 is outside [0, 1] (0 is the base, 1 the checkpoint); pass ...
     """
     if spec is None:
         return list(DEFAULT_ALPHAS)
@@ -378,7 +378,7 @@ def check_lora_config(config: dict[str, Any], path: str | os.PathLike) -> None:
     Example:
         >>> check_lora_config({"peft_type": "LORA", "use_dora": True}, "adapter_config.json")
         Traceback (most recent call last):
-        forgetwatch.errors.InterpolationError: adapter_config.json: a DoRA adapter (use_dora): α scales only LoRA's update B A, so the rest would stay as trained and α = 0 would not be the base. Merge it into full weights (model.merge_and_unload().save_pretrained(DIR)) and interpolate DIR instead
+        forgetwatch.errors.InterpolationError: adapter_config.json: a DoRA adapter (use_dora): ... interpolate DIR instead
     """
     parts = []
     if str(config.get("peft_type", "LORA")).upper() != "LORA":

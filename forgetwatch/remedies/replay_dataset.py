@@ -29,8 +29,16 @@ __all__ = ["mix_replay"]
 logger = logging.getLogger(__name__)
 
 
-def mix_replay(train_dataset: Any, pool: Any, ratio: float = 0.1, strategy: str = "closed_loop", monitor: MonitorView | None = None,
-               seed: int = 0, floor: float = 0.1, form: str | None = None) -> Any:
+def mix_replay(
+    train_dataset: Any,
+    pool: Any,
+    ratio: float = 0.1,
+    strategy: str = "closed_loop",
+    monitor: MonitorView | None = None,
+    seed: int = 0,
+    floor: float = 0.1,
+    form: str | None = None,
+) -> Any:
     """The dataset to train on: `train_dataset` with examples of a held-out `pool` mixed in at `ratio`.
 
     With `strategy="closed_loop"` the pool is drawn by category in proportion to the forgetting `monitor` (a

@@ -13,7 +13,7 @@ finished run. The weights are moved and scored by `forgetwatch.remedies.sweep` (
 Example:
     >>> result = rewind("outputs/sft-run", task_data="held_out.jsonl")  # doctest: +SKIP
     >>> print(result.line())  # doctest: +SKIP
-    rewind: α 0.7 (lowest task loss within budget) — F_adj 0.061 → 0.040, task loss 1.234 → 1.201; model in outputs/sft-run/rewound
+    rewind: α 0.7 (lowest task loss within budget) — F_adj 0.061 → 0.040, task loss 1.234 → 1.201; model in out/rewound
 """
 
 from __future__ import annotations
@@ -458,27 +458,36 @@ def rewind_section(record_root: str | os.PathLike, out_dir: str | os.PathLike) -
         cells.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row if c is not None) + "</tr>")
     table = ('<table class="metrics"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in head if h is not None)
              + "</tr></thead><tbody>" + "\n".join(cells) + "</tbody></table>")
+    budget = (e(strict_json(d["budget"]["limits"])) + " (" + e(d["budget"]["bound"]) + " bound)") if d.get("budget") else "none"
     check = d["check_alpha_1"]
-    said_check = ("α = 1 reproduces the run's evaluation at step {} ({} figures, all equal).".format(check["step"], check["compared"])
-                  if check["equal"] else check.get("note") or
-                  f"α = 1 does NOT reproduce the run's evaluation at step {check['step']}: {len(check['differences'])} of "
-                  f"{check['compared']} figures differ (rewind.json lists them).")
+    said_check = (
+        "α = 1 reproduces the run's evaluation at step {} ({} figures, all equal).".format(check["step"], check["compared"])
+        if check["equal"]
+        else check.get("note")
+        or f"α = 1 does NOT reproduce the run's evaluation at step {check['step']}: {len(check['differences'])} of "
+        f"{check['compared']} figures differ (rewind.json lists them)."
+    )
     parts = [
         '<h2 id="rewind">Rewind: the step back toward the base</h2>',
         f'<p class="summary">{e(result.line())}</p>',
         f'<figure><img src="rewind.png" alt="the front"><figcaption>{e(label)} of the monitored probes against the task '
-        "loss at each α (θ_base + α(θ_final − θ_base)), the picked α named.</figcaption></figure>" if plot else "",
+        "loss at each α (θ_base + α(θ_final − θ_base)), the picked α named.</figcaption></figure>"
+        if plot
+        else "",
         table,
         f'<p class="note">The rule: {e(d["rule"])} Task loss: {e(task["source"]) + ", " + e(task["unit"]) if task else "none"}. '
-        f"Budget: {e(strict_json(d['budget']['limits'])) + ' (' + e(d['budget']['bound']) + ' bound)' if d.get('budget') else 'none'}. "
+        f"Budget: {budget}. "
         f"{e(said_check)} Checkpoint: {e(d['checkpoint'])}"
         f"{'' if Path(d['checkpoint']).exists() else ' (the final model, saved there for the rewind and removed after)'}.</p>",
     ]
     held = d.get("heldout")
     if held:
         group = "all_knowledge" if any("all_knowledge" in rows for rows in held["at"].values()) else "overall"
-        hrows = "".join(f"<tr><td>{e(a)}</td><td>{fig(r[group].get('forgetting'))}</td><td>{fig(r[group].get('backward_transfer'))}"
-                        f"</td><td>{fig(r[group].get('accuracy_post'))}</td></tr>" for a, r in held["at"].items())
+        hrows = "".join(
+            f"<tr><td>{e(a)}</td><td>{fig(r[group].get('forgetting'))}</td><td>{fig(r[group].get('backward_transfer'))}"
+            f"</td><td>{fig(r[group].get('accuracy_post'))}</td></tr>"
+            for a, r in held["at"].items()
+        )
         parts += [f"<h3>Held-out probes ({held['n']}), apart from the pick</h3>",
                   '<table class="metrics"><thead><tr><th>α</th><th>F</th><th>BT</th><th>accuracy</th></tr></thead>'
                   f"<tbody>{hrows}</tbody></table>",

@@ -155,7 +155,11 @@ def trainer_log(record: RunRecord, eval_steps: list[int]) -> tuple[list[dict[str
         except (OSError, ValueError, AttributeError):
             continue
         rows = [r for r in history if isinstance(r, dict) and isinstance(r.get("step"), int)]
-        if rows and max(r["step"] for r in rows) <= last and len({r["step"] for r in rows}) > len({r.get("step") for r in best[0]}):
+        if (
+            rows
+            and max(r["step"] for r in rows) <= last
+            and len({r["step"] for r in rows}) > len({r.get("step") for r in best[0]})
+        ):
             best = (rows, str(path))
     return best
 

@@ -27,10 +27,11 @@ def drift_section(record: RunRecord, rows, max_rows: int) -> str:
     parts = []
     if "noise_probes" in o:
         parts.append(
-            f"<p>Precision noise floor: {escape(o['noise_probes'])} of {escape(o['n'])} probes change correctness at base between "
-            f"the training precision and fp32. Forgetting without them: {figure(o['forgetting_excl_noise'])} (with them "
+            f"<p>Precision noise floor: {escape(o['noise_probes'])} of {escape(o['n'])} probes change correctness at base "
+            f"between the training precision and fp32. Forgetting without them: {figure(o['forgetting_excl_noise'])} (with them "
             f"{figure(o['forgetting'])}). The smallest forgetting distinguishable from that floor with {escape(o['n'])} probes "
-            f"(its 95% Wilson lower bound above the floor): {figure(o['min_detectable_forgetting'])}.</p>")
+            f"(its 95% Wilson lower bound above the floor): {figure(o['min_detectable_forgetting'])}.</p>"
+        )
     if "at_risk" in o:
         risky = [r for r in record.read_at_risk() if r["step"] == final["step"]]
         risky.sort(key=lambda r: r["margin_now"])
@@ -53,9 +54,10 @@ def drift_section(record: RunRecord, rows, max_rows: int) -> str:
         within = budget.get("last_within_budget") or {}
         lines = "".join(_event(e) for e in events)
         limits, action = escape(budget.get("limits")), escape(budget.get("on_budget"))
+        where = f", checkpoint {escape(within['checkpoint'])}" if within.get("checkpoint") else ""
         parts.append(f'<h3 id="budget">Budget {limits}, on_budget={action}</h3>'
                      f"<ul>{lines or '<li>never exceeded</li>'}</ul><p>Last evaluation within budget: step "
-                     f"{escape(within.get('step'))}{', checkpoint ' + escape(within['checkpoint']) if within.get('checkpoint') else ''}.</p>")
+                     f"{escape(within.get('step'))}{where}.</p>")
     return ('<h2 id="drift">Drift, risk and budget</h2>\n' + "\n".join(parts)) if parts else ""
 
 
@@ -108,7 +110,8 @@ def _cell(value: Any, cut: int = CUT) -> str:
 
 
 _CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
+       padding: 0 1em; color: #222; }
 h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
 dl.meta { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
 dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
@@ -204,12 +207,17 @@ def robust_section(record: RunRecord, probes: ProbeSet, rows: list[dict[str, Any
                  num(m.get("consistency_post")), num(m.get("consistency_change"), "+.3f"), format_count(m.get("fragile"))]
         if bias:
             cells += [num(m.get("position_bias_post")), num(m.get("position_bias_change"), "+.3f")]
-        body.append(f'<tr data-step="{escape(r["step"])}">' + "".join(f'<td class="num">{escape(c)}</td>' for c in cells) + "</tr>")
+        body.append(
+            f'<tr data-step="{escape(r["step"])}">' + "".join(f'<td class="num">{escape(c)}</td>' for c in cells) + "</tr>"
+        )
     cols = _ROBUST_COLS + (_BIAS_COLS if bias else ())
     final = rows[-1]["metrics"][group]
     what = "knowledge probes" if group != OVERALL else "probes"
-    missing = "".join(f" At step {escape(r['step'])}: {escape(r['metrics'][group].get('missing') or r['metrics'][group]['robust_missing'])}."
-                      for r in rows if r["metrics"].get(group, {}).get("missing") or r["metrics"].get(group, {}).get("robust_missing"))
+    missing = "".join(
+        f" At step {escape(r['step'])}: {escape(r['metrics'][group].get('missing') or r['metrics'][group]['robust_missing'])}."
+        for r in rows
+        if r["metrics"].get(group, {}).get("missing") or r["metrics"].get(group, {}).get("robust_missing")
+    )
     bias_note = (" Position bias (lettered multiple choice only): the total variation distance between the letters "
                  "chosen and the gold letters, over the balanced option shifts (each option at each position once): 0 = "
                  "none, 1 − 1/k = always the same letter; its change since base.") if bias else ""
@@ -268,8 +276,16 @@ def _flips_table(kind: str, flips: list[dict[str, Any]], max_rows: int, final_st
         return head + '<p class="note">none</p>'
     body = []
     for r in flips[:max_rows]:
-        cells = [(r["id"], ' class="id"'), (r["category"], ""), (r["question"], ' class="q"'), (r["gold"], ""),
-                 (r["base_prediction"], ""), (r["prediction"], ""), (r["first_step"], ' class="num"'), (r["changes"], ' class="num"')]
+        cells = [
+            (r["id"], ' class="id"'),
+            (r["category"], ""),
+            (r["question"], ' class="q"'),
+            (r["gold"], ""),
+            (r["base_prediction"], ""),
+            (r["prediction"], ""),
+            (r["first_step"], ' class="num"'),
+            (r["changes"], ' class="num"'),
+        ]
         body.append(f'<tr data-id="{escape(r["id"])}">' + "".join(f"<td{c}>{_cell(v)}</td>" for v, c in cells) + "</tr>")
     more = len(flips) - max_rows
     tail = f'<p class="note">… and {more} more not shown (the full list is in flips.jsonl).</p>' if more > 0 else ""
@@ -293,7 +309,10 @@ def page_html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories:
     meta = [
         ("run dir", str(run_dir)),
         ("record", str(record.root.resolve())),
-        ("probes", f"{len(probes)} ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))}); fingerprint {probes.fingerprint}"),
+        (
+            "probes",
+            f"{len(probes)} ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))}); fingerprint {probes.fingerprint}",
+        ),
         ("categories", ", ".join(categories) or "none"),
         ("evaluations", f"{len(rows)}, at steps {', '.join(map(str, steps[:12]))}{' …' if len(steps) > 12 else ''}"),
         ("final evaluation", f"step {final['step']}, epoch {float(final.get('epoch') or 0):.2f}"),
@@ -324,36 +343,41 @@ def page_html(output_dir, record: RunRecord, probes: ProbeSet, rows, categories:
     )
     captions = {
         "overall": "Share of all probes forgotten (right at base, wrong now) and learned (wrong at base, right now) at each "
-                   "evaluation. Solid: raw, with its Wilson 95% interval shaded; dashed: minus the flips expected from "
-                   "guessing among each multiple-choice probe's options.",
+        "evaluation. Solid: raw, with its Wilson 95% interval shaded; dashed: minus the flips expected from "
+        "guessing among each multiple-choice probe's options.",
         "forgetting": "Forgetting per category, same encoding; all panels share their axes.",
         "backward_transfer": "Backward transfer per category, same encoding; all panels share their axes.",
         "accuracy": "Accuracy now, overall (black) and per category; the dotted line is the base model's overall accuracy.",
         "training": "The trainer's own log (loss; reward for GRPO) above the share of probes forgotten and learned, on the "
-                    "same optimizer-step axis: what training optimised next to what it cost.",
+        "same optimizer-step axis: what training optimised next to what it cost.",
         "states": "Every probe against the base model at each evaluation: retained (right at base, right now), forgotten "
-                  "(right → wrong), learned (wrong → right), never known (wrong at both). Forgetting hidden by learning "
-                  "shows here as red and blue growing together while accuracy stays flat.",
+        "(right → wrong), learned (wrong → right), never known (wrong at both). Forgetting hidden by learning "
+        "shows here as red and blue growing together while accuracy stays flat.",
         "matrix": "One row per probe, one column per evaluation, grouped by category (their sizes in brackets); within a "
-                  "category the probes forgotten earliest come first. Categories where the base knew nothing beyond "
-                  "chance are marked: they can only show learning.",
+        "category the probes forgotten earliest come first. Categories where the base knew nothing beyond "
+        "chance are marked: they can only show learning.",
         "behavior": "How the model answers, each probe against its own answer at base: the share of instruction probes "
-                    "followed (IFEval's strict verdict), of answers that run to the token limit without ending, and of "
-                    "harmless requests refused (left axis); the median ratio of answer length now to at base, with its "
-                    "interval of at least 95% shaded (dashed, right axis, log scale); the knowledge probes' forgetting (dotted) for "
-                    "comparison.",
+        "followed (IFEval's strict verdict), of answers that run to the token limit without ending, and of "
+        "harmless requests refused (left axis); the median ratio of answer length now to at base, with its "
+        "interval of at least 95% shaded (dashed, right axis, log scale); the knowledge probes' forgetting (dotted) for "
+        "comparison.",
         "drift": "Mean change since base of the multiple-choice margins (gold option's score minus the best wrong one's), "
-                 "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "
-                 "Margins fall before probes flip.",
+        "with its 95% interval, and KL(base ‖ now) of the probes' distributions over their options (dashed). "
+        "Margins fall before probes flip.",
         "robustness": "Top: the share of probes forgotten as asked (1→0, dashed) beside robust forgetting: of the probes "
-                      "right in every variant at base, the share no longer right in every variant now, with its Wilson "
-                      "95% interval shaded. Bottom: the change since base of consistency (the mean share of a probe's "
-                      "variants answered right)" + ("; the position bias now (dotted, right axis: how far the letters "
-                      "chosen are from the gold letters over balanced option shifts, 0 = none)." if "robustness" in figures
-                      and np.isfinite(series(rows, robust_group(rows), "position_bias_post")).any() else "."),
+        "right in every variant at base, the share no longer right in every variant now, with its Wilson "
+        "95% interval shaded. Bottom: the change since base of consistency (the mean share of a probe's "
+        "variants answered right)"
+        + (
+            "; the position bias now (dotted, right axis: how far the letters "
+            "chosen are from the gold letters over balanced option shifts, 0 = none)."
+            if "robustness" in figures and np.isfinite(series(rows, robust_group(rows), "position_bias_post")).any()
+            else "."
+        ),
     }
     figs = "\n".join(
-        f'<figure><img src="{escape(PLOT_FILES[k])}" alt="{escape(captions[k])}"><figcaption>{escape(captions[k])}</figcaption></figure>'
+        f'<figure><img src="{escape(PLOT_FILES[k])}" '
+        f'alt="{escape(captions[k])}"><figcaption>{escape(captions[k])}</figcaption></figure>'
         for k in figures
     )
     table = (

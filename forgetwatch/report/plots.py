@@ -236,7 +236,10 @@ def plot_behavior(figure_cls, rows):
     length = ax.twinx()
     ratio = np.exp(series(rows, group, "length_log_ratio"))
     if np.isfinite(ratio).any():
-        low, high = np.exp(series(rows, group, "length_log_ratio_ci_low")), np.exp(series(rows, group, "length_log_ratio_ci_high"))
+        low, high = (
+            np.exp(series(rows, group, "length_log_ratio_ci_low")),
+            np.exp(series(rows, group, "length_log_ratio_ci_high")),
+        )
         length.fill_between(x, low, high, color="grey", alpha=0.15, linewidth=0)
         length.plot(x, ratio, color="black", linestyle="--", marker="s", markersize=3, label="answer length / base (median)")
         length.axhline(1, color="grey", linewidth=0.8)

@@ -67,7 +67,9 @@ class BudgetWatch:
             events.append(({"step": step, "event": "budget_cannot_judge", "keys": new_unjudged, "reason": reason,
                             "last_within_budget": within}, "forgetwatch: budget cannot judge", text))
         for b in new:
-            where = f"step {within['step']}" + (f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there")
+            where = f"step {within['step']}" + (
+                f" ({within['checkpoint']})" if within["checkpoint"] else ", no checkpoint saved there"
+            )
             text = f"Step {step}: {b.describe()}. Last evaluation within budget: {where}. Action: {self.budget.on_budget}."
             events.append(({"step": step, "event": "budget_exceeded", "key": b.key, "value": b.value,
                             "measured": b.measured, "limit": b.limit, "bound": b.bound, "action": self.budget.on_budget,

@@ -108,7 +108,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if remedies:
             raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them from "
                              "ForgetWatchArguments with `forgetwatch.remedies.build_remedies` (replay, the KL anchor, the "
-                             f"1→0 penalty: {docs_hint('replay')}) or `forgetwatch.remedies.rewind_callback` ({docs_hint('rewind')})")
+                             f"1→0 penalty: {docs_hint('replay')}) or `forgetwatch.remedies.rewind_callback` "
+                             f"({docs_hint('rewind')})")
         o = args.unprefixed()
         probes, eval_steps = o["probes"], o["eval_steps"]
         if probes is None:
@@ -231,8 +232,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # `_restored` tells the instance the Trainer rebuilds from this state that it replaces the user's own object
         # `_start_id` goes into every checkpoint's trainer_state.json: the watcher tells which training start wrote it
         # `_from_state`: the Trainer passes these args back to __init__, which then reads them as a record of any version
-        return {"args": {**args, "_from_state": True}, "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True,
-                                             "_start_id": self._start_id}}
+        return {"args": {**args, "_from_state": True},
+                "attributes": {"evaluated_steps": list(self.evaluated_steps), "_restored": True, "_start_id": self._start_id}}
 
     @property
     def evaluated_steps(self) -> list[int]:
@@ -485,7 +486,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         from the checkpoint, so the object the user holds would never see the run. Find it (same probes and options, never
         started, the latest made) and let it share this instance's attributes: it then reads the live record, steps, replay."""
         same = dataclasses.replace(self.options, forgetwatch_probes=None)
-        mine = [cb for cb in list(_LIVE) if cb is not self and not cb._started and cb.probes.fingerprint == self.probes.fingerprint
+        mine = [cb for cb in list(_LIVE) if cb is not self and not cb._started
+                and cb.probes.fingerprint == self.probes.fingerprint
                 and dataclasses.replace(cb.options, forgetwatch_probes=None) == same]
         if mine:
             users = max(mine, key=lambda cb: cb._serial)
@@ -565,8 +567,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
 
             wandb.run.config.update({PREFIX: {
                 "probes": self.probes.origin, "n_probes": len(self.probes), "fingerprint": self.probes.fingerprint,
-                "categories": list(self.probes.categories), "eval_steps": self.eval_steps,
-                "unfit_dropped": len(self._dropped),
+                "categories": list(self.probes.categories), "eval_steps": self.eval_steps, "unfit_dropped": len(self._dropped),
                 "scoring": dataclasses.asdict(self.config),
             }}, allow_val_change=True)
         except Exception as e:
@@ -591,8 +592,7 @@ ForgetWatchCallback.__doc__ += options_doc(prefixed=False, groups=tuple(g for g 
 def _options_of_state(values: dict[str, Any]) -> ForgetWatchArguments:
     """The options a checkpoint's callback state holds, written by any version: an option this version does not know is
     dropped with a warning, a missing one takes its default (`options_from_record`)."""
-    known = {o.short for o in option_list()}
-    dropped = sorted(set(values) - known)
+    dropped = sorted(set(values) - {o.short for o in option_list()})
     if dropped:
         logger.warning("forgetwatch: the checkpoint's callback state names options this version does not know (%s); "
                        "resuming without them", ", ".join(dropped))

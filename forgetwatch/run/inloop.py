@@ -6,7 +6,7 @@ scored kind by kind, timed for the sizing). The figures are `forgetwatch.measure
 
 Example:
     >>> from forgetwatch.run.inloop import score_all  # doctest: +SKIP
-    >>> results, variants = score_all(model, tokenizer, probes, None, ScoringConfig(), progress=False, desc="step 10")  # doctest: +SKIP
+    >>> results, variants = score_all(model, tokenizer, probes, None, ScoringConfig(), False, "step 10")  # doctest: +SKIP
 """
 
 from __future__ import annotations

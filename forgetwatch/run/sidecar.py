@@ -145,6 +145,7 @@ def _wandb_run_info() -> dict[str, Any] | None:
         if run is None:
             return None
         return {"id": run.id, "project": run.project, "entity": run.entity, "group": run.group or run.id, "name": run.name,
-                "mode": "offline" if run.settings._offline else "online", "dir": str(Path(run.dir).parents[2])}  # <dir>/wandb/<run>/files
+                "mode": "offline" if run.settings._offline else "online",
+                "dir": str(Path(run.dir).parents[2])}  # run.dir is <dir>/wandb/<run>/files
     except Exception:  # wandb absent or a run without these fields: the watcher starts its own run elsewhere
         return None

@@ -82,8 +82,9 @@ def workspace_sections(figures: Mapping[str, Iterable[str]], tables: Iterable[st
 
     Example:
         >>> s = workspace_sections({"overall": ["forgetting", "kl"], "sciq": ["forgetting", "kl"]}, tables=())
-        >>> [(x.name, [p.title for p in x.panels]) for x in s]
-        [('forgetwatch: overview', ['forgetting']), ('forgetwatch: by category', ['forgetting by category']), ('forgetwatch: details', ['kl'])]
+        >>> [(x.name, [p.title for p in x.panels]) for x in s]  # doctest: +NORMALIZE_WHITESPACE
+        [('forgetwatch: overview', ['forgetting']), ('forgetwatch: by category', ['forgetting by category']),
+         ('forgetwatch: details', ['kl'])]
     """
     tables = list(tables)
     overall = list(figures.get(OVERALL, ()))

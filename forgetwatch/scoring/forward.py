@@ -32,8 +32,8 @@ import torch
 
 from .._warnings import warn_once as _warn_once
 
-__all__ = ["PrefixCache", "cache_of", "call", "model_device", "pad_token_id", "logits_to_keep_kwargs", "check_logits_kept", "warn_once", "wrapped_autocast",
-           "untouched", "no_grad_context"]
+__all__ = ["PrefixCache", "cache_of", "call", "model_device", "pad_token_id", "logits_to_keep_kwargs",
+           "check_logits_kept", "warn_once", "wrapped_autocast", "untouched", "no_grad_context"]
 
 logger = logging.getLogger(__name__)
 

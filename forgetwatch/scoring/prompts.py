@@ -38,7 +38,8 @@ from ..probes.probe_set import Probe
 # Bump when any text below changes: cached base results made with other prompts are then refused.
 PROMPT_VERSION = 3
 
-_COT_MCQ = "Think step by step, then give your final answer on the last line as 'Answer: X', where X is the letter of the correct option."
+_COT_MCQ = ("Think step by step, then give your final answer on the last line as 'Answer: X', where X is the letter of the "
+            "correct option.")
 _COT_SHORT = "Think step by step, then give your final answer on the last line as 'Answer: <answer>'."
 _DIRECT_MCQ = "Answer with the letter of the correct option."
 _DIRECT_SHORT = "Answer each question with the answer only: a name, a number or a short phrase."

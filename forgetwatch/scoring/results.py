@@ -67,7 +67,9 @@ class ProbeResults:
             self.generation = [""] * n
         if not len(self.option_scores):
             self.option_scores = [_NO_SCORES] * n
-        self.option_scores = [_NO_SCORES if x is None or len(x) == 0 else np.asarray(x, dtype=np.float32) for x in self.option_scores]
+        self.option_scores = [
+            _NO_SCORES if x is None or len(x) == 0 else np.asarray(x, dtype=np.float32) for x in self.option_scores
+        ]
         self.n_tokens = np.full(n, -1, np.int32) if self.n_tokens is None else np.asarray(self.n_tokens, dtype=np.int32)
         self.stopped = np.full(n, -1, np.int8) if self.stopped is None else np.asarray(self.stopped, dtype=np.int8)
         if not self.detail:

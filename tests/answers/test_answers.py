@@ -479,7 +479,9 @@ def test_mcq_reward_gold_forms_and_skips():
 def test_mcq_reward_logs():
     logged: dict[str, list] = {}
     metrics: dict[str, float] = {}
-    mcq_reward(["B", "A cat", "Answer: D"], [1, 0, 3], num_choices=4, log_extra=logged.__setitem__, log_metric=metrics.__setitem__)
+    mcq_reward(
+        ["B", "A cat", "Answer: D"], [1, 0, 3], num_choices=4, log_extra=logged.__setitem__, log_metric=metrics.__setitem__
+    )
     assert logged == {"mcq": ["B", None, "D"]}
     assert metrics["forgetwatch/mcq_invalid"] == pytest.approx(1 / 3)
 
@@ -567,11 +569,14 @@ def test_rewards_run_inside_a_real_grpo_trainer(tmp_path, tokenizer, tiny_model,
         ("The USS Kormal (LAS-1)", "The USS Kormal"),
         ("Denmark, 1992", "Denmark, 1992"),
         ("The New York City Menswear Museum", "The New York City Menswear Museum"),
-        ("A sabii is a carnivorous mammal that is native to the Americas", "A sabii is a carnivorous mammal that is native to the Americas"),
+        (
+            "A sabii is a carnivorous mammal that is native to the Americas",
+            "A sabii is a carnivorous mammal that is native to the Americas",
+        ),
         (" Oscar Wilde", "Oscar Wilde"),
         (" 1.5 x 10^15 meters", "1.5 x 10^15 meters"),
         ("A: A: Oslo", "Oslo"),  # few-shot labels echoed
-        ("The answer is \"Rome\", which is the capital of Italy.", "Rome"),
+        ('The answer is "Rome", which is the capital of Italy.', "Rome"),
         ("**Answer:** *Paris*", "Paris"),
         ("Rome. It is the capital of Italy.", "Rome"),
         ("So the correct answer would be: Lisbon", "Lisbon"),

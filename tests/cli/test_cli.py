@@ -162,7 +162,9 @@ def test_unknown_suite_lists_the_valid_ones(capsys, tmp_path):
     assert_usage_error(code, err, "unknown suite 'arc_eazy'", "Did you mean 'arc_easy'?", ", ".join(list_suites()))
     assert not (tmp_path / "p.jsonl").exists()
     # the same through `--probes` of cache (no model is loaded before the probes are read)
-    code, _, err = run(capsys, "cache", "--model", tmp_path / "no-model", "--probes", "arc_easy,nosuchsuite", "-o", tmp_path / "c.parquet")
+    code, _, err = run(
+        capsys, "cache", "--model", tmp_path / "no-model", "--probes", "arc_easy,nosuchsuite", "-o", tmp_path / "c.parquet"
+    )
     assert_usage_error(code, err, "unknown suite 'nosuchsuite'", "Valid suites: ")
 
 
@@ -268,7 +270,26 @@ def test_cache_then_compare_roundtrip(capsys, tmp_path, tiny_dirs):
     lines = out.splitlines()
     assert lines[0].startswith("base: ") and f"cache {base}" in lines[0] and lines[1] == f"now:  {noisy_dir}"
     lines = lines[lines.index("") + 1 :]
-    assert lines[0].split() == ["category", "n", "acc", "base", "acc", "now", "1→0", "0→1", "F", "F", "adj", "F", "95%", "CI", "BT", "BT", "adj", "invalid"]
+    assert lines[0].split() == [
+        "category",
+        "n",
+        "acc",
+        "base",
+        "acc",
+        "now",
+        "1→0",
+        "0→1",
+        "F",
+        "F",
+        "adj",
+        "F",
+        "95%",
+        "CI",
+        "BT",
+        "BT",
+        "adj",
+        "invalid",
+    ]
     row = next(line for line in lines if line.startswith("overall")).split()
     assert row[:6] == ["overall", str(len(probes)), f"{overall['accuracy_pre']:.3f}", f"{overall['accuracy_post']:.3f}",
                        str(overall["forgotten"]), str(overall["learned"])]
@@ -292,7 +313,9 @@ def test_compare_takes_scoring_options_from_the_base_cache(capsys, tmp_path, tin
     model_dir, _, probe_file = tiny_dirs
     base = tmp_path / "base.parquet"
     args = ("--model", model_dir, "--probes", probe_file)
-    assert run(capsys, "cache", *args, "-o", base, "--mcq-mode", "letter", "--chat-template", "off", "--max-new-tokens", "5")[0] == 0
+    assert (
+        run(capsys, "cache", *args, "-o", base, "--mcq-mode", "letter", "--chat-template", "off", "--max-new-tokens", "5")[0] == 0
+    )
     post = tmp_path / "post.parquet"
     code, out, _ = run(capsys, "compare", *args, "--base", base, "--json", "-o", post)
     assert code == 0 and json.loads(out)["flips"] == []
@@ -312,7 +335,9 @@ def test_nonexistent_model_path(capsys, tmp_path, tiny_dirs):
     # a directory without a model, and a Hub id that cannot be fetched (offline here)
     code, _, err = run(capsys, "cache", "--model", tmp_path, "--probes", probe_file, "-o", tmp_path / "c.parquet")
     assert_usage_error(code, err, str(tmp_path))
-    code, _, err = run(capsys, "cache", "--model", "no-such-org/no-such-model", "--probes", probe_file, "-o", tmp_path / "c.parquet")
+    code, _, err = run(
+        capsys, "cache", "--model", "no-such-org/no-such-model", "--probes", probe_file, "-o", tmp_path / "c.parquet"
+    )
     # transformers' own message ("couldn't connect to 'https://huggingface.co' ..."), after what was tried first
     assert_usage_error(code, err, "`--model`: no-such-org/no-such-model is no local directory", "as a Hub id failed")
     assert not (tmp_path / "c.parquet").exists()
@@ -459,7 +484,12 @@ def test_short_mode_goes_into_the_cache_and_compare_follows_it(capsys, tmp_path,
     model_dir, _, probe_file = tiny_dirs
     args = ("--model", model_dir, "--probes", probe_file)
     base = tmp_path / "base.parquet"
-    assert run(capsys, "cache", *args, "-o", base, "--short-mode", "generate", "--short-match", "contains", "--max-new-tokens", "4")[0] == 0
+    assert (
+        run(capsys, "cache", *args, "-o", base, "--short-mode", "generate", "--short-match", "contains", "--max-new-tokens", "4")[
+            0
+        ]
+        == 0
+    )
     cache = BaseCache.load(base)
     assert (cache.key["scoring"]["short_mode"], cache.key["scoring"]["short_match"]) == ("generate", "contains")
     short = [i for i, pid in enumerate(cache.results.ids) if pid.startswith("s")]
@@ -499,7 +529,9 @@ def test_compare_marks_categories_with_nothing_to_forget(capsys, tmp_path, tiny_
 def test_real_model_answers_some_triviaqa_by_greedy_match(capsys, tmp_path, smollm):
     """SmolLM2-135M-Instruct knows a little trivia: with the few-shot prompt and greedy match, more than none of 24."""
     base = tmp_path / "tqa.parquet"
-    code, out, err = run(capsys, "cache", "--model", smollm, "--probes", "triviaqa", "--per-suite", "24", "--seed", "1", "-o", base)
+    code, out, err = run(
+        capsys, "cache", "--model", smollm, "--probes", "triviaqa", "--per-suite", "24", "--seed", "1", "-o", base
+    )
     assert code == 0, err
     cache = BaseCache.load(base)
     assert cache.key["scoring"]["short_mode"] == "greedy_match" and cache.key["scoring"]["chat"]["short"] is False
@@ -518,7 +550,9 @@ def test_compare_refuses_another_models_cache(capsys, tmp_path, tiny_dirs, token
     code, out, err = run(capsys, "compare", "--model", other, "--probes", probe_file, "--base", base)
     assert_usage_error(code, err, str(base), "another architecture", "--allow-other-model")
     assert out == ""
-    code, out, err = run(capsys, "compare", "--model", other, "--probes", probe_file, "--base", base, "--allow-other-model", "--json")
+    code, out, err = run(
+        capsys, "compare", "--model", other, "--probes", probe_file, "--base", base, "--allow-other-model", "--json"
+    )
     assert code == 0, err
     report = json.loads(out)
     assert report["base_model"] == BaseCache.load(base).key["model"] and report["base_model"]["architecture"].startswith("llama-")

@@ -75,7 +75,9 @@ def test_compare_refuses_to_write_over_its_base_cache(capsys, tmp_path, tiny_mod
                                  "-o", spelling, *force)
             refused(code, err, f"-o {spelling} is the --base file itself", "Choose another -o", "even with --force")
     os.link(copy, tmp_path / "hardlink.parquet")  # the same file under another name
-    code, _, err = run(capsys, "compare", "--model", tiny_model_dir, "--probes", probe_file, "--base", copy, "-o", "hardlink.parquet")
+    code, _, err = run(
+        capsys, "compare", "--model", tiny_model_dir, "--probes", probe_file, "--base", copy, "-o", "hardlink.parquet"
+    )
     refused(code, err, "is the --base file itself")
     assert copy.read_bytes() == before
 
@@ -193,7 +195,9 @@ def test_an_output_that_cannot_be_written_is_refused_before_scoring(capsys, tmp_
         code, _, err = run(capsys, command, "--model", tiny_model_dir, "--probes", probe_file, *extra, "-o", out)
         refused(code, err, f"-o {out}", says)
     assert not (tmp_path / "no-such-dir").exists()  # a mistyped directory is not created
-    code, _, err = run(capsys, "cache", "--model", tiny_model_dir, "--probes", probe_file, "-o", tmp_path / "no-such-dir" / "b.jsonl")
+    code, _, err = run(
+        capsys, "cache", "--model", tiny_model_dir, "--probes", probe_file, "-o", tmp_path / "no-such-dir" / "b.jsonl"
+    )
     refused(code, err, f"mkdir -p {tmp_path / 'no-such-dir'}")
 
 
@@ -214,7 +218,9 @@ def fail_writes(monkeypatch, n: int) -> None:
     monkeypatch.setattr(pq, "write_table", write_table)
 
 
-def test_a_failed_cache_write_saves_the_results_elsewhere_and_says_where(capsys, tmp_path, tiny_model_dir, probe_file, base, monkeypatch):
+def test_a_failed_cache_write_saves_the_results_elsewhere_and_says_where(
+    capsys, tmp_path, tiny_model_dir, probe_file, base, monkeypatch
+):
     import tempfile
 
     full, spare = tmp_path / "full", tmp_path / "tmp"
@@ -225,7 +231,9 @@ def test_a_failed_cache_write_saves_the_results_elsewhere_and_says_where(capsys,
     code, _, err = run(capsys, "cache", "--model", tiny_model_dir, "--probes", probe_file, "-o", full / "base.parquet")
     assert code == 2 and "Traceback" not in err
     (saved,) = spare.glob("base.unsaved-*.parquet")
-    assert f"could not write {full / 'base.parquet'} ([Errno 28] No space left on device); the results were saved to {saved}" in err
+    assert (
+        f"could not write {full / 'base.parquet'} ([Errno 28] No space left on device); the results were saved to {saved}" in err
+    )
     assert f"mv {saved} {full / 'base.parquet'}" in err
     # no half file, no empty placeholder (the lock files stay, by design: see forgetwatch._io.file_lock)
     assert [p.name for p in full.iterdir() if not p.name.endswith(".lock")] == []
@@ -347,10 +355,22 @@ def lm_eval_samples(directory: Path, flip: bool) -> Path:
     rows = []
     for i in range(4):
         right = float(i % 2 == 0) if not (flip and i == 0) else 0.0
-        rows.append({"doc_id": i, "doc": {"question": f"q{i}"}, "target": "0", "filter": "none", "metrics": ["acc_norm"],
-                     "arguments": {"gen_args_0": {"arg_0": f"q{i}", "arg_1": " yes"}, "gen_args_1": {"arg_0": f"q{i}", "arg_1": " no"}},
-                     "resps": [[["-1.0", "False"]], [["-2.0", "False"]]],
-                     "filtered_resps": [["-1.0", "False"], ["-2.0", "False"]], "acc_norm": right})
+        rows.append(
+            {
+                "doc_id": i,
+                "doc": {"question": f"q{i}"},
+                "target": "0",
+                "filter": "none",
+                "metrics": ["acc_norm"],
+                "arguments": {
+                    "gen_args_0": {"arg_0": f"q{i}", "arg_1": " yes"},
+                    "gen_args_1": {"arg_0": f"q{i}", "arg_1": " no"},
+                },
+                "resps": [[["-1.0", "False"]], [["-2.0", "False"]]],
+                "filtered_resps": [["-1.0", "False"], ["-2.0", "False"]],
+                "acc_norm": right,
+            }
+        )
     (directory / "samples_fw_mc_2025-01-01T00-00-00.000000.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
     return directory
 

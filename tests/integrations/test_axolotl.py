@@ -256,7 +256,9 @@ def test_a_value_of_the_wrong_type_is_named_with_the_type_wanted(tmp_path, files
 
 
 def test_options_the_callback_or_the_plugin_refuses_fail_at_config_loading(tmp_path, files):
-    with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_scoring must be one of inline, sidecar, got 'async'"):
+    with pytest.raises(
+        ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_scoring must be one of inline, sidecar, got 'async'"
+    ):
         load(tmp_path, config_text(files, tmp_path / "out", forgetwatch_scoring="async"))
     with pytest.raises(ConfigKeyError, match=r"config.yaml, line \d+: forgetwatch_replay_mix is an option of replay mixing, "
                                              "which changes the training data in forgetwatch's TRL recipes "

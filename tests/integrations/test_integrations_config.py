@@ -275,7 +275,8 @@ def test_every_value_the_callback_refuses_is_refused_by_both_front_ends_checks(t
     assert axolotl_check([str(axolotl_cfg)]) != 0
     axolotl_err = capsys.readouterr().err
     assert needle in axolotl_err and f"{axolotl_cfg}, line 5" in axolotl_err, axolotl_err
-    if importlib.util.find_spec("llamafactory") is None:  # with LLaMA-Factory installed, --check reads its own keys too (tests/integrations/test_llamafactory.py)
+    # with LLaMA-Factory installed, --check reads its own keys too (tests/integrations/test_llamafactory.py)
+    if importlib.util.find_spec("llamafactory") is None:
         assert forgetwatch(["llamafactory", "train", "--check", str(llamafactory_cfg)]) == 2
         llamafactory_err = capsys.readouterr().err
         assert needle in llamafactory_err and f"{llamafactory_cfg}, line 4" in llamafactory_err, llamafactory_err

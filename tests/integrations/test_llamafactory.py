@@ -2,7 +2,8 @@
 in a venv of its own: `make check-llamafactory`) on CPU with the tiny model and local data. SFT and DPO leave a record
 holding the evaluation steps; SFT with `forgetwatch_anchor_beta` trains with the KL anchor (its term equal to the
 library's on the same draws and weights); a misspelt key, a wrong type or a term for another stage stops before anything
-is trained, naming the file, the line and the key; plain `llamafactory-cli train` refuses a YAML with forgetwatch keys. Skipped where llamafactory is absent
+is trained, naming the file, the line and the key; plain `llamafactory-cli train` refuses a YAML with forgetwatch keys.
+Skipped where llamafactory is absent
 (the main venv: its pins are below ours)."""
 
 from __future__ import annotations

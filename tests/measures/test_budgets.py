@@ -63,7 +63,10 @@ def test_bad_on_budget_and_bound_are_refused():
 def test_a_budget_compares_the_lower_end_of_the_interval_by_default():
     # 20 of 100 forgotten: F = 0.20, Wilson 95% [0.133, 0.289]; k = 4 at 0.8 -> 0.6: chance 0.2*0.4/3 = 0.0267
     m = compute_metrics([1] * 80 + [0] * 20, [1] * 60 + [0] * 40, [4] * 100)
-    row = {"overall": m.to_dict(), "add": {**m.to_dict(), "kl": 0.3, "margin_change": -1.0, "margin_change_ci_low": -1.5, "margin_change_ci_high": -0.5}}
+    row = {
+        "overall": m.to_dict(),
+        "add": {**m.to_dict(), "kl": 0.3, "margin_change": -1.0, "margin_change_ci_low": -1.5, "margin_change_ci_high": -0.5},
+    }
     low = m.forgetting_ci[0]
     assert Budget({"forgetting": 0.15}).check(row) == []  # 0.20 measured, but 0.133 is not above 0.15
     (b,) = Budget({"forgetting": 0.15}, bound="point").check(row)
@@ -72,7 +75,9 @@ def test_a_budget_compares_the_lower_end_of_the_interval_by_default():
     assert b.value == pytest.approx(low) and b.measured == pytest.approx(0.2)
     (b,) = Budget({"forgetting_adjusted": 0.10}).check(row)
     assert b.value == pytest.approx(low - m.chance) and b.measured == pytest.approx(m.forgetting_adjusted)
-    assert b.describe() == f"forgetting_adjusted = {m.forgetting_adjusted:.4f} (lower 95% bound {low - m.chance:.4f}) > budget 0.1"
+    assert (
+        b.describe() == f"forgetting_adjusted = {m.forgetting_adjusted:.4f} (lower 95% bound {low - m.chance:.4f}) > budget 0.1"
+    )
     (b,) = Budget({"add/margin_drop": 0.4}).check(row)  # the drop is at least 0.5 nats: over 0.4
     assert (b.value, b.measured) == (pytest.approx(0.5), pytest.approx(1.0))
     assert Budget({"add/margin_drop": 0.6}).check(row) == []

@@ -54,7 +54,9 @@ def test_groups_skip_probes_without_margins_and_split_by_category():
 def test_option_kl_known_answer_and_edge_cases():
     p, q = np.array([0.5, 0.25, 0.25]), np.array([0.25, 0.5, 0.25])
     expected = float(np.sum(p * np.log(p / q)))  # = 0.25 ln 2
-    got = option_kl([np.log(p) + 3.0, np.zeros(2), np.zeros(0), np.zeros(3)], [np.log(q) - 1.0, np.zeros(2), np.zeros(0), np.zeros(2)])
+    got = option_kl(
+        [np.log(p) + 3.0, np.zeros(2), np.zeros(0), np.zeros(3)], [np.log(q) - 1.0, np.zeros(2), np.zeros(0), np.zeros(2)]
+    )
     assert got[0] == pytest.approx(expected) and got[0] == pytest.approx(0.25 * math.log(2))  # shift-invariant scores
     assert got[1] == 0.0
     assert math.isnan(got[2]) and math.isnan(got[3])  # no options; option counts that differ

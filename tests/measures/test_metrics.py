@@ -300,7 +300,11 @@ def test_report_per_category_matches_subsets_and_sums_to_overall():
     # every count and rate of the overall row is the pooled one; the chance term is the sum of the categories'
     assert overall.chance == pytest.approx(sum(report[name].chance * report[name].n for name in names) / overall.n)
     pooled = compute_metrics(pre, post, k)
-    assert (overall.forgotten, overall.learned, overall.forgetting_max) == (pooled.forgotten, pooled.learned, pooled.forgetting_max)
+    assert (overall.forgotten, overall.learned, overall.forgetting_max) == (
+        pooled.forgotten,
+        pooled.learned,
+        pooled.forgetting_max,
+    )
     cats_a = np.asarray(cats)
     for name in names:
         mask = cats_a == name

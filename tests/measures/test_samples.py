@@ -1,6 +1,7 @@
 """`forgetwatch compare BEFORE AFTER` on real lm-evaluation-harness `--log_samples` outputs.
 
-The outputs are made here by the `lm_eval` command's own code (0.4.13, in this process) from the tiny model and a perturbed copy, on two local
+The outputs are made here by the `lm_eval` command's own code (0.4.13, in this process) from the tiny model and a perturbed
+copy, on two local
 tasks: a multiple-choice task whose documents have 2, 3 or 4 options, and a generative task whose answers are the
 base model's own greedy outputs (so the base is right on all of them and the perturbed copy forgets some).
 """
@@ -130,7 +131,10 @@ def runs(tmp_path_factory):
             q = f"What is {i}+{i}?"
             ids = tok(f"Question: {q}\nAnswer:", return_tensors="pt").input_ids
             out = model.generate(ids, max_new_tokens=8, do_sample=False)
-            f.write(json.dumps({"question": q, "answer": tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]}) + "\n")
+            f.write(
+                json.dumps({"question": q, "answer": tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).split("\n")[0]})
+                + "\n"
+            )
     (data / "fw_mc.yaml").write_text(MC_TASK.format(data=data))
     (data / "fw_qa.yaml").write_text(QA_TASK.format(data=data))
     (data / "fw_group.yaml").write_text(GROUP)
@@ -255,7 +259,10 @@ def test_without_content_hashes_documents_match_by_id(runs, tmp_path):
         compare_samples(base, after, match="hash")
     # neither a hash nor an id: refused, never matched by position
     _edit_samples(after, "fw_mc", lambda rows: [{**r, "doc_id": None} for r in rows])
-    with pytest.raises(SamplesFormatError, match=r"fw_mc: documents carry neither a content hash nor an id \(first at .*samples_fw_mc_.* line 1\)"):
+    with pytest.raises(
+        SamplesFormatError,
+        match=r"fw_mc: documents carry neither a content hash nor an id \(first at .*samples_fw_mc_.* line 1\)",
+    ):
         compare_samples(base, after)
 
 
@@ -266,7 +273,10 @@ def test_a_reused_output_dir_uses_the_latest_run(runs, tmp_path):
     older.write_text(f.read_text().replace('"acc": 1.0', '"acc": 0.0'))
     s = read_samples(base)
     assert any(n.startswith("fw_mc: 2 runs found") and f.name in n for n in s.notes)
-    assert compare_samples(s, runs["after"]).report["overall"].to_dict() == compare_samples(runs["base"], runs["after"]).report["overall"].to_dict()
+    assert (
+        compare_samples(s, runs["after"]).report["overall"].to_dict()
+        == compare_samples(runs["base"], runs["after"]).report["overall"].to_dict()
+    )
 
 
 def test_bad_input_names_the_problem(runs, tmp_path, capsys):
@@ -363,7 +373,9 @@ def test_lighteval_bad_input(tmp_path):
 
     f = tmp_path / "details_x|0_2026-01-01T00-00-00.parquet"
     pq.write_table(pa.table({"example": ["q"], "metric": [{"acc": 1}]}), f)
-    with pytest.raises(SamplesFormatError, match=r"not lighteval details \(no columns doc \+ metric, nor example \+ metrics; it has example"):
+    with pytest.raises(
+        SamplesFormatError, match=r"not lighteval details \(no columns doc \+ metric, nor example \+ metrics; it has example"
+    ):
         read_samples(f)
     (tmp_path / "samples_x_2026-01-01T00-00-00.jsonl").write_text("{}\n")
     with pytest.raises(SamplesFormatError, match="holds both lm-eval samples .* and lighteval details"):
@@ -383,16 +395,23 @@ def test_what_the_two_sides_must_share(runs, tmp_path, capsys):
     _edit_samples(other, "fw_mc", lambda rows: [{**r, "prompt_hash": "x" + r["prompt_hash"]} if r["doc_id"] < 3 else r
                                                 for r in rows])
     cmp = compare_samples(runs["base"], other)
-    assert cmp.notes == ["fw_mc: 3 of 30 matched documents were asked with a different prompt (lm-eval's prompt_hash differs: "
-                         "few-shot examples, chat template or task version); their flips mix the model's change with the prompt's"]
+    assert cmp.notes == [
+        "fw_mc: 3 of 30 matched documents were asked with a different prompt (lm-eval's prompt_hash differs: "
+        "few-shot examples, chat template or task version); their flips mix the model's change with the prompt's"
+    ]
     assert main(["compare", str(runs["base"]), str(other)]) == 0
     assert "fw_mc: 3 of 30 matched documents were asked with a different prompt" in capsys.readouterr().out
     # answers after different filters, or documents with a different number of options, are not compared
-    with pytest.raises(SamplesFormatError, match="fw_qa: before counts the answers after filter 'strict' but after after 'loose'"):
+    with pytest.raises(
+        SamplesFormatError, match="fw_qa: before counts the answers after filter 'strict' but after after 'loose'"
+    ):
         compare_samples(read_samples(runs["base"]), read_samples(runs["after"], filter="loose"))
     fewer = _copy(runs["after"], tmp_path / "fewer")
-    _edit_samples(fewer, "fw_mc", lambda rows: [{**r, "arguments": dict(list(r["arguments"].items())[:1])} if r["doc_id"] == 5 else r
-                                                for r in rows])
+    _edit_samples(
+        fewer,
+        "fw_mc",
+        lambda rows: [{**r, "arguments": dict(list(r["arguments"].items())[:1])} if r["doc_id"] == 5 else r for r in rows],
+    )
     with pytest.raises(SamplesFormatError, match="fw_mc: the same document has 4 options before .* but no after"):
         compare_samples(runs["base"], fewer)
     # a --filter that one task lacks is said
@@ -430,7 +449,9 @@ def test_lighteval_details_from_before_0_10_match_by_content(tmp_path, capsys):
                 doc, resp = r["doc"], r["model_response"]
                 row = {"example": doc["query"], "instruction": "", "full_prompt": doc["query"], "metrics": r["metric"]}
                 if "LOGPROBS" in doc["sampling_methods"]:  # multiple choice: choices, gold_index as a list, (ll, greedy) pairs
-                    row.update(choices=doc["choices"], gold_index=[doc["gold_index"]], predictions=[[lp, 0.0] for lp in resp["logprobs"]])
+                    row.update(
+                        choices=doc["choices"], gold_index=[doc["gold_index"]], predictions=[[lp, 0.0] for lp in resp["logprobs"]]
+                    )
                 else:  # generative: the golds and the texts
                     row.update(gold=doc["choices"], predictions=resp["text"])
                 rows.append(row)
@@ -444,7 +465,9 @@ def test_lighteval_details_from_before_0_10_match_by_content(tmp_path, capsys):
         assert old.report[task].to_dict() == new.report[task].to_dict(), task
     assert old.match_by == {"probe_mc|0": "content hash", "probe_gen|0": "content hash"}
     assert {s.doc_hash for s in old.before.samples} == {s.doc_hash for s in new.before.samples}  # the same documents
-    assert {(f["question"], f["before"], f["after"]) for f in old.flips} == {(f["question"], f["before"], f["after"]) for f in new.flips}
+    assert {(f["question"], f["before"], f["after"]) for f in old.flips} == {
+        (f["question"], f["before"], f["after"]) for f in new.flips
+    }
     assert any("before 0.10 (no document ids)" in n for n in old.before.notes)
     assert main(["compare", str(tmp_path / "old-base"), str(tmp_path / "old-after")]) == 0
     assert "probe_mc|0 details_probe_mc|0_2024-05-01T00-00-00.parquet row" in capsys.readouterr().out
@@ -507,9 +530,13 @@ def test_lm_eval_ifeval_outputs_compare_by_prompt_level_strict_accuracy(tmp_path
     with open(data / "ifeval.jsonl", "w") as f:
         for i in range(24):
             ids = ["punctuation:no_comma"] if i % 2 else ["change_case:english_lowercase"]
-            f.write(json.dumps({"key": 100 + i, "prompt": f"Tell me about {i}.", "instruction_id_list": ids, "kwargs": [{}]}) + "\n")
+            f.write(
+                json.dumps({"key": 100 + i, "prompt": f"Tell me about {i}.", "instruction_id_list": ids, "kwargs": [{}]}) + "\n"
+            )
     (data / "fw_ifeval.yaml").write_text(IFEVAL_TASK.format(data=data))
-    (data / "fw_ifeval_utils.py").write_text("from lm_eval.tasks.ifeval.utils import agg_inst_level_acc, process_results  # noqa: F401\n")
+    (data / "fw_ifeval_utils.py").write_text(
+        "from lm_eval.tasks.ifeval.utils import agg_inst_level_acc, process_results  # noqa: F401\n"
+    )
     _save_perturbed(build_model(tok), tok, root, seed=2)
     _lm_eval(root / "base", data, root / "out-base", tasks="fw_ifeval")
     _lm_eval(root / "after", data, root / "out-after", tasks="fw_ifeval")

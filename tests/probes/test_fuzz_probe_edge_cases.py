@@ -204,8 +204,17 @@ def test_ids_with_invisible_characters_or_spaces_at_the_ends_are_refused(tmp_pat
     tried = 0
     for _ in range(60):
         pid = rng.choice(["arc/1", "q", "mmlu/a b"])
-        bad = rng.choice([pid + " ", " " + pid, pid + "\t", pid[:1] + rng.choice("\u200b\u200c\u200d\u2060\ufeff\u00ad") + pid[1:],
-                          pid + "\n", pid[:1] + "\u2028" + pid[1:], pid + "\u00a0"])
+        bad = rng.choice(
+            [
+                pid + " ",
+                " " + pid,
+                pid + "\t",
+                pid[:1] + rng.choice("\u200b\u200c\u200d\u2060\ufeff\u00ad") + pid[1:],
+                pid + "\n",
+                pid[:1] + "\u2028" + pid[1:],
+                pid + "\u00a0",
+            ]
+        )
         line = rng.randrange(len(FILLER) + 1)
         _write(path, [*FILLER[:line], {"id": bad, "kind": "short", "question": "Q?", "answers": ["a1"]}, *FILLER[line:]])
         kind, got = _load(path)
@@ -256,8 +265,12 @@ def test_probes_build_onto_a_link_keeps_the_link_and_replaces_its_target_only_wi
     assert len(ProbeSet.from_jsonl(mine)) == 3  # its target written, as --force allowed
 
     # a dangling link: its target's directory is missing; doing what the message says makes the target
-    _refused([*build, "-o", "dangling.jsonl"], capsys, r"dangling.jsonl is a symbolic link to .*elsewhere/gone.jsonl, whose directory "
-                                         r"does not exist: create .*elsewhere")
+    _refused(
+        [*build, "-o", "dangling.jsonl"],
+        capsys,
+        r"dangling.jsonl is a symbolic link to .*elsewhere/gone.jsonl, whose directory "
+        r"does not exist: create .*elsewhere",
+    )
     assert os.path.islink("dangling.jsonl") and not os.path.exists("elsewhere")
     os.mkdir("elsewhere")
     assert main([*build, "-o", "dangling.jsonl"]) == 0
@@ -287,13 +300,15 @@ def test_every_output_option_follows_a_link_to_its_target(tmp_path, monkeypatch,
     for argv, message in [
         (["cache", *model, "-o", "loop.jsonl"], "leads back to itself"),
         (["cache", *model, "-o", "dangling.jsonl"], "whose directory does not exist"),
-        (["base-outputs", "--model", "x", "--pool", probes, "-o", "out.parquet"], r"mine.parquet exists: base outputs are never overwritten"),
+        (
+            ["base-outputs", "--model", "x", "--pool", probes, "-o", "out.parquet"],
+            r"mine.parquet exists: base outputs are never overwritten",
+        ),
         (["compare", *model, "--base", "base.parquet", "-o", "cache.parquet", "--force"], r"is the --base file itself"),
         (["compare", *model, "--base", "base.parquet", "-o", "out.parquet"], r"mine.parquet exists .*pass --force"),
         (["interpolate", *model, "--base", "base.parquet", "--plot", "plot.png"], r"fig.png exists"),
         (["interpolate", *model, "--base", "base.parquet", "--plot", "loop.jsonl"], "leads back to itself"),
-        (["interpolate", *model, "--base", "base.parquet", "--save-at", "0.5", "saved"],
-         r"model_dir exists"),
+        (["interpolate", *model, "--base", "base.parquet", "--save-at", "0.5", "saved"], r"model_dir exists"),
     ]:
         _refused(argv, capsys, message)
     assert mine.read_text() == "my own file\n" and (tmp_path / "mine.parquet").read_bytes() == b"mine"

@@ -18,7 +18,9 @@ def write(tmp_path, rows, name="probes.jsonl"):
 
 
 def test_roundtrip_and_fingerprint(tmp_path):
-    ps = ProbeSet.from_records([mcq("a", category="math"), {"id": "b", "kind": "short", "question": "Capital of France?", "answers": ["Paris"]}])
+    ps = ProbeSet.from_records(
+        [mcq("a", category="math"), {"id": "b", "kind": "short", "question": "Capital of France?", "answers": ["Paris"]}]
+    )
     ps.to_jsonl(tmp_path / "p.jsonl")
     back = ProbeSet.from_jsonl(tmp_path / "p.jsonl")
     assert list(back) == list(ps)
@@ -26,7 +28,9 @@ def test_roundtrip_and_fingerprint(tmp_path):
     assert back["b"].answers == ("Paris",) and back["a"].num_choices == 3 and back["b"].num_choices == 0
     assert back.categories == ("default", "math")
     # any content change moves the fingerprint; so does order
-    changed = ProbeSet.from_records([mcq("a", category="math", gold=2), {"id": "b", "kind": "short", "question": "Capital of France?", "answers": ["Paris"]}])
+    changed = ProbeSet.from_records(
+        [mcq("a", category="math", gold=2), {"id": "b", "kind": "short", "question": "Capital of France?", "answers": ["Paris"]}]
+    )
     assert changed.fingerprint != ps.fingerprint
     assert ProbeSet(list(ps)[::-1]).fingerprint != ps.fingerprint
 
@@ -76,8 +80,15 @@ def test_empty_sets_and_missing_file(tmp_path):
 def test_from_dataset_with_column_mapping():
     from datasets import Dataset
 
-    ds = Dataset.from_list([{"q": "2+2?", "opts": ["3", "4"], "label": 1, "topic": "math"}, {"q": "3+3?", "opts": ["6", "7"], "label": 0, "topic": "math"}])
-    ps = ProbeSet.from_dataset(ds, {"question": "q", "choices": "opts", "gold": "label", "category": "topic"}, kind="mcq", source="toy", id_prefix="toy/")
+    ds = Dataset.from_list(
+        [
+            {"q": "2+2?", "opts": ["3", "4"], "label": 1, "topic": "math"},
+            {"q": "3+3?", "opts": ["6", "7"], "label": 0, "topic": "math"},
+        ]
+    )
+    ps = ProbeSet.from_dataset(
+        ds, {"question": "q", "choices": "opts", "gold": "label", "category": "topic"}, kind="mcq", source="toy", id_prefix="toy/"
+    )
     assert ps.ids == ["toy/0", "toy/1"] and ps[1].gold == 0 and ps[0].category == "math" and ps[0].source == "toy"
     with pytest.raises(ValueError, match="column 'nope'"):
         ProbeSet.from_dataset(ds, {"question": "nope"}, kind="mcq")

@@ -91,7 +91,9 @@ def test_roundtrip_of_real_scoring_config_key(tmp_path, suffix):
     from forgetwatch.scoring.score import ScoringConfig
 
     probes = probe_set(3)
-    key = make_cache_key(model_key(), probes, ScoringConfig(mcq_mode="generate", system_prompt="Be brief.").key(precision="bfloat16"))
+    key = make_cache_key(
+        model_key(), probes, ScoringConfig(mcq_mode="generate", system_prompt="Be brief.").key(precision="bfloat16")
+    )
     BaseCache(key, sample_results(probes.ids)).save(tmp_path / f"c{suffix}")
     assert BaseCache.load(tmp_path / f"c{suffix}", expect=key).key == key
 
@@ -509,7 +511,9 @@ def test_a_jsonl_row_that_is_not_an_object_is_refused(tmp_path):
 def test_rows_that_are_not_the_probes_are_refused_naming_them(tmp_path, suffix):
     """Issue 26 item 8: rows of other ids than the key's probes raised a bare KeyError from `select`."""
     path, key, results = saved(tmp_path, suffix, n=8)
-    renamed = ProbeResults.from_columns({**results.to_columns(), "id": [f"x{i}" if i % 2 else pid for i, pid in enumerate(results.ids)]})
+    renamed = ProbeResults.from_columns(
+        {**results.to_columns(), "id": [f"x{i}" if i % 2 else pid for i, pid in enumerate(results.ids)]}
+    )
     BaseCache(key, renamed).save(path)
     cache = BaseCache.load(path, expect=key)  # the key matches: only the rows say otherwise
     with pytest.raises(CacheMismatchError) as e:

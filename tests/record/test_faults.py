@@ -78,7 +78,9 @@ def test_the_watched_evaluations_cross_every_kind_of_write(sidecar_run):
     assert writes[last + 1:] in ([], ["budget.json"])
 
 
-@pytest.mark.parametrize("scope", [pytest.param(4, id="step-4", marks=pytest.mark.long), pytest.param(None, id="whole-run", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "scope", [pytest.param(4, id="step-4", marks=pytest.mark.long), pytest.param(None, id="whole-run", marks=pytest.mark.slow)]
+)
 def test_a_watcher_killed_at_any_write_boundary_leaves_a_record_its_restart_completes(sidecar_run, scope, tmp_path, caplog):
     """Every boundary of the evaluation at step 4 (make test-long), or of the whole run (make test-slow: ~90 s)."""
     pristine, reference, writes = sidecar_run
@@ -93,7 +95,9 @@ def test_a_watcher_killed_at_any_write_boundary_leaves_a_record_its_restart_comp
         # what the killed watcher had started since its last complete commit line: an unfinished evaluation, said
         complete = writes[: k - 1]
         commits = [i for i, w in enumerate(complete) if w == "metrics.jsonl"]
-        started = complete[commits[-1] + 1 if commits else 0:] + ([writes[k - 1]] if how == "mid" and writes[k - 1] in APPENDED else [])
+        started = complete[commits[-1] + 1 if commits else 0 :] + (
+            [writes[k - 1]] if how == "mid" and writes[k - 1] in APPENDED else []
+        )
         unfinished = bool(started) and started != ["budget.json"]  # the run's summary, after its last evaluation
         assert ("left mid-write" in caplog.text) == unfinished, f"killed at write {k} ({how}): {caplog.text}"
         if how == "mid" and writes[k - 1] in APPENDED:  # a cut line: set aside and said
@@ -517,7 +521,9 @@ def test_report_names_a_metrics_line_of_the_wrong_types_instead_of_crashing(side
         "field `step` must be a whole number": lambda r: r.update(step="2"),
         "field `step` is missing": lambda r: r.pop("step"),
         "field `metrics` must be an object of groups, not list": lambda r: r.update(metrics=[r["metrics"]]),
-        "field `metrics.overall.forgetting` must be a number, not None": lambda r: r["metrics"]["overall"].update(forgetting=None),
+        "field `metrics.overall.forgetting` must be a number, not None": lambda r: r["metrics"]["overall"].update(
+            forgetting=None
+        ),
     }
     for said, change in cases.items():
         metrics.write_text(edited(change))

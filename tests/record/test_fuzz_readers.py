@@ -266,14 +266,21 @@ def test_lm_eval_fields_of_every_wrong_type(lm_eval):
             kind, got = outcome(lambda: compare_samples(before, after))
             if kind == "refused":
                 # the line and the field, or for what only both sides together show, the task and both places
-                assert got.startswith(f"{f} line 4: ") or got.startswith(f"{f}: ") or got.startswith("task fw: "), (field, value, got)
+                assert got.startswith(f"{f} line 4: ") or got.startswith(f"{f}: ") or got.startswith("task fw: "), (
+                    field,
+                    value,
+                    got,
+                )
                 assert field in got or "lm-eval sample" in got or "no 0/1 metric" in got or "options" in got, (field, value, got)
             else:
                 # accepted: each matched document carries the files' own outcomes, the figures are theirs, and a
                 # document left unmatched is listed as one-sided, not dropped
                 post = [int(r["acc"]) for r in rows]  # the file's own outcomes (an `acc` of true is a 1)
                 compared = [int(a.doc_id) for a, _ in got.matched]
-                assert all((a.outcome, b.outcome) == (PRE[int(a.doc_id)], post[int(a.doc_id)]) for a, b in got.matched), (field, value)
+                assert all((a.outcome, b.outcome) == (PRE[int(a.doc_id)], post[int(a.doc_id)]) for a, b in got.matched), (
+                    field,
+                    value,
+                )
                 assert _figures(got) == _expected(compared, post), (field, value)
                 assert sorted(compared + [int(s.doc_id) for s in got.only_before]) == list(range(len(PRE))), (field, value)
                 assert got.before.metric == got.after.metric == {"fw": "acc"}, (field, value)

@@ -129,7 +129,9 @@ def test_a_metrics_line_set_aside_is_rescored_in_step_order(watched, tmp_path, c
     assert "were not finished" in caplog.text
     assert steps_of(out) == [0, 2, 4, 6]
     assert_same_record(reference, record_state(out / "forgetwatch", out), "after the set-aside line was rescored")
-    kept = [json.loads(x) for p in (out / "forgetwatch" / "recovered").glob("*/metrics.jsonl") for x in p.read_text().splitlines()]
+    kept = [
+        json.loads(x) for p in (out / "forgetwatch" / "recovered").glob("*/metrics.jsonl") for x in p.read_text().splitlines()
+    ]
     assert [r["step"] for r in kept] == ["2"]  # the changed line, kept
 
 

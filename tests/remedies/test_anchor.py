@@ -63,7 +63,9 @@ def test_base_outputs_are_the_base_answers_as_scored(tokenizer, outputs):
     for pid, answer in chosen.items():  # multiple choice: the option the base ranks first, and its whole distribution
         r = rows[pid]
         assert r["answer"] == answer and r["user"] == f"Question: {probes[pid].question}"
-        assert math.isclose(sum(r["option_probs"]), 1, rel_tol=1e-6) and np.argmax(r["option_probs"]) == probes[pid].choices.index(answer)
+        assert math.isclose(sum(r["option_probs"]), 1, rel_tol=1e-6) and np.argmax(r["option_probs"]) == probes[
+            pid
+        ].choices.index(answer)
     # the top-k log-probabilities are the base's, at the positions that predict the answer's tokens
     r = rows["pool-add0"]
     with torch.no_grad():
@@ -167,7 +169,9 @@ def test_mix_replay_writes_sft_data_in_the_scoring_form_and_grpo_data_lettered()
     assert all("Answer with the letter" not in r["messages"][0]["content"] for r in replayed)
     assert {r["messages"][1]["content"] for r in replayed} <= {"left", "right", "yes"}
     grpo = Dataset.from_list([{"prompt": [{"role": "user", "content": "1 + 1?"}], "solution": "2"}])
-    lettered = mix_replay(grpo, make_pool(), ratio=0.5, strategy="uniform", monitor=ForgetWatchCallback(make_probes(), eval_steps=2))
+    lettered = mix_replay(
+        grpo, make_pool(), ratio=0.5, strategy="uniform", monitor=ForgetWatchCallback(make_probes(), eval_steps=2)
+    )
     assert lettered.mixer.pool["add"][0]["solution"] in ("A", "B")
 
 
@@ -332,9 +336,22 @@ def test_the_cli_refuses_suite_names_to_exclude_without_their_sample(tiny_model_
     from forgetwatch.cli import main
 
     out = tmp_path / "outs.parquet"
-    args = ["base-outputs", "--model", str(tiny_model_dir), "--pool", "arc_easy:4", "--exclude", "arc_easy,triviaqa:3", "-o", str(out)]
+    args = [
+        "base-outputs",
+        "--model",
+        str(tiny_model_dir),
+        "--pool",
+        "arc_easy:4",
+        "--exclude",
+        "arc_easy,triviaqa:3",
+        "-o",
+        str(out),
+    ]
     assert main(args) == 2 and not out.exists()
-    assert "give the run's forgetwatch_per_suite and forgetwatch_seed as --exclude-per-suite N --exclude-seed S" in capsys.readouterr().err
+    assert (
+        "give the run's forgetwatch_per_suite and forgetwatch_seed as --exclude-per-suite N --exclude-seed S"
+        in capsys.readouterr().err
+    )
     assert main([*args, "--exclude-per-suite", "0"]) == 2
     assert "--exclude-per-suite must be a whole number >= 1 or `all`; got '0'" in capsys.readouterr().err
 

@@ -250,7 +250,11 @@ def test_the_sweep_runs_without_the_command_line(tuned, capsys, tmp_path):
                                budget=Budget(parse_budget("forgetting=1"), "alert", "point", probes.groups))
     steps = sweep.run([0, 0.5])
     assert [s["within_budget"] for s in steps] == [True, True] and sweep.task_kind is None
-    assert pick_alpha(front_points(steps), budgeted=True) == (0.5, "largest_within", "no task loss: the largest α within the budget")
+    assert pick_alpha(front_points(steps), budgeted=True) == (
+        0.5,
+        "largest_within",
+        "no task loss: the largest α within the budget",
+    )
     sweep.save(0.5, tmp_path / "rewound")
     assert sweep.model is None and (tmp_path / "rewound" / "model.safetensors").is_file()
 
@@ -410,7 +414,9 @@ def test_rows_whose_answer_is_cut_away_are_left_out_with_a_warning(tuned, caplog
         pairs = encode_task_rows(tok, long_first, max_length=24)
     assert len(pairs) == len(rows) - 1 and "1 of 8 task rows have no answer token" in caplog.text and "line 1" in caplog.text
     model = AutoModelForCausalLM.from_pretrained(tuned["ft"])
-    assert held_out_loss(model, tok, long_first, max_length=24) == pytest.approx(held_out_loss(model, tok, rows[1:], max_length=24))
+    assert held_out_loss(model, tok, long_first, max_length=24) == pytest.approx(
+        held_out_loss(model, tok, rows[1:], max_length=24)
+    )
 
 
 def test_a_sharded_checkpoint_is_streamed_and_saved_shard_by_shard(tuned, capsys, tmp_path):

@@ -87,7 +87,9 @@ def test_closed_loop_weights_follow_the_measured_forgetting(replay_run):
     raw for short answers) in metrics.jsonl."""
     _, record = replay_run
     mix = record.read_mix()["mixers"][0]
-    assert mix["ratio"] == RATIO and mix["strategy"] == "closed_loop" and mix["categories"] == ["add", "compare", "count", "short"]
+    assert (
+        mix["ratio"] == RATIO and mix["strategy"] == "closed_loop" and mix["categories"] == ["add", "compare", "count", "short"]
+    )
     metrics = {row["step"]: row["metrics"] for row in record.read_metrics()}
     # each evaluation's weights hold from the position after the last one read then (step 6's: after the last batch)
     assert [step for _, step, _ in mix["schedule"]] == [2, 4, 6]
@@ -111,8 +113,15 @@ def test_resume_continues_the_same_stream(tokenizer, tmp_path):
     before step 6's evaluation) which keeps step 4's."""
     def run(out: Path, resume: bool = False):
         w = watcher()
-        trainer = traced_sft(tokenizer, out, w, mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=LETTERS),
-                             save_strategy="steps", save_steps=2, max_steps=8)
+        trainer = traced_sft(
+            tokenizer,
+            out,
+            w,
+            mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=LETTERS),
+            save_strategy="steps",
+            save_steps=2,
+            max_steps=8,
+        )
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
         return trainer, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"]
 
@@ -132,8 +141,15 @@ def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record)
     is read as the lettered form."""
     def run(out: Path, form: str, resume: bool = False):
         w = watcher()
-        trainer = traced_sft(tokenizer, out, w, mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=form),
-                             save_strategy="steps", save_steps=2, max_steps=8)
+        trainer = traced_sft(
+            tokenizer,
+            out,
+            w,
+            mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=form),
+            save_strategy="steps",
+            save_steps=2,
+            max_steps=8,
+        )
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
 
     run(tmp_path / "run", LETTERS)
@@ -145,10 +161,13 @@ def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record)
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         run(tmp_path / "run", "scoring", resume=True)
     said = [r.getMessage() for r in caplog.records if "resumes at step" in r.getMessage()]
-    assert said == [f"forgetwatch: this run started with replay: letter form{' (a record from before streams said their kind)' if record == 'older record' else ''} "
-                    "but resumes at step 6 with replay: scoring form: the replayed examples change from here on, so its "
-                    "curves before and after are not one experiment; to continue it as it was, resume with the same "
-                    "replay options (and forgetwatch version)"]
+    assert said == [
+        "forgetwatch: this run started with replay: letter "
+        f"form{' (a record from before streams said their kind)' if record == 'older record' else ''} "
+        "but resumes at step 6 with replay: scoring form: the replayed examples change from here on, so its "
+        "curves before and after are not one experiment; to continue it as it was, resume with the same "
+        "replay options (and forgetwatch version)"
+    ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="forgetwatch"):
         run(tmp_path / "run", "scoring", resume=True)  # now recorded as the scoring form: nothing to say
@@ -191,8 +210,13 @@ def test_grpo_data_gets_each_rows_kind_for_probe_reward():
     from forgetwatch.answers import probe_reward
 
     w = watcher()
-    train = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i} + 1 = ?"}], "solution": str(i + 1)} for i in range(8)])
-    pool = ProbeSet([p for p in make_pool() if p.kind == "mcq"] + [Probe("pool-short", "short", "Pool short?", answers=("yes",), category="short")])
+    train = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"{i} + 1 = ?"}], "solution": str(i + 1)} for i in range(8)]
+    )
+    pool = ProbeSet(
+        [p for p in make_pool() if p.kind == "mcq"]
+        + [Probe("pool-short", "short", "Pool short?", answers=("yes",), category="short")]
+    )
     rows = list(mix_replay(train, pool, ratio=0.5, strategy="uniform", monitor=w).take(8))
     assert all(set(r) == {"prompt", "solution", "kind"} for r in rows)
     mcq = [r for r in rows if r["kind"] == "mcq"]

@@ -227,7 +227,9 @@ def test_trainer_log_is_drawn_beside_the_curves(tmp_path):
     build_record(run)
     record = RunRecord(run / "forgetwatch")
     for step in range(1, 31):
-        record.append_trainer_log({"step": step, "epoch": step / 40, "loss": 2.0 - step / 30, "learning_rate": 1e-3, "reward": step / 30})
+        record.append_trainer_log(
+            {"step": step, "epoch": step / 40, "loss": 2.0 - step / 30, "learning_rate": 1e-3, "reward": step / 30}
+        )
     path = make_report(run)
     page = _parse(path)
     assert page.imgs[:2] == ["forgetting_backward_transfer.png", "training.png"]
@@ -351,8 +353,15 @@ def test_the_per_category_titles_lie_within_the_figure(n_categories, metric):
     n = 12 * n_categories
     base, now = np.ones(n, np.int8), np.ones(n, np.int8)
     now[::3] = 0
-    rows = [{"step": step, "metrics": {k: m.to_dict() for k, m in compute_report(base, o, [4] * n, [cats[i % n_categories] for i in range(n)]).items()}}
-            for step, o in ((0, base), (10, now))]
+    rows = [
+        {
+            "step": step,
+            "metrics": {
+                k: m.to_dict() for k, m in compute_report(base, o, [4] * n, [cats[i % n_categories] for i in range(n)]).items()
+            },
+        }
+        for step, o in ((0, base), (10, now))
+    ]
     fig = plot_by_category(Figure, rows, cats, metric)
     FigureCanvasAgg(fig).draw()  # lays the figure out (constrained layout) as savefig does
     renderer = fig.canvas.get_renderer()

@@ -26,7 +26,15 @@ pytest.importorskip("trl")
 wandb = pytest.importorskip("wandb")
 
 from conftest import build_model, clear_wandb_env  # noqa: E402,I001  (tests/ is on sys.path: pytest's "prepend" import mode)
-from fixtures.wandb_offline import find_run_file, finish_offline_run, load_table, read_config, read_history, read_metric_definitions, read_summary  # noqa: E402
+from fixtures.wandb_offline import (  # noqa: E402
+    find_run_file,
+    finish_offline_run,
+    load_table,
+    read_config,
+    read_history,
+    read_metric_definitions,
+    read_summary,
+)
 
 from forgetwatch import (  # noqa: E402
     BaseCache,
@@ -45,7 +53,24 @@ from forgetwatch.measures.drift import compute_drift  # noqa: E402
 from forgetwatch.scoring.models import model_identity  # noqa: E402
 from forgetwatch.record.store import RunRecord  # noqa: E402
 from forgetwatch.scoring.score import ScoringConfig  # noqa: E402
-from fixtures.trainers import BF16, CrashBeforeStep, OVERVIEW, SCORING, SEED, StepCounter, assert_same_weights, grpo_trainer, logged_name, make_probes, metric_rows, own_logs, rescore, sft_trainer, the_watcher, watcher  # noqa: E402
+from fixtures.trainers import (  # noqa: E402
+    BF16,
+    CrashBeforeStep,
+    OVERVIEW,
+    SCORING,
+    SEED,
+    StepCounter,
+    assert_same_weights,
+    grpo_trainer,
+    logged_name,
+    make_probes,
+    metric_rows,
+    own_logs,
+    rescore,
+    sft_trainer,
+    the_watcher,
+    watcher,
+)
 
 # logged name -> ForgettingMetrics field
 LOGGED = {
@@ -113,7 +138,8 @@ DRIFT_LOGGED = {
 }
 
 
-# behaviour curves of generated answers (none here: short answers are teacher-forced): logged name -> metrics.jsonl field; NaN: not logged
+# behaviour curves of generated answers (none here: short answers are teacher-forced): logged name -> metrics.jsonl field;
+# NaN: not logged
 BEHAVIOR_LOGGED = {
     "runaway": "runaway", "runaway_rate": "runaway_rate", "length_log_ratio": "length_log_ratio",
     "length_log_ratio_low": "length_log_ratio_ci_low", "length_log_ratio_high": "length_log_ratio_ci_high",
@@ -454,7 +480,9 @@ def test_wandb_init_failing(offline_wandb, tokenizer, tmp_path, monkeypatch, cap
     trainer.train()
     assert trainer.state.global_step == 4
     assert load_record(tmp_path / "b").eval_steps() == [0, 2, 4]
-    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch") and "nothing to forget" not in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name.startswith("forgetwatch") and "nothing to forget" not in r.getMessage()
+    ]
     assert len(warnings) == 1 and "no W&B run is active" in warnings[0]
 
 
@@ -474,7 +502,11 @@ def test_hooks_without_the_model_or_tokenizer_name_the_transformers_version(toke
     later on None."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    args, state, control = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"), TrainerState(), TrainerControl()
+    args, state, control = (
+        TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+        TrainerState(),
+        TrainerControl(),
+    )
     with pytest.raises(RuntimeError, match=rf"no `model` in on_train_begin \(transformers {transformers.__version__}\)"):
         watcher().on_train_begin(args, state, control, model=None, processing_class=tokenizer)
     with pytest.raises(ValueError, match=rf"pass `processing_class=tokenizer`.*transformers {transformers.__version__}"):
@@ -691,7 +723,10 @@ def test_mlflow_gets_the_scalars(tokenizer, tmp_path, monkeypatch):
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3, 4, 5]  # the trainer's own
     # each evaluation's flips as a table artifact, row for row the record's
     flips = load_record(tmp_path / "out").read_flips()
-    tables = {int(a.path.rsplit("step-", 1)[1].split(".")[0]): a.path for a in client.list_artifacts(run.info.run_id, "forgetwatch/flips")}
+    tables = {
+        int(a.path.rsplit("step-", 1)[1].split(".")[0]): a.path
+        for a in client.list_artifacts(run.info.run_id, "forgetwatch/flips")
+    }
     assert tables and sorted(tables) == sorted({f["step"] for f in flips})
     for step, path in tables.items():
         table = json.loads(Path(client.download_artifacts(run.info.run_id, path, str(tmp_path / "dl"))).read_text())
@@ -736,7 +771,7 @@ def test_trackio_gets_the_scalars_and_the_flips_table(trackio_run):
     flips = trackio_run.record.read_flips()
     from forgetwatch.run.loggers import TrackioLogger
 
-    if release(installed_versions(("trackio",))["trackio"]) < TrackioLogger.TABLES_FROM:  # beside transformers 4: scalars only, said once
+    if release(installed_versions(("trackio",))["trackio"]) < TrackioLogger.TABLES_FROM:  # beside transformers 4: scalars only
         assert not tables and flips
         return
     assert tables and sorted(tables) == sorted({f["step"] for f in flips})
@@ -783,9 +818,23 @@ def test_trackio_dashboard_shows_forgetwatch_offline(trackio_run, tmp_path):
             profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
             # The flags keep Chromium off the network (this machine has none) and let the page's data load before
             # the DOM is dumped (virtual time runs until the page is idle or the budget is spent).
-            cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-crash-reporter",
-                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                   f"--user-data-dir={profile}", "--window-size=1400,1000", "--virtual-time-budget=15000", *what, url]
+            cmd = [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-crash-reporter",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--window-size=1400,1000",
+                "--virtual-time-budget=15000",
+                *what,
+                url,
+            ]
             # its own session: the crash handler and zygote children go with it, even on a timeout
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:

@@ -67,7 +67,10 @@ def test_runaways_alone_are_no_behaviour_and_the_base_line_says_accuracy():
     assert "runaway" not in format_evaluation(2, {"overall": _row(0.1, **generated)})
     base = {"overall": {"n": 40, "accuracy_pre": 0.525, "instruct_compliance_base": 0.5, "instruct_compliance": 0.5,
                         "runaway_rate_base": 0.25, "runaway_rate": 0.25}}
-    assert format_evaluation(0, base, 0.0) == "forgetwatch step 0 (base): accuracy 0.525 on 40 probes; instructions 0.50, runaways 0.25"
+    assert (
+        format_evaluation(0, base, 0.0)
+        == "forgetwatch step 0 (base): accuracy 0.525 on 40 probes; instructions 0.50, runaways 0.25"
+    )
 
 
 def test_missing_figures_are_said_not_printed_as_nan():

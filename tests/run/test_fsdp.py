@@ -47,7 +47,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # (fsdp_version: 2, accelerate >= 1.6), which these CPU tests cannot reach.
 needs_fsdp2 = pytest.mark.skipif(
     release(transformers.__version__) < (5,),
-    reason=f"FSDP2 from TrainingArguments needs transformers 5; installed: {installed('transformers')}, {installed('accelerate')}")
+    reason=f"FSDP2 from TrainingArguments needs transformers 5; installed: {installed('transformers')}, "
+    f"{installed('accelerate')}",
+)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +210,9 @@ def test_a_checkpoint_without_readable_weights_is_named(tmp_path):
         load_checkpoint(ckpt)
     (ckpt / "pytorch_model_fsdp_0").rmdir()
     (ckpt / "optimizer.pt").write_text("")
-    with pytest.raises(ValueError, match="holds no model weights the watcher can read .* it has optimizer.pt, trainer_state.json"):
+    with pytest.raises(
+        ValueError, match="holds no model weights the watcher can read .* it has optimizer.pt, trainer_state.json"
+    ):
         load_checkpoint(ckpt)
 
 

@@ -20,7 +20,19 @@ pytest.importorskip("trl")
 pytest.importorskip("wandb")
 
 from conftest import build_model  # noqa: E402,I001
-from fixtures.trainers import BF16, SCORING, CrashBeforeStep, assert_same_weights, logged_name, metric_rows, make_probes, own_logs, sft_trainer, the_watcher, watcher
+from fixtures.trainers import (
+    BF16,
+    SCORING,
+    CrashBeforeStep,
+    assert_same_weights,
+    logged_name,
+    metric_rows,
+    make_probes,
+    own_logs,
+    sft_trainer,
+    the_watcher,
+    watcher,
+)
 from conftest import clear_wandb_env
 from fixtures.wandb_offline import find_run_file, finish_offline_run, read_history  # noqa: E402
 
@@ -126,7 +138,10 @@ def test_a_robust_budget_is_judged_on_the_robust_figures(robust_run):
     assert over, "the run is meant to go over the limit (its seed and LR are fixed)"
     events = [e for e in robust_run.record.read_events() if e["event"] == "budget_exceeded"]
     assert [e["step"] for e in events] == over[:1]  # said once, when it starts
-    assert events[0]["key"] == "robust_forgetting" and events[0]["measured"] == metrics[over[0]]["metrics"]["overall"]["robust_forgetting"]
+    assert (
+        events[0]["key"] == "robust_forgetting"
+        and events[0]["measured"] == metrics[over[0]]["metrics"]["overall"]["robust_forgetting"]
+    )
 
 
 def test_the_base_cache_is_keyed_by_its_variants(robust_run, tokenizer, tmp_path, caplog):
@@ -443,7 +458,9 @@ def test_robustness_0_scores_no_variants_and_a_watcher_names_what_differs(robust
     side = tmp_path / "side"
     cached = str(robust_run.record.root / "base.parquet")  # robustness=3 on every probe
     sft_trainer(tokenizer, side, [robust_watcher(scoring="sidecar", base_cache=cached)], max_steps=2).train()
-    with pytest.raises(SidecarError, match=r"other variants \(.*per_suite: cache has None, now 2.*robustness=3 on 2 probes per suite"):
+    with pytest.raises(
+        SidecarError, match=r"other variants \(.*per_suite: cache has None, now 2.*robustness=3 on 2 probes per suite"
+    ):
         Watcher(side, device="cpu", robustness=3, robust_per_suite=2)
     assert Watcher(side, device="cpu", robustness=0).plan is None
 
@@ -451,7 +468,10 @@ def test_robustness_0_scores_no_variants_and_a_watcher_names_what_differs(robust
 def test_the_command_line_refuses_in_its_own_words(tmp_path, capsys):
     probes = tmp_path / "probes.jsonl"
     make_probes().to_jsonl(probes)
-    assert cli(["cache", "--model", "smollm2", "--probes", str(probes), "--robustness", "99", "-o", str(tmp_path / "c.parquet")]) == 2
+    assert (
+        cli(["cache", "--model", "smollm2", "--probes", str(probes), "--robustness", "99", "-o", str(tmp_path / "c.parquet")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--robustness 99, but probe 'add0'" in err and "use --robustness ≤ 11" in err and "`robustness`" not in err
     assert cli(["cache", "--model", "smollm2", "--probes", str(probes), "--robust-per-suite", "3", "-o",

@@ -45,7 +45,9 @@ def runs(tokenizer, tmp_path_factory):
     """The same SFT run (TRL's bf16 autocast) scored in the loop and in sidecar mode, then watched with --once."""
     root = tmp_path_factory.mktemp("watch")
     sft_trainer(tokenizer, root / "inline", [watcher()]).train()
-    side = sft_trainer(tokenizer, root / "side", [watcher(scoring="sidecar", base_cache=str(root / "inline" / "forgetwatch" / "base.parquet"))])
+    side = sft_trainer(
+        tokenizer, root / "side", [watcher(scoring="sidecar", base_cache=str(root / "inline" / "forgetwatch" / "base.parquet"))]
+    )
     with pytest.MonkeyPatch.context() as mp:
         calls = count_scoring(mp)
         side.train()

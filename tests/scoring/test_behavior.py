@@ -32,13 +32,30 @@ from forgetwatch.scoring.score import ScoringConfig  # noqa: E402
 
 # Three lines as google/IFEval's input_data.jsonl has them (keys 1000, 1001, 1005), verbatim.
 IFEVAL_LINES = [
-    {"key": 1000, "prompt": "Write a 300+ word summary of the wikipedia page \"https://en.wikipedia.org/wiki/Raymond_III,_Count_of_Tripoli\". Do not use any commas and highlight at least 3 sections that has titles in markdown format, for example *highlighted section part 1*, *highlighted section part 2*, *highlighted section part 3*.",
-     "instruction_id_list": ["punctuation:no_comma", "detectable_format:number_highlighted_sections", "length_constraints:number_words"],
-     "kwargs": [{}, {"num_highlights": 3}, {"relation": "at least", "num_words": 300}]},
-    {"key": 1001, "prompt": "I am planning a trip to Japan, and I would like thee to write an itinerary for my journey in a Shakespearean style. You are not allowed to use any commas in your response.",
-     "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]},
-    {"key": 1005, "prompt": "Write a resume for a fresh high school graduate who is seeking their first job. Make sure to include at least 12 placeholder represented by square brackets, such as [address], [name].",
-     "instruction_id_list": ["detectable_content:number_placeholders"], "kwargs": [{"num_placeholders": 12}]},
+    {
+        "key": 1000,
+        "prompt": 'Write a 300+ word summary of the wikipedia page "https://en.wikipedia.org/wiki/Raymond_III,_Count_of_Tripoli". Do not use any commas and highlight at least 3 sections that has titles in markdown format, for example *highlighted section part 1*, *highlighted section part 2*, *highlighted section part 3*.',  # noqa: E501  (IFEval's prompt, verbatim)
+        "instruction_id_list": [
+            "punctuation:no_comma",
+            "detectable_format:number_highlighted_sections",
+            "length_constraints:number_words",
+        ],
+        "kwargs": [{}, {"num_highlights": 3}, {"relation": "at least", "num_words": 300}],
+    },
+    {
+        "key": 1001,
+        "prompt": "I am planning a trip to Japan, and I would like thee to write an itinerary for my journey in a Shakespearean "
+        "style. You are not allowed to use any commas in your response.",
+        "instruction_id_list": ["punctuation:no_comma"],
+        "kwargs": [{}],
+    },
+    {
+        "key": 1005,
+        "prompt": "Write a resume for a fresh high school graduate who is seeking their first job. Make sure to include at "
+        "least 12 placeholder represented by square brackets, such as [address], [name].",
+        "instruction_id_list": ["detectable_content:number_placeholders"],
+        "kwargs": [{"num_placeholders": 12}],
+    },
 ]
 
 
@@ -71,22 +88,60 @@ def test_the_hf_export_with_nulls_for_unused_arguments_loads(tmp_path):
     assert p.kwargs == ({},)
 
 
-@pytest.mark.parametrize(("row", "field", "says"), [
-    ({"instruction_id_list": ["punctuation:no_coma"], "kwargs": [{}]}, "instruction_id_list", "Did you mean 'punctuation:no_comma'"),
-    ({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 50}]}, "kwargs", "missing 'relation'"),
-    ({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 50, "relation": "about"}]},
-     "kwargs", "refused by the checker"),
-    ({"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{"num_words": 3}]}, "kwargs", "unknown argument 'num_words'"),
-    ({"instruction_id_list": ["punctuation:no_comma", "detectable_format:title"], "kwargs": [{}]}, "kwargs", "one object per instruction"),
-    ({"instruction_id_list": ["length_constraints:number_sentences"], "kwargs": [{"num_sentences": 3, "relation": "less than"}]},
-     "instruction_id_list", "cannot be checked offline"),
-    ({"instruction_id_list": [], "kwargs": []}, "instruction_id_list", "non-empty list"),
-    ({"instruction_id_list": ["startend:end_checker"], "kwargs": [{"end_phrase": 5}]}, "kwargs", "'end_phrase' must be a string"),
-    ({"instruction_id_list": ["keywords:existence"], "kwargs": [{"keywords": "cat"}]}, "kwargs", "must be a list of strings"),
-    ({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": "50", "relation": "less than"}]},
-     "kwargs", "must be a whole number"),
-    ({"prompt": "  ", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}, "prompt", "non-empty"),
-])
+@pytest.mark.parametrize(
+    ("row", "field", "says"),
+    [
+        (
+            {"instruction_id_list": ["punctuation:no_coma"], "kwargs": [{}]},
+            "instruction_id_list",
+            "Did you mean 'punctuation:no_comma'",
+        ),
+        (
+            {"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 50}]},
+            "kwargs",
+            "missing 'relation'",
+        ),
+        (
+            {"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"num_words": 50, "relation": "about"}]},
+            "kwargs",
+            "refused by the checker",
+        ),
+        (
+            {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{"num_words": 3}]},
+            "kwargs",
+            "unknown argument 'num_words'",
+        ),
+        (
+            {"instruction_id_list": ["punctuation:no_comma", "detectable_format:title"], "kwargs": [{}]},
+            "kwargs",
+            "one object per instruction",
+        ),
+        (
+            {
+                "instruction_id_list": ["length_constraints:number_sentences"],
+                "kwargs": [{"num_sentences": 3, "relation": "less than"}],
+            },
+            "instruction_id_list",
+            "cannot be checked offline",
+        ),
+        ({"instruction_id_list": [], "kwargs": []}, "instruction_id_list", "non-empty list"),
+        (
+            {"instruction_id_list": ["startend:end_checker"], "kwargs": [{"end_phrase": 5}]},
+            "kwargs",
+            "'end_phrase' must be a string",
+        ),
+        ({"instruction_id_list": ["keywords:existence"], "kwargs": [{"keywords": "cat"}]}, "kwargs", "must be a list of strings"),
+        (
+            {
+                "instruction_id_list": ["length_constraints:number_words"],
+                "kwargs": [{"num_words": "50", "relation": "less than"}],
+            },
+            "kwargs",
+            "must be a whole number",
+        ),
+        ({"prompt": "  ", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}, "prompt", "non-empty"),
+    ],
+)
 def test_bad_ifeval_lines_name_the_file_line_and_field(tmp_path, row, field, says):
     good = IFEVAL_LINES[1]
     path = write_jsonl(tmp_path / "bad.jsonl", [good, {"key": 7, "prompt": "Hello.", **row}])
@@ -99,7 +154,9 @@ def test_bad_ifeval_lines_name_the_file_line_and_field(tmp_path, row, field, say
 
 
 def test_a_malformed_line_is_named(tmp_path):
-    path = write_jsonl(tmp_path / "bad.jsonl", [IFEVAL_LINES[1], '{"key": 5, "prompt": "x", "instruction_id_list": [', IFEVAL_LINES[2]])
+    path = write_jsonl(
+        tmp_path / "bad.jsonl", [IFEVAL_LINES[1], '{"key": 5, "prompt": "x", "instruction_id_list": [', IFEVAL_LINES[2]]
+    )
     with pytest.raises(ProbeFormatError, match=r"bad\.jsonl line 2"):
         ProbeSet.from_jsonl(path)
 
@@ -127,7 +184,11 @@ def test_unavailable_ids_are_the_ones_that_need_nltk_data():
         pass
     for i in UNAVAILABLE:
         checker = _registry()[i](i)
-        kwargs = {"num_sentences": 2, "relation": "less than"} if "sentences" in i else {"capital_frequency": 2, "capital_relation": "at least"}
+        kwargs = (
+            {"num_sentences": 2, "relation": "less than"}
+            if "sentences" in i
+            else {"capital_frequency": 2, "capital_relation": "at least"}
+        )
         checker.build_description(**kwargs)
         with pytest.raises(LookupError):  # nltk's punkt is not installed and nothing may download it
             checker.check_following("One. Two. THREE FOUR.")
@@ -244,7 +305,12 @@ def test_behavior_budgets_use_the_interval():
     lower = Budget({"runaway": 0.2, "over_refusal": 0.1, "instruct_forgetting": 0.3, "length_drift": 0.5})
     assert sorted(b.key for b in lower.check({"overall": row})) == ["runaway"]
     point = Budget({"runaway": 0.2, "over_refusal": 0.1, "instruct_forgetting": 0.3, "length_drift": 0.5}, bound="point")
-    assert sorted(b.key for b in point.check({"overall": row})) == ["instruct_forgetting", "length_drift", "over_refusal", "runaway"]
+    assert sorted(b.key for b in point.check({"overall": row})) == [
+        "instruct_forgetting",
+        "length_drift",
+        "over_refusal",
+        "runaway",
+    ]
     with pytest.raises(ValueError, match="between 0 and 1"):
         Budget({"runaway": 1.5})
 
@@ -405,9 +471,15 @@ def test_behavior_probes_in_an_sft_run_logged_to_wandb(tokenizer, tmp_path):
         o = rows[r["train/global_step"]]["overall"]
         assert r["forgetwatch_details/instruct_compliance"] == pytest.approx(o["instruct_compliance"])
         assert r["forgetwatch_details/runaway_rate"] == pytest.approx(o["runaway_rate"])
-        assert r["forgetwatch_details/instruct_compliance_in_change_case"] == pytest.approx(rows[r["train/global_step"]]["change_case"]["instruct_compliance"])
-        assert r["forgetwatch_by_category/forgetting/all_behavior"] == pytest.approx(rows[r["train/global_step"]]["all_behavior"]["forgetting"])
-        assert r["forgetwatch_by_category/forgetting/all_knowledge"] == pytest.approx(rows[r["train/global_step"]]["all_knowledge"]["forgetting"])
+        assert r["forgetwatch_details/instruct_compliance_in_change_case"] == pytest.approx(
+            rows[r["train/global_step"]]["change_case"]["instruct_compliance"]
+        )
+        assert r["forgetwatch_by_category/forgetting/all_behavior"] == pytest.approx(
+            rows[r["train/global_step"]]["all_behavior"]["forgetting"]
+        )
+        assert r["forgetwatch_by_category/forgetting/all_knowledge"] == pytest.approx(
+            rows[r["train/global_step"]]["all_knowledge"]["forgetting"]
+        )
 
     flips = [f for f in record.read_flips() if probes[f["id"]].is_behavior]
     assert flips  # the learning rate is high enough to change answers

@@ -123,7 +123,10 @@ def test_refilling_gives_the_answers_of_static_batches(tokenizer, seed, chat):
     model, stops = _ending_model(tokenizer, seed, prompts, chat)
     requests = [GenerateRequest(p, (3, 8, 20, 40)[i % 4], ((), stops[:1], stops)[i % 3], f"p{i}") for i, p in enumerate(prompts)]
     for batch_size in (1, 3, 16):
-        static, refill = HFEngine(model, tokenizer, batch_size=batch_size, refill=False), HFEngine(model, tokenizer, batch_size=batch_size)
+        static, refill = (
+            HFEngine(model, tokenizer, batch_size=batch_size, refill=False),
+            HFEngine(model, tokenizer, batch_size=batch_size),
+        )
         with static.running():
             want = static.generate(requests, chat=chat)
             got = refill.generate(requests, chat=chat)
@@ -243,7 +246,9 @@ def test_scoring_config_engine_scores_every_mode_alike(tokenizer, monkeypatch):
     probes = mcq_probes(4) + short_probes(3)
     config = ScoringConfig(mcq_mode="generate", short_mode="generate", max_new_tokens=6)
     continuous = ScoringConfig(mcq_mode="generate", short_mode="generate", max_new_tokens=6, engine="continuous")
-    assert_same_results(score_probes(model, tokenizer, probes, continuous), score_probes(model, tokenizer, probes, config), atol=0)
+    assert_same_results(
+        score_probes(model, tokenizer, probes, continuous), score_probes(model, tokenizer, probes, config), atol=0
+    )
     assert sessions == [4, 3]  # the multiple-choice mode's requests, then the short answers'
     assert continuous.key() == config.key()
     with pytest.raises(ValueError, match="`engine` must be one of hf, continuous, vllm, got 'tgi'"):

@@ -39,8 +39,19 @@ def with_long(n: int = 1) -> ProbeSet:
 def test_the_measure_is_the_limit_the_engine_refuses_at(tokenizer, config):
     """At a context of exactly the longest probe's length every probe is scored; one token less and the engine refuses
     the probe the measure names. So the measure is the engine's own, mode by mode."""
-    probes = ProbeSet([*make_probes(), Probe("ins", "instruct", "Write two words.", instructions=("length_constraints:number_words",),
-                                             kwargs=({"relation": "at least", "num_words": 2},), category="ins")])
+    probes = ProbeSet(
+        [
+            *make_probes(),
+            Probe(
+                "ins",
+                "instruct",
+                "Write two words.",
+                instructions=("length_constraints:number_words",),
+                kwargs=({"relation": "at least", "num_words": 2},),
+                category="ins",
+            ),
+        ]
+    )
     lengths = probe_lengths(tokenizer, probes, config)
     assert set(lengths) == set(probes.ids)
     longest = max(lengths, key=lengths.get)

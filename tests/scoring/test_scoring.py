@@ -222,7 +222,15 @@ def test_generate_matches_reference_greedy(tokenizer, chat):
     assert res.outcome[:8].tolist() == [INVALID] * 8
     assert res.pred_index.tolist() == [-1] * len(probes) and res.prediction[:8] == [""] * 8
     assert np.isnan(res.gold_logprob).all() and np.isnan(res.margin).all()
-    assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10, batch_size=1, short_mode="generate")))
+    assert_same_results(
+        res,
+        score_probes(
+            model,
+            tokenizer,
+            probes,
+            ScoringConfig(mcq_mode="generate", chat_template=chat, max_new_tokens=10, batch_size=1, short_mode="generate"),
+        ),
+    )
 
 
 @pytest.mark.parametrize("chat", [None, False], ids=["chat", "plain"])
@@ -502,7 +510,9 @@ def test_greedy_match_equals_decode_then_prefix_match(tokenizer, chat, seed):
     assert (res.outcome != INVALID).all() and res.generation == [""] * len(probes)
     # the same results whatever the batch size and packing
     for bs, pack in ((1, None), (3, False), (16, True)):
-        assert_same_results(res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=chat, batch_size=bs, pack_choices=pack)))
+        assert_same_results(
+            res, score_probes(model, tokenizer, probes, ScoringConfig(chat_template=chat, batch_size=bs, pack_choices=pack))
+        )
 
 
 @pytest.mark.parametrize(
@@ -578,7 +588,9 @@ def test_duplicate_options_tie_exactly_and_the_lowest_index_wins(smollm):
     model, tok = AutoModelForCausalLM.from_pretrained(smollm), AutoTokenizer.from_pretrained(smollm)
     texts = ["carbon dioxide", "the Eiffel Tower", "a large grocery store", "ride a bicycle", "feeling very happy",
              "New York City", "the kitchen sink"]
-    probes = [Probe(f"d{i}", "mcq", f"Which of these is the answer to question {i}?", (t, t), gold=0) for i, t in enumerate(texts)]
+    probes = [
+        Probe(f"d{i}", "mcq", f"Which of these is the answer to question {i}?", (t, t), gold=0) for i, t in enumerate(texts)
+    ]
     res = score_probes(model, tok, probes, ScoringConfig(pack_choices=True))
     assert res.pred_index.tolist() == [0] * len(probes) and res.margin.tolist() == [0.0] * len(probes)
 
@@ -588,7 +600,9 @@ def eos_appending_tokenizer():
 
     tok = build_tokenizer()
     eos = tok.eos_token_id
-    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A <|im_end|>", special_tokens=[("<|im_end|>", eos)])
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A <|im_end|>", special_tokens=[("<|im_end|>", eos)]
+    )
     assert tok("a")["input_ids"][-1] == eos
     return tok
 

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from transformers import TrainerControl, TrainerState, TrainingArguments
+from fixtures.hooks import drive
 
 from forgetwatch import ForgetWatchCallback
 from forgetwatch.probes.probe_set import Probe, ProbeSet
@@ -72,22 +72,6 @@ def test_the_model_brings_its_engine_whatever_the_configured_name(tokenizer):
 # gets m0 back. F = #(1→0) / N, BT = #(0→1) / N, F_adj = F − (1 − acc_pre)(1 − acc_post)/(k − 1) (docs: metrics).
 WRONG_AT = {0: {"m8", "m9"}, 2: {"m0", "m1", "m8", "m9"}, 4: {"m0", "m1", "m2", "m9"}, 6: {"m1", "m2", "m9"}}
 EXPECTED = {0: (0.0, 0.0, 0.0), 2: (0.2, 0.0, 0.2 - 0.2 * 0.4), 4: (0.3, 0.1, 0.3 - 0.2 * 0.4), 6: (0.2, 0.1, 0.2 - 0.2 * 0.3)}
-
-
-def drive(callback, model, tokenizer, out, max_steps: int):
-    """A training loop's calls to the callback, as transformers' Trainer makes them, without a Trainer: the model's
-    step moves as training would move its weights."""
-    args = TrainingArguments(str(out), report_to=[], max_steps=max_steps, use_cpu=True, disable_tqdm=True,
-                             save_strategy="no")
-    state, control = TrainerState(max_steps=max_steps), TrainerControl()
-    kw = {"model": model, "processing_class": tokenizer}
-    callback.on_init_end(args, state, control, **kw)
-    callback.on_train_begin(args, state, control, **kw)
-    for step in range(1, max_steps + 1):
-        state.global_step = model.step = step
-        callback.on_step_end(args, state, control, **kw)
-    callback.on_train_end(args, state, control, **kw)
-    return args, state
 
 
 def test_the_callback_records_the_scripted_flips_exactly(tokenizer, tmp_path):

@@ -222,7 +222,9 @@ def test_generation_stops_and_budget_equal_hf(vllm_engine, hf_model):
     with hf.running():
         ref = hf.generate(requests, chat=False)
     ours = vllm_engine.generate(requests, chat=False)
-    assert [(a.text, a.n_tokens, a.stopped, a.nonfinite) for a in ours] == [(a.text, a.n_tokens, a.stopped, a.nonfinite) for a in ref]
+    assert [(a.text, a.n_tokens, a.stopped, a.nonfinite) for a in ours] == [
+        (a.text, a.n_tokens, a.stopped, a.nonfinite) for a in ref
+    ]
     assert ours[1].n_tokens == 5 and not ours[1].stopped  # the budget ended it
     assert ours[2].text == " 4, 5," and ours[2].stopped  # cut before the stop string " 6", its tokens counted
 

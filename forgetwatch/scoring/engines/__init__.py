@@ -129,8 +129,15 @@ class Engine(Protocol):
         ...
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
-                sync_ranks: bool = False) -> Engine:
+def make_engine(
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    *,
+    batch_size: int = default("batch_size"),
+    pack_choices: bool | None = None,
+    sync_ranks: bool = False,
+) -> Engine:
     """The engine `ScoringConfig.engine` names, built for `model` (in memory): `"hf"` (`HFEngine`), `"continuous"`
     (`ContinuousBatchingEngine`, which falls back to the HF engine's generation with a warning where it cannot run), or
     `"vllm"` (on the directory `model` was loaded from, in its dtype; vLLM is imported only then, and what it cannot

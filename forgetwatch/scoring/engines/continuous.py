@@ -4,7 +4,8 @@ that fills whole cache pages); log-likelihood and next-token requests run as in 
 
 Where it is worth it: RESULTS §14 measures it against the HF engine's refilling batch. On these 2-core CPUs the
 refilling batch is faster, so the default stays `HFEngine`; ask for this engine with `engine="continuous"` to
-measure it where it may win (a GPU, where transformers uses flash or paged attention kernels: not measured), and where it cannot run (several processes
+measure it where it may win (a GPU, where transformers uses flash or paged attention kernels: not measured), and where it
+cannot run (several processes
 scoring together, a transformers without continuous batching, a model that cannot page its attention) it is refused
 or falls back with one line saying which and why.
 
@@ -97,8 +98,16 @@ class ContinuousBatchingEngine(HFEngine):
 
     name = "continuous"
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
-                 sync_ranks: bool = False, fallback: bool = True):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        batch_size: int = default("batch_size"),
+        pack_choices: bool | None = None,
+        sync_ranks: bool = False,
+        fallback: bool = True,
+    ):
         super().__init__(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
         self.unavailable = continuous_batching_unavailable(model, sync_ranks=sync_ranks)
         if self.unavailable and not fallback:

@@ -31,7 +31,8 @@ from ..forward import (
 )
 from ..requests import Answer, GenerateRequest
 
-__all__ = ["OOM_ERRORS", "NonFinite", "Prompt", "RefillLoop", "Slot", "cut_answer", "generate_refill", "left_pad", "most_over_ranks"]
+__all__ = ["OOM_ERRORS", "NonFinite", "Prompt", "RefillLoop", "Slot", "cut_answer", "generate_refill", "left_pad",
+           "most_over_ranks"]
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +269,9 @@ def generate_refill(engine: Any, ids: list[list[int]], requests: list[GenerateRe
     model, tokenizer = engine.model, engine.tokenizer
     eos, pad_id = engine.eos_token_ids, pad_token_id(tokenizer)
     criteria = {stops: StopStringCriteria(tokenizer, list(stops)) for stops in {tuple(r.stops) for r in requests} if stops}
-    slots = [Slot(i, x, r.max_new_tokens, criteria.get(tuple(r.stops))) for i, (x, r) in enumerate(zip(ids, requests, strict=True))]
+    slots = [
+        Slot(i, x, r.max_new_tokens, criteria.get(tuple(r.stops))) for i, (x, r) in enumerate(zip(ids, requests, strict=True))
+    ]
     slots.sort(key=lambda s: len(s.ids), reverse=True)  # longest first, as static batches (stable: ties keep order)
     out: list[Answer] = [Answer("", 0, False)] * len(requests)
 

@@ -87,8 +87,16 @@ class HFEngine:
         ' 4'
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = default("batch_size"), pack_choices: bool | None = None,
-                 sync_ranks: bool = False, refill: bool = True):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        batch_size: int = default("batch_size"),
+        pack_choices: bool | None = None,
+        sync_ranks: bool = False,
+        refill: bool = True,
+    ):
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be at least 1, got {batch_size}")
         self.model = model
@@ -197,11 +205,17 @@ class HFEngine:
                     reads_tok += list(toks) + [pad_id] * extra  # the token after is unknown: its log-prob is not used
                     reads_at += [(r.probe_index, r.option_ids[j], t) for t in range(len(preds))]
                     s += n
-            kwargs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": (position_ids + P).to(device), "use_cache": False}
+            kwargs: dict[str, Any] = {
+                "input_ids": input_ids.to(device),
+                "position_ids": (position_ids + P).to(device),
+                "use_cache": False,
+            }
             if len(batch) and any(len(r.options) > 1 for r in batch):
                 kwargs["attention_mask"] = _block_mask(segment, model, P).to(device)
             else:
-                kwargs["attention_mask"] = torch.cat([torch.ones(B, P, dtype=torch.long), (segment >= 0).long()], dim=1).to(device)
+                kwargs["attention_mask"] = torch.cat([torch.ones(B, P, dtype=torch.long), (segment >= 0).long()], dim=1).to(
+                    device
+                )
             if prefix_cache:
                 kwargs.update(prefix_cache.for_batch(B))
             rows_t, pos_t = torch.tensor(reads_row, device=device), torch.tensor(reads_pos, device=device)
@@ -256,7 +270,12 @@ class HFEngine:
         def run(batch: list[Prompt], keep: bool = True) -> None:
             input_ids, mask = left_pad(batch, pad_id)
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "position_ids": position_ids.to(device), "use_cache": False}
+            kwargs = {
+                "input_ids": input_ids.to(device),
+                "attention_mask": mask.to(device),
+                "position_ids": position_ids.to(device),
+                "use_cache": False,
+            }
             kwargs.update(logits_to_keep_kwargs(model, 1))
             logits = call(model, kwargs).logits
             check_logits_kept(model, logits, kwargs)
@@ -398,7 +417,11 @@ class HFEngine:
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     # a list, not a set: generation configs often hold a list of EOS ids (unhashable)
-    eos = [t for t in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)) if t is not None]
+    eos = [
+        t
+        for t in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        if t is not None
+    ]
     return sorted({int(x) for t in eos for x in (t if isinstance(t, (list, tuple)) else [t])})
 
 

@@ -375,7 +375,8 @@ _OPEN: dict[tuple[str, str], VLLMEngine] = {}
 def engine_for_model(model: Any, tokenizer: Any, *, batch_size: int | None = None, pack_choices: bool | None = None,
                      sync_ranks: bool = False, **llm_kwargs: Any) -> VLLMEngine:
     """The `VLLMEngine` for a model loaded from a directory (what `make_engine("vllm", ...)` builds): vLLM loads that
-    directory in the model's dtype (it schedules the requests itself: `batch_size` and `pack_choices` do not apply). Refused with `EngineUnavailableError`, saying what to do, where the weights vLLM
+    directory in the model's dtype (it schedules the requests itself: `batch_size` and `pack_choices` do not apply). Refused
+    with `EngineUnavailableError`, saying what to do, where the weights vLLM
     would load are not the model's: a LoRA adapter not merged, a model in memory only (in training, or changed since
     it was loaded), autocast; and where vLLM is not installed.
 

