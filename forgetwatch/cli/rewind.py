@@ -45,8 +45,10 @@ def add_rewind(sub) -> None:
              "(default: a sidecar run's, else the option's default).")
     add_flag(rp, "at_risk_drop", default=None, note=" As the run's.")
     rp.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
-    rp.add_argument("--no-save", action="store_true", help="score and pick only: no OUTPUT_DIR/rewound/")
-    rp.add_argument("--force", action="store_true", help="replace an existing OUTPUT_DIR/rewound/")
+    rp.add_argument("--no-save", action="store_true", help="score and pick only: no OUTPUT_DIR/rewound/ (refused while one "
+                    "exists, which rewind.json would no longer describe, unless --force)")
+    rp.add_argument("--force", action="store_true", help="replace an existing OUTPUT_DIR/rewound/ (with --no-save: remove it "
+                    "with the decision that made it)")
     rp.add_argument("--allow-other-model", action="store_true",
                     help="the checkpoint's architecture differs from the base cache's model: rewind anyway")
     rp.add_argument("--json", action="store_true", help="print rewind.json")

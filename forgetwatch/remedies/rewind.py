@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write, read_json, strict_json
+from .._io import read_json, strict_json
 from ..errors import InterpolationError
 from ..measures.budgets import ROBUST_BUDGETS, Budget, parse_budget
 from ..measures.drift import RiskRule
@@ -41,6 +41,7 @@ from ..record.store import RunRecord
 from ..run.monitor import figure_rows
 from ..scoring.modes import NOT_IN_KEY, ScoringConfig
 from .alpha import RULE, Pick, front_measure, front_points, is_finite, pareto, pick_alpha
+from .rewound import REWIND_FILE, REWOUND, commit, decision_path, discard, model_present, reconcile, staging
 from .sweep import InterpolationSweep, plot_interpolation, resolve_base_model
 
 __all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_checkpoint", "rewind", "read_rewind",
@@ -48,8 +49,6 @@ __all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_
 
 logger = logging.getLogger(__name__)
 
-REWOUND = "rewound"  # <output_dir>/rewound/: the model at the picked α
-REWIND_FILE = "rewind.json"  # <output_dir>/forgetwatch/rewind.json: the front and the pick
 FORMAT = 1
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -241,9 +240,13 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                                  "forgetwatch_budget (--budget)")
     rows_data = load_task_data(task_data, task_max_examples) if task_data is not None else None
     out = output_dir / REWOUND
-    if save and out.exists() and not force:
+    if save and model_present(output_dir) and not force:
         raise InterpolationError(f"{out} exists (an earlier rewind?), and rewind never replaces it without being asked: "
                                  "move it away, or pass --force")
+    if not save and model_present(output_dir) and not force:
+        raise InterpolationError(f"{out} holds an earlier rewind's model, which {record.root / REWIND_FILE} describes; a "
+                                 "rewind that saves nothing would leave it undescribed: move it away, or pass --force "
+                                 "(it is removed with the decision that made it)")
     cache_path = Path(base_cache) if base_cache else record.root / "base.parquet"
     if not cache_path.is_file():
         raise InterpolationError(f"{cache_path}: no base cache (the run was given one elsewhere, as base_cache): pass "
@@ -266,6 +269,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
 
     locks = [acquire(output_dir, role, run=f"forgetwatch rewind {output_dir}") for role in ("training", "scoring")]
     try:
+        reconcile(output_dir)  # what a stopped rewind left, mended under the locks
         sweep = InterpolationSweep(path, base_dir, probes, cache, config, dtype=dtype, autocast=autocast, device=device,
                                    base_name=base_name, cache_path=cache_path, task_rows=rows_data,
                                    task_max_length=task_max_length, task_source=str(task_data) if task_data else None,
@@ -290,31 +294,33 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                 check["compared"], first["group"], first["figure"], first["recorded"], first["alpha_1"])
         held = _score_heldout(sweep, probes, heldout, pick.alpha) if heldout is not None else None
         seconds_scored = time.perf_counter() - t0
-        saved = None
+        staged = None
         if save:
-            sweep.save(pick.alpha, out)  # lets the scoring model go first; replaces `out` (forced) once complete
-            saved = str(out)
+            staged = staging(output_dir)
+            sweep.write(pick.alpha, staged)  # lets the scoring model go first
+        data = {
+            "format": FORMAT, "checkpoint": str(path), "checkpoint_step": ckpt_step, "base_model": str(base_dir),
+            "base_cache": str(cache_path), "precision": cache.key.get("scoring", {}).get("precision"),
+            "alphas": grid, "measure": {"group": group, "metric": metric, "label": _label(metric)},
+            "task": None if sweep.task_kind is None else {
+                "kind": "loss", "source": task_source or (str(task_data) if task_data is not None else "task_loss"),
+                "unit": "nats per answer token" if task_data is not None else "nats per label token"},
+            "budget": budget.to_dict() if budget is not None else None,
+            "rule": RULE, "pick": pick._asdict(),
+            "front": [{**p, "pareto": p["alpha"] in on_front, "metrics": s["metrics"]}
+                      for p, s in zip(points, steps, strict=True)],
+            "check_alpha_1": check, "heldout": held, "rewound": str(out) if save else None,
+            "seconds": {"scoring": round(seconds_scored, 1), "total": round(time.perf_counter() - t0, 1)},
+            "differences": sweep.differences,
+        }
+        if staged is not None:  # the model and its decision, committed together (`forgetwatch.remedies.rewound`)
+            commit(output_dir, staged, data)
+        else:
+            discard(output_dir, data)
     finally:
         for lock in locks:
             lock.release()
-    data = {
-        "format": FORMAT, "checkpoint": str(path), "checkpoint_step": ckpt_step, "base_model": str(base_dir),
-        "base_cache": str(cache_path), "precision": cache.key.get("scoring", {}).get("precision"),
-        "alphas": grid, "measure": {"group": group, "metric": metric, "label": _label(metric)},
-        "task": None if sweep.task_kind is None else {
-            "kind": "loss", "source": task_source or (str(task_data) if task_data is not None else "task_loss"),
-            "unit": "nats per answer token" if task_data is not None else "nats per label token"},
-        "budget": budget.to_dict() if budget is not None else None,
-        "rule": RULE, "pick": pick._asdict(),
-        "front": [{**p, "pareto": p["alpha"] in on_front, "metrics": s["metrics"]} for p, s in zip(points, steps, strict=True)],
-        "check_alpha_1": check, "heldout": held, "rewound": saved,
-        "seconds": {"scoring": round(seconds_scored, 1), "total": round(time.perf_counter() - t0, 1)},
-        "differences": sweep.differences,
-    }
-    path_json = record.root / REWIND_FILE
-    with atomic_write(path_json) as f:
-        f.write(strict_json(data, indent=1))
-    result = RewindResult(data, path_json)
+    result = RewindResult(data, record.root / REWIND_FILE)
     plot = _plot(result, record.root / "rewind.png")
     _log(result, loggers, plot, step)
     return result
@@ -396,8 +402,8 @@ class RewindResult:
 def read_rewind(output_dir: str | os.PathLike) -> RewindResult | None:
     """The rewind of a run (its `forgetwatch/rewind.json`, or None when it has none)."""
     root = Path(output_dir)
-    path = root / REWIND_FILE if root.name == "forgetwatch" else root / "forgetwatch" / REWIND_FILE
-    if not path.is_file():
+    path = decision_path(root / REWIND_FILE if root.name == "forgetwatch" else root / "forgetwatch" / REWIND_FILE)
+    if path is None:
         return None
     return RewindResult(read_json(path, "forgetwatch's rewind file", InterpolationError), path)
 

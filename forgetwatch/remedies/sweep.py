@@ -212,29 +212,34 @@ class InterpolationSweep:
                           "within_budget": None if self.budget is None else not breaches and not missing})
         return steps
 
-    def save(self, alpha: float, out: str | os.PathLike) -> None:
-        """Write θ(α) to the directory `out`, at the checkpoint's own precision (not the scoring one), with its tokenizer
-        (a LoRA adapter at α is merged into the base's full weights). θ(α) is made from the two directories, so the
-        scoring model is let go first (one model in memory): the sweep scores nothing after. An existing `out` is
-        replaced once the new one is complete."""
+    def write(self, alpha: float, directory: str | os.PathLike) -> None:
+        """Write θ(α) into the new directory `directory` (removed again if writing fails), at the checkpoint's own
+        precision (not the scoring one), with its tokenizer (a LoRA adapter at α is merged into the base's full weights).
+        θ(α) is made from the two directories, so the scoring model is let go first (one model in memory): the sweep
+        scores nothing after."""
         from .interpolate import save_interpolated, save_lora_merged
 
         lora = _is_lora(self._inner)
         self.model = self._inner = None
         gc.collect()
-        out = Path(out)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        directory = Path(directory)
+        if directory.exists():
+            shutil.rmtree(directory)
         try:
             if lora:
-                save_lora_merged(self.base_dir, self.tuned_dir, alpha, tmp)
+                save_lora_merged(self.base_dir, self.tuned_dir, alpha, directory)
             else:
-                save_interpolated(self.base_dir, self.tuned_dir, alpha, tmp)
-            self.tokenizer.save_pretrained(tmp)
+                save_interpolated(self.base_dir, self.tuned_dir, alpha, directory)
+            self.tokenizer.save_pretrained(directory)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
             raise
+
+    def save(self, alpha: float, out: str | os.PathLike) -> None:
+        """Write θ(α) to the directory `out` (`write`); an existing `out` is replaced once the new one is complete."""
+        out = Path(out)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        self.write(alpha, tmp)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         tmp.rename(out)

@@ -249,9 +249,18 @@ def test_forgetwatch_rewind_on_the_finished_record(run, tmp_path, capsys):
     assert [p["metrics"] for p in data["front"]] == [p["metrics"] for p in run.rewind.data["front"]]
     again = read_rewind(copy)
     assert same(strip_json(rescore(copy / "rewound", copy / "forgetwatch")), strip_json(again.point(again.alpha)["metrics"]))
-    assert cli(["rewind", str(copy), "--data", str(tmp_path / "task.jsonl"), "--no-save"]) == 0
+    # a rewind that saves nothing would leave rewound/ undescribed: refused before anything is scored or written
+    before = {p: p.read_bytes() for p in sorted((copy / "rewound").iterdir()) + [copy / "forgetwatch" / "rewind.json"]}
+    assert cli(["rewind", str(copy), "--data", str(tmp_path / "task.jsonl"), "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert "would leave it undescribed" in err and "--force" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in before} == before
+    assert (copy / "rewound" / "forgetwatch-rewind.json").read_bytes() == before[copy / "forgetwatch" / "rewind.json"]
+    assert cli(["rewind", str(copy), "--data", str(tmp_path / "task.jsonl"), "--no-save", "--force"]) == 0
     out = capsys.readouterr().out
     assert "rule: With a task loss" in out and out.strip().splitlines()[-2].startswith("rewind: α ")
+    assert not (copy / "rewound").exists() and read_rewind(copy).rewound is None  # the model went with its decision
+    assert sorted(p.name for p in copy.iterdir() if p.name.startswith(".rewound")) == []
 
 
 def test_forgetwatch_rewind_on_a_sidecar_watched_run(tmp_path, capsys):
