@@ -266,6 +266,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     if save and out.resolve() in (path.resolve(), *path.resolve().parents):
         raise InterpolationError(f"{out}: is or holds the checkpoint {path}; rewind that model from another place")
     base_name, base_dir = resolve_base_model(base_model, cache, cache_path, allow_other_model)
+    held_out = _heldout_probes(heldout, probes) if heldout is not None else None  # refused before any α is scored
 
     locks = [acquire(output_dir, role, run=f"forgetwatch rewind {output_dir}") for role in ("training", "scoring")]
     try:
@@ -292,7 +293,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                 "the evaluated one (load_best_model_at_end?), other scoring settings (batch size, at-risk rule), or "
                 "another base cache. rewind.json keeps every difference", check["step"], len(check["differences"]),
                 check["compared"], first["group"], first["figure"], first["recorded"], first["alpha_1"])
-        held = _score_heldout(sweep, probes, heldout, pick.alpha) if heldout is not None else None
+        held = _score_heldout(sweep, heldout, *held_out, pick.alpha) if held_out is not None else None
         seconds_scored = time.perf_counter() - t0
         staged = None
         if save:
@@ -326,9 +327,9 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     return result
 
 
-def _score_heldout(sweep: Any, monitored: ProbeSet, heldout: ProbeSet | str, alpha: float) -> dict[str, Any]:
-    """Held-out probes at θ(0) (their base), θ(α) and θ(1), figures against θ(0): never read by the pick."""
-
+def _heldout_probes(heldout: ProbeSet | str, monitored: ProbeSet) -> tuple[ProbeSet, int]:
+    """The held-out probes to score (those that are not monitored) and how many monitored ones were left out; refused
+    when none is left (before any α is scored)."""
     probes = load_probes(heldout)
     mine = set(monitored.ids)
     overlap = [p.id for p in probes if p.id in mine]
@@ -337,9 +338,14 @@ def _score_heldout(sweep: Any, monitored: ProbeSet, heldout: ProbeSet | str, alp
         if not kept:
             raise InterpolationError(f"held-out probes {heldout}: every one is a monitored probe; give other probes")
         probes = ProbeSet(kept, origin=getattr(probes, "origin", ""))
+    return probes, len(overlap)
+
+
+def _score_heldout(sweep: Any, heldout: ProbeSet | str, probes: ProbeSet, left_out: int, alpha: float) -> dict[str, Any]:
+    """Held-out probes at θ(0) (their base), θ(α) and θ(1), figures against θ(0): never read by the pick."""
     base = sweep.score(0.0, probes)
     out = {"probes": str(heldout) if isinstance(heldout, str) else probes.origin, "n": len(probes),
-           "left_out_monitored": len(overlap), "note": "scored after the pick, which never reads them; base: θ(0)",
+           "left_out_monitored": left_out, "note": "scored after the pick, which never reads them; base: θ(0)",
            "at": {}}
     for a in dict.fromkeys([alpha, 1.0]):
         out["at"][f"{a:g}"] = figure_rows(probes, base, sweep.score(a, probes))[2]

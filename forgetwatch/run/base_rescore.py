@@ -29,7 +29,7 @@ from ..scoring.checkpoint import score_checkpoint
 from ..scoring.engines import ENGINES, engine_spec
 from ..scoring.weights import compare_weights, weights_fingerprint
 
-__all__ = ["base_directory", "base_file", "base_for_engine", "runtime_key"]
+__all__ = ["check_engine", "base_directory", "base_file", "base_for_engine", "runtime_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,10 @@ def runtime_key(key: dict[str, Any], runtime: str) -> dict[str, Any]:
     return out
 
 
-def base_for_engine(record_dir: str | os.PathLike, cache: BaseCache, config: Any, precision: str, probes: Any,
-                    plan: Any = None) -> BaseCache:
-    """The base the record's evaluations are compared with, scored by the engine `config.engine` names: `cache` itself
-    when it was scored by that engine's runtime; for an engine of another runtime (vLLM) on a record whose `cache`
-    transformers scored, `base-<runtime>.parquet` (scored now from the base model's directory, or read back when an
-    earlier watcher did). Refused with `SidecarError` when the record holds evaluations scored by another runtime."""
+def check_engine(record_dir: str | os.PathLike, cache: BaseCache, config: Any, precision: str) -> None:
+    """Whether the record can be scored by the engine `config.engine` names, said before anything is set aside or
+    scored: refused with `SidecarError` when its evaluations were scored by another runtime, with
+    `EngineUnavailableError` when the engine cannot score in the run's precision (autocast)."""
     root = Path(record_dir)
     scored = [s for s in RunRecord(root).committed_steps() if s > 0]
     engine = getattr(config, "engine", "hf")
@@ -72,21 +70,34 @@ def base_for_engine(record_dir: str | os.PathLike, cache: BaseCache, config: Any
                                    f"{root / base_file(other)}), and this watcher scores with --engine {engine}: flips "
                                    f"between two engines are not forgetting. Watch with --engine {theirs}, or score the "
                                    "run again into a new output_dir")
-        return cache
+        return
     if "+autocast-" in precision and not spec.autocast:
         raise EngineUnavailableError(f"{root}: the run trains under autocast ({precision}), which `watch` scores in, and "
                                      f"--engine {engine} runs weights in their own dtype and cannot autocast: watch with "
                                      "--engine hf")
-    if cache.key.get("scoring", {}).get("runtime") == spec.runtime:
-        return cache  # the base cache the training process was given was scored by this runtime already
+    theirs = cache.key.get("scoring", {}).get("runtime") == spec.runtime or (root / base_file(spec.runtime)).is_file()
+    if scored and not theirs:
+        raise SidecarError(f"{root}: its {len(scored)} evaluation(s) were scored by transformers, and this watcher scores "
+                           f"with --engine {engine}: flips between two engines are not forgetting. Watch with --engine "
+                           "hf (or the callback's engine), or score the run again into a new output_dir")
+
+
+def base_for_engine(record_dir: str | os.PathLike, cache: BaseCache, config: Any, precision: str, probes: Any,
+                    plan: Any = None) -> BaseCache:
+    """The base the record's evaluations are compared with, scored by the engine `config.engine` names: `cache` itself
+    when it was scored by that engine's runtime; for an engine of another runtime (vLLM) on a record whose `cache`
+    transformers scored, `base-<runtime>.parquet` (scored now from the base model's directory, or read back when an
+    earlier watcher did). Refused as `check_engine` says."""
+    check_engine(record_dir, cache, config, precision)
+    root = Path(record_dir)
+    engine = getattr(config, "engine", "hf")
+    spec = engine_spec(engine)
+    if spec.runtime is None or cache.key.get("scoring", {}).get("runtime") == spec.runtime:
+        return cache  # transformers; or the base cache the training process was given was scored by this runtime
     want = runtime_key(cache.key, spec.runtime)
     ours = root / base_file(spec.runtime)
     if ours.is_file():
         return BaseCache.load(ours, expect=want)
-    if scored:
-        raise SidecarError(f"{root}: its {len(scored)} evaluation(s) were scored by transformers, and this watcher scores "
-                           f"with --engine {engine}: flips between two engines are not forgetting. Watch with --engine "
-                           "hf (or the callback's engine), or score the run again into a new output_dir")
     base_dir = base_directory(cache.key.get("model", {}), engine)
     print(f"forgetwatch watch: scoring the base model ({base_dir}) with --engine {engine} too, so that both sides of "
           f"every flip come from one engine (the training process scored {root / 'base.parquet'} with transformers); "

@@ -40,11 +40,11 @@ from ..probes.variants import make_plan, serves
 from ..record.cache import BaseCache, diff_keys, make_cache_key
 from ..record.lock import acquire
 from ..record.store import MODEL_FILES, RunRecord
-from ..scoring.engines import engine_spec
+from ..scoring.engines import engine_spec, engine_unavailable
 from ..scoring.models import FSDP_SHARDS
 from ..scoring.modes import ScoringConfig
 from ..scoring.requests import ProbeSetError
-from .base_rescore import base_for_engine
+from .base_rescore import base_for_engine, check_engine
 from .loggers import MetricLogger, TensorBoardLogger, TrackioLogger, WandbLogger, tensorboard_dir
 from .monitor import PREFIX, Monitor
 from .sidecar import MANIFEST, read_manifest
@@ -149,7 +149,10 @@ class Watcher:
             raise SidecarError(f"{path}: field `callback` or `scoring_config` holds options forgetwatch could not have "
                                f"written ({e}); the training process writes this file whole: restore it, or start the run "
                                "again") from None
+        if why := engine_unavailable(self.config.engine):  # said before anything is set aside or scored
+            raise EngineUnavailableError(f"engine={self.config.engine!r}: {why}")
         self.precision = self.manifest["precision"]
+        check_engine(record_dir, cache, self.config, self.precision)  # before a step is set aside or a segment begun
         self.device = device
         if robustness is None:  # the callback's, unless given
             robustness, robust_per_suite = opts.get("robustness"), robust_per_suite or opts.get("robust_per_suite")

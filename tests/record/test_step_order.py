@@ -8,6 +8,7 @@ Each record is compared, file by file, with the one an uninterrupted watcher wro
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -256,3 +257,41 @@ def test_rescore_without_the_checkpoint_is_refused_touching_nothing_and_the_othe
     assert "step(s) 4 have a metrics.jsonl line but no evals/ file" in page
     assert (rec.root / "recovered" / rec.eval_path(4).name).is_file()
     assert [r["step"] for r in rec.read_metrics()] == [0, 2, 4, 6]  # its figures kept
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here: the engine can run")
+def test_rescore_with_an_engine_that_cannot_run_is_refused_before_the_step_is_set_aside(watched, tmp_path, capsys):
+    """`--rescore 4 --engine vllm` where vLLM is not installed used to move step 4 aside and only then refuse: the
+    record went on without it (step 6's flips against step 2). Now it is refused first, the record untouched."""
+    pristine, _, _ = watched
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    assert Watcher(out, device="cpu").run(once=True) == 3
+    rec = RunRecord(out / "forgetwatch")
+    before = {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert cli(["watch", str(out), "--rescore", "4", "--engine", "vllm", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "vLLM is not installed here" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()} == before
+    assert not (rec.root / "superseded").exists()
+
+
+def test_rescore_with_an_engine_that_cannot_autocast_is_refused_before_the_step_is_set_aside(watched, tmp_path, capsys,
+                                                                                               monkeypatch):
+    """The same with vLLM installed: a run trained under autocast cannot be scored by it, and that is said first."""
+    import forgetwatch.scoring.engines as engines
+
+    pristine, _, _ = watched
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    assert Watcher(out, device="cpu").run(once=True) == 3
+    rec = RunRecord(out / "forgetwatch")
+    before = {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
+    monkeypatch.setitem(engines.ENGINES, "vllm", engines.ENGINES["vllm"].__class__(
+        **{**engines.ENGINES["vllm"].__dict__, "unavailable": None}))  # as where vLLM is installed
+    capsys.readouterr()
+    assert cli(["watch", str(out), "--rescore", "4", "--engine", "vllm", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot autocast" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()} == before

@@ -510,3 +510,22 @@ def test_rewind_refuses_other_weights_saved_at_the_bases_path(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "are not those this cache was made from" in err and "--allow-other-model" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "forgetwatch" / "rewind.json").exists()  # refused before anything was written
+
+
+def test_heldout_probes_that_are_all_monitored_are_refused_before_any_alpha_is_scored(run, tmp_path, capsys, monkeypatch):
+    """Such a file used to be refused only after every α was scored (minutes on a real model)."""
+    import forgetwatch.remedies.rewind as rewind_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the sweep started before the held-out probes were checked")
+
+    monkeypatch.setattr(rewind_module, "InterpolationSweep", never)
+    copy = tmp_path / "out"
+    shutil.copytree(run.out, copy)
+    before = (copy / "forgetwatch" / "rewind.json").read_bytes()
+    capsys.readouterr()
+    assert cli(["rewind", str(copy), "--data", str(task_file(tmp_path)), "--force", "--no-save",
+                "--heldout", str(copy / "forgetwatch" / "probes.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "every one is a monitored probe" in err and "Traceback" not in err
+    assert (copy / "forgetwatch" / "rewind.json").read_bytes() == before and (copy / "rewound").is_dir()

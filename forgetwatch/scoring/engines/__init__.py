@@ -34,7 +34,7 @@ from ...options import default
 from ..requests import Answer, Continuations, GenerateRequest, LoglikRequest, NextTokenRequest
 
 __all__ = ["ENGINES", "Engine", "EngineSpec", "HFEngine", "ContinuousBatchingEngine", "ScriptedModel", "engine_spec",
-           "make_engine", "open_checkpoint", "scripted_tokenizer"]
+           "engine_unavailable", "make_engine", "open_checkpoint", "scripted_tokenizer"]
 
 # torch loads with the engines, on first use: this registry is read by plain modules (`ScoringConfig.key`, the options)
 __getattr__, __dir__ = lazy(__name__, globals(), {"HFEngine": ".hf", "ContinuousBatchingEngine": ".continuous",
@@ -55,6 +55,8 @@ class EngineSpec:
             process (engines that load directories); None: a checkpoint is loaded with transformers and scored live.
         reloads_weights: a later checkpoint of the same model is loaded into the running engine, not started anew.
         autocast: it can score under the trainer's autocast (else the weights run in their own dtype).
+        unavailable: `"module:name"`: a function that says why the engine cannot run here (its library missing), or
+            None when it can; asked before anything is changed (`engine_unavailable`).
     """
 
     factory: str
@@ -63,13 +65,14 @@ class EngineSpec:
     checkpoint: str | None = None
     reloads_weights: bool = False
     autocast: bool = True
+    unavailable: str | None = None
 
 
 ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec(".hf:HFEngine"),
     "continuous": EngineSpec(".continuous:ContinuousBatchingEngine"),
     "vllm": EngineSpec(".vllm:engine_for_model", live_model=False, runtime="vllm", checkpoint=".vllm:engine_for_checkpoint",
-                       reloads_weights=True, autocast=False),
+                       reloads_weights=True, autocast=False, unavailable=".vllm:vllm_unavailable"),
 }
 
 
@@ -78,6 +81,13 @@ def engine_spec(name: str) -> EngineSpec:
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}: use one of {', '.join(repr(n) for n in ENGINES)}")
     return ENGINES[name]
+
+
+def engine_unavailable(name: str) -> str | None:
+    """Why the engine `name` cannot run here (with what to do), or None when it can: asked by the commands that would
+    otherwise change a record or a file before finding out (`watch --rescore`, rewind)."""
+    spec = engine_spec(name)
+    return _load(spec.unavailable)() if spec.unavailable else None
 
 
 def _load(target: str) -> Any:
