@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 from .docs import docs_hint, results_url
 from .errors import EngineUnavailableError
 
-__all__ = ["ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "add_flag", "describe", "format_options", "options",
-           "options_from_kwargs", "options_from_record", "options_markdown"]
+__all__ = ["COUNTS", "ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "add_flag", "count", "describe", "format_options",
+           "options", "options_from_kwargs", "options_from_record", "options_markdown"]
 
 PREFIX = "forgetwatch_"
 
@@ -281,6 +281,32 @@ class ForgetWatchArguments:
         return {o.short: getattr(self, o.name) for o in options() if o.group != REMEDIES}
 
 
+# Options whose value is a count: a whole number of at least 1 (or null, where the option takes null).
+COUNTS = ("forgetwatch_eval_steps", "forgetwatch_per_suite", "forgetwatch_max_new_tokens",
+          "forgetwatch_behavior_max_new_tokens", "forgetwatch_batch_size", "forgetwatch_robust_per_suite")
+
+
+def count(text: str) -> int:
+    """A count on the command line: a whole number of at least 1 (argparse names the flag with the message).
+
+    Example:
+        >>> count("4")
+        4
+        >>> count("0")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: 0: must be a whole number of at least 1
+    """
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number of at least 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: must be a whole number of at least 1")
+    return n
+
+
 # Values earlier versions wrote for an option, read as today's (records, checkpoints and YAML stay valid).
 LEGACY_VALUES: dict[str, dict[Any, Any]] = {"forgetwatch_robustness": {None: 0}}  # off was None before it was 0
 
@@ -320,6 +346,12 @@ def _check_values(args: ForgetWatchArguments) -> None:
     every = args.forgetwatch_eval_steps
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"`eval_steps` must be a positive integer, got {every!r}")
+    for name in COUNTS:
+        value = getattr(args, name)
+        if value is None and "None" in describe(name).type:  # null has its meaning (`per_suite`: all)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name.removeprefix(PREFIX)}` must be a whole number of at least 1, got {value!r}")
     share = args.forgetwatch_max_share
     if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
         raise ValueError(f"`max_share` must be a number between 0 and 1 (the share of train() probing may take, e.g. "
@@ -501,7 +533,7 @@ def add_flag(parser: Any, name: str, *, default: Any = _UNSET, note: str = "", *
     if base == "bool":
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
-        kwargs["type"] = kinds[base]
+        kwargs["type"] = count if o.name in COUNTS else kinds[base]
         if o.choices is not None:
             kwargs["choices"] = o.choices
     kwargs.update(overrides)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..measures.noise import NoiseFloor
 from ..measures.robustness import variant_outcomes
+from ..options import count
 from ..probes.probe_set import ProbeSet
 from ..probes.suites import is_probe_file, load_probes
 from ..record.cache import BaseCache, CacheMismatchError, make_cache_key
@@ -62,9 +63,9 @@ def add_base_outputs(sub) -> None:
         "--exclude-seed", type=int, default=0, help="with suite names in --exclude: the run's forgetwatch_seed (default 0)"
     )
     bo.add_argument("-o", "--output", required=True, help="the file to write (.parquet); an existing one is never overwritten")
-    bo.add_argument("--max-length", type=int, default=None, help="the trainer's max_length: longer prompts are refused")
-    bo.add_argument("--max-new-tokens", type=int, default=128, help="generation budget of generated answers (default 128)")
-    bo.add_argument("--top-k", type=int, default=20, help="log-probabilities kept per answer token (default 20)")
+    bo.add_argument("--max-length", type=count, default=None, help="the trainer's max_length: longer prompts are refused")
+    bo.add_argument("--max-new-tokens", type=count, default=128, help="generation budget of generated answers (default 128)")
+    bo.add_argument("--top-k", type=count, default=20, help="log-probabilities kept per answer token (default 20)")
     bo.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     bo.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
     bo.set_defaults(func=cmd_base_outputs)

@@ -12,7 +12,7 @@ from .._io import strict_json
 from ..commands import quote
 from ..docs import docs_hint
 from ..measures.budgets import Budget, parse_budget
-from ..options import add_flag
+from ..options import add_flag, count
 from ..probes.suites import load_probes
 from ..remedies.alpha import front_points, pick_alpha
 from ..remedies.sweep import (
@@ -55,12 +55,12 @@ def add_interpolate(sub) -> None:
                                                       "nats per answer token; lower is better)")
     ip.add_argument("--task-split", default="test", help="with a dataset in --task-data: its split (default test)")
     ip.add_argument(
-        "--task-max-examples", type=int, default=200, help="with --task-data: at most this many examples (default 200)"
+        "--task-max-examples", type=count, default=200, help="with --task-data: at most this many examples (default 200)"
     )
-    ip.add_argument("--task-max-length", type=int, default=1024,
+    ip.add_argument("--task-max-length", type=count, default=1024,
                     help="with --task-data: examples cut at this many tokens, as training cut them (default 1024)")
     ip.add_argument("--task-probes", default=None, help="task measure: accuracy on this probe set of the task (e.g. gsm8k)")
-    ip.add_argument("--task-per-suite", type=int, default=None, help="with suite names in --task-probes: probes per suite")
+    ip.add_argument("--task-per-suite", type=count, default=None, help="with suite names in --task-probes: probes per suite")
     add_flag(ip, "budget", note=" The best α within it is chosen.")
     add_flag(ip, "budget_bound")
     ip.add_argument("--json", action="store_true", help="print every α's figures as JSON")

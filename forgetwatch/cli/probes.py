@@ -6,6 +6,7 @@ import argparse
 import json
 from collections import Counter
 
+from ..options import count
 from ..probes.probe_set import ProbeSet
 from ..probes.suites import from_suites, list_suites
 from .common import check_output, exists_error, follow_link
@@ -18,14 +19,14 @@ def add_probes(sub) -> None:
     probes = probes_parser.add_subparsers(title="probes commands", metavar="COMMAND")
     b = probes.add_parser("build", help="build a probe set from built-in suites")
     b.add_argument("suites", nargs="+", help="suite names (see `forgetwatch probes suites`)")
-    b.add_argument("--per-suite", type=int, default=None, help="probes per suite, stratified by category (default: all)")
+    b.add_argument("--per-suite", type=count, default=None, help="probes per suite, stratified by category (default: all)")
     b.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
     b.add_argument("-o", "--output", required=True, help="the .jsonl file to write; an existing file is kept unless --force")
     b.add_argument("--force", action="store_true", help="replace the -o file if it exists")
     b.set_defaults(func=cmd_probes_build)
     s = probes.add_parser("show", help="summarise a probe file and print a few probes")
     s.add_argument("path", help="a probe JSONL file")
-    s.add_argument("-n", type=int, default=3, help="probes to print (default 3)")
+    s.add_argument("-n", type=count, default=3, help="probes to print (default 3)")
     s.set_defaults(func=cmd_probes_show)
     ls = probes.add_parser("suites", help="list the built-in suites")
     ls.set_defaults(func=cmd_probes_suites)

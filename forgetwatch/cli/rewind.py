@@ -9,7 +9,7 @@ import sys
 from .._io import strict_json
 from ..docs import docs_hint
 from ..measures.drift import RiskRule
-from ..options import add_flag, describe
+from ..options import add_flag, count, describe
 from ..remedies.rewind import rewind
 from ..remedies.sweep import format_interpolation
 
@@ -34,8 +34,8 @@ def add_rewind(sub) -> None:
     rp.add_argument("--alphas", default=describe("rewind_alphas").default, help=describe("rewind_alphas").help)
     rp.add_argument("--data", default=None, help="the task loss on this JSONL of held-out examples (text, messages, or "
                                                  "prompt + completion; nats per answer token)")
-    rp.add_argument("--data-max-examples", type=int, default=200, help="with --data: at most this many examples (default 200)")
-    rp.add_argument("--data-max-length", type=int, default=1024,
+    rp.add_argument("--data-max-examples", type=count, default=200, help="with --data: at most this many examples (default 200)")
+    rp.add_argument("--data-max-length", type=count, default=1024,
                     help="with --data: examples cut at this many tokens, as training cut them (default 1024)")
     rp.add_argument("--heldout", default=None, help=describe("rewind_heldout").help)
     add_flag(rp, "budget", default=None, note=" Default: the run's (its record's budget.json).")

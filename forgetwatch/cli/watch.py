@@ -32,7 +32,7 @@ def add_watch(sub) -> None:
                    help="comma-separated: wandb, tensorboard, trackio, none (default: the trainer's report_to)")
     w.add_argument("--into-trainer-run", action="store_true",
                    help="after training has ended, log into the trainer's own W&B run instead of a run beside it")
-    w.add_argument("--rescore", type=int, default=None, metavar="STEP",
+    w.add_argument("--rescore", type=training_step, default=None, metavar="STEP",
                    help="score this step again from its checkpoint (its evaluation file damaged): its files in the record "
                         "are set aside under forgetwatch/superseded/ (never deleted) and checkpoint-STEP is scored into "
                         "the record in step order; implies --once; refused, touching nothing, without checkpoint-STEP")
@@ -56,6 +56,20 @@ def cmd_report(args: argparse.Namespace) -> int:
               "says which): its figures end before training did", file=sys.stderr)
         return 1
     return 0
+
+
+def training_step(text: str) -> int:
+    """--rescore's STEP: a training step (1 or more); 0 is the base's evaluation, which is never scored again."""
+    try:
+        step = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a step is a whole number (an evaluation step of the record)") from None
+    if step == 0:
+        raise argparse.ArgumentTypeError("0 is the base's evaluation (the base cache), which is never scored again: give "
+                                          "a training step the record evaluated")
+    if step < 0:
+        raise argparse.ArgumentTypeError(f"{step}: a step is a whole number of at least 1 (an evaluation step of the record)")
+    return step
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

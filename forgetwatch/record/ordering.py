@@ -140,6 +140,7 @@ def repair(monitor: Monitor) -> int | None:
     if len(set(steps)) < len(steps) or (pending is None and not misplaced):
         return None
     start = min([s for s in (pending, min(misplaced, default=None)) if s is not None])
+    rescored = pending is not None and record.reordering_reason() == "rescore"
     record.begin_reordering(start)
     h = walk(monitor, start)
     record.rewrite_steps("flips.jsonl", h.redone, h.flips)
@@ -149,6 +150,11 @@ def repair(monitor: Monitor) -> int | None:
         for name in _LINES[1:] + _LINES[:1]:
             record.rewrite_steps(name, set(), [])
     record.end_reordering()
+    if rescored and not misplaced:  # asked for (`watch --rescore`): said plainly, not as the trace of a kill
+        logger.info("forgetwatch: %s: step %d was set aside to be scored again; the flips%s after it are recomputed "
+                    "against the step before it until it is", record.root, pending,
+                    " and budget events" if monitor.budget is not None else "")
+        return start
     logger.warning("forgetwatch: %s %s; the flips%s from step %d on are recomputed in step order from the evaluations' "
                    "files", record.root, "held steps scored out of order" if misplaced else
                    "was left in the middle of inserting a step scored late (a kill?)",

@@ -153,19 +153,26 @@ class RunRecord(Recovery):
         """metrics.jsonl in step order (a record an earlier forgetwatch wrote with a step scored late)."""
         self.rewrite_steps("metrics.jsonl", set(), [])
 
-    def begin_reordering(self, step: int) -> None:
+    def begin_reordering(self, step: int, reason: str = "late") -> None:
         """Say, before the first write, that the rows derived from the order (flips, budget events) are recomputed from
         `step` on: a writer killed before it is done leaves this file, and the next one recomputes them
-        (`forgetwatch.record.ordering.repair`)."""
+        (`forgetwatch.record.ordering.repair`). `reason`: "late" (a step scored late is inserted) or "rescore" (a step
+        set aside to be scored again), for what the next writer says."""
         pending = self.reordering()
+        reason = reason if pending is None else self.reordering_reason()
         with atomic_write(self.root / REORDERING) as f:
-            f.write(json.dumps({"from_step": step if pending is None else min(step, pending)}) + "\n")
+            f.write(json.dumps({"from_step": step if pending is None else min(step, pending), "reason": reason}) + "\n")
 
     def reordering(self) -> int | None:
         """The step from which a reordering left unfinished recomputes, or None."""
         state = read_json_file(self.root / REORDERING) if (self.root / REORDERING).is_file() else None
         step = (state or {}).get("from_step")
         return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+    def reordering_reason(self) -> str:
+        """Why the reordering under way began: "late" or "rescore" (`begin_reordering`)."""
+        state = read_json_file(self.root / REORDERING) if (self.root / REORDERING).is_file() else None
+        return "rescore" if (state or {}).get("reason") == "rescore" else "late"
 
     def end_reordering(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -178,7 +185,7 @@ class RunRecord(Recovery):
         on disk: a kill part way leaves the step unfinished, and `recover` sets the rest aside. Returns the folder."""
         aside = new_folder(self.root / SUPERSEDED / f"rescore-step-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
         aside.mkdir(parents=True)
-        self.begin_reordering(step)  # the step after it has its flips against it: recomputed against the one before
+        self.begin_reordering(step, "rescore")  # the step after it has its flips against it: recomputed against the one before
         names = sorted((n for n in EVAL_LINES if (self.root / n).is_file()), key=lambda n: n != "metrics.jsonl")
         for name in names:
             rows = [r for r in read_lines(self.root / name) if r.get("step") == step]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import pid_alive, read_json_or_none
+from ..commands import quote
 from ..errors import EngineUnavailableError, ForgetWatchError, SidecarError
 from ..measures.budgets import Budget, parse_budget
 from ..measures.drift import RiskRule
@@ -96,6 +97,11 @@ class Watcher:
             raise SidecarError(f"{self.output_dir}: no forgetwatch sidecar manifest ({path}); {start}")
         self.manifest = read_manifest(record_dir)
         self._rescore: int | None = None
+        if rescore is not None and rescore not in (steps := RunRecord(record_dir).committed_steps()):
+            raise SidecarError(f"--rescore {rescore}: the record has no evaluation at step {rescore} (its evaluations: "
+                               f"{', '.join(map(str, steps)) or 'none'}), so there is nothing to score again; nothing was "
+                               f"touched. `forgetwatch watch {quote(str(self.output_dir))}` scores the checkpoints the "
+                               "record lacks")
         if rescore is not None and not (self.output_dir / f"checkpoint-{rescore}").is_dir():
             raise SidecarError(
                 f"--rescore {rescore}: {self.output_dir / f'checkpoint-{rescore}'} is not there, so step {rescore} cannot be "

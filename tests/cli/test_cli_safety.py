@@ -384,3 +384,34 @@ def test_compare_says_in_a_note_when_it_counts_acc_norm(capsys, tmp_path):
     assert any(n.startswith("fw_mc: counted acc_norm") for n in json.loads(out)["notes"])
     code, out, _ = run(capsys, "compare", before, after, "--metric", "acc_norm")  # asked for: no note
     assert "counted acc_norm (length-normalised)" not in out
+
+
+# -- numbers mean one thing ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["rewind", "OUT", "--data-max-examples", "-1"],  # computed the task loss on 1 example
+    ["rewind", "OUT", "--data-max-examples", "0"],  # meant "all rows" here, "the default" for --batch-size
+    ["rewind", "OUT", "--data-max-length", "0"],
+    ["rewind", "OUT", "--batch-size", "0"],
+    ["watch", "OUT", "--batch-size", "0"],
+    ["watch", "OUT", "--rescore", "4", "--batch-size", "-3"],  # blamed sidecar.json
+    ["interpolate", "--model", "M", "--probes", "P", "--base", "B", "--task-max-examples", "-1"],
+    ["cache", "--model", "M", "--probes", "P", "--per-suite", "0"],
+    ["probes", "build", "arc_easy", "--per-suite", "0", "-o", "p.jsonl"],  # said "`n` must be positive"
+])
+def test_a_count_below_one_is_refused_by_its_flag_before_anything_runs(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    flag = next(a for a in reversed(argv) if a.startswith("--"))
+    assert f"argument {flag}: " in err and "must be a whole number of at least 1" in err, err
+
+
+@pytest.mark.parametrize("name", ["batch_size", "per_suite", "max_new_tokens", "behavior_max_new_tokens",
+                                  "robust_per_suite", "eval_steps"])
+def test_the_options_refuse_a_count_below_one_as_their_flags_do(name):
+    from forgetwatch.options import options_from_kwargs
+
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"`{name}` must be a"):
+            options_from_kwargs(**{name: bad})

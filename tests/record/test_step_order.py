@@ -295,3 +295,44 @@ def test_rescore_with_an_engine_that_cannot_autocast_is_refused_before_the_step_
     err = capsys.readouterr().err
     assert "cannot autocast" in err and "Traceback" not in err
     assert {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize(("step", "said"), [
+    ("3", "the record has no evaluation at step 3 (its evaluations: 0, 2, 4, 6)"),  # a checkpoint-3 exists
+    ("0", "0 is the base's evaluation (the base cache), which is never scored again"),
+    ("-1", "-1: a step is a whole number of at least 1"),
+    ("x", "'x': a step is a whole number"),
+])
+def test_rescore_of_a_step_that_is_no_training_evaluation_is_refused_by_what_it_is(step, said, watched, tmp_path, capsys):
+    """`--rescore 3` used to say "the record keeps step 3 as it is", `-1` to look for `checkpoint--1`, and `0` to advise
+    moving the base evaluation's file away."""
+    pristine, _, _ = watched
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    assert Watcher(out, device="cpu").run(once=True) == 3
+    shutil.copytree(out / "checkpoint-2", out / "checkpoint-3")  # a checkpoint the trainer saved off the eval grid
+    rec = RunRecord(out / "forgetwatch")
+    before = {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    try:
+        code = cli(["watch", str(out), "--rescore", step, "--device", "cpu"])
+    except SystemExit as e:  # argparse's refusal of the value itself
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and "checkpoint--1" not in err, err
+    assert {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()} == before
+
+
+def test_a_rescore_asked_for_is_not_reported_as_a_kill(watched, tmp_path, capsys, caplog):
+    """A valid `--rescore 4` used to warn that the record "was left in the middle of inserting a step scored late
+    (a kill?)": the marker it writes itself was read as a crash's."""
+    pristine, reference, _ = watched
+    out = tmp_path / "run"
+    shutil.copytree(pristine, out)
+    assert Watcher(out, device="cpu").run(once=True) == 3
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="forgetwatch"):
+        assert cli(["watch", str(out), "--rescore", "4", "--device", "cpu"]) == 0
+    assert "a kill?" not in caplog.text and "step 4 was set aside to be scored again" in caplog.text
+    assert_same_record(reference, record_state(RunRecord(out / "forgetwatch").root, out), "after --rescore 4")
