@@ -33,7 +33,15 @@ def resolve_model(model_args, training_args) -> str:
 def data_and_callbacks(script_args, training_args, fw_args, stage: str, model_path: str | None = None) -> tuple[Any, list, Any]:
     """The training set, without any row that asks a probe's question (with replay mixed in when asked), the callbacks
     (the monitor when probes are set, the 1→0 penalty), and the `forgetwatch.remedies.Remedies` the options ask for
-    (`remedies.attach(trainer)` adds the KL anchor's or the penalty's term to the trainer's loss)."""
+    (`remedies.attach(trainer)` adds the KL anchor's or the penalty's term to the trainer's loss). A refusal here, before
+    any step (a probe file, a remedy the stage cannot take), ends the recipe with one line, no traceback."""
+    try:
+        return _data_and_callbacks(script_args, training_args, fw_args, stage, model_path)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def _data_and_callbacks(script_args, training_args, fw_args, stage: str, model_path: str | None) -> tuple[Any, list, Any]:
     check_remedies(fw_args, stage)  # before anything is loaded
     # Built first: it loads the probes, which the training data must not contain.
     callbacks = [ForgetWatchCallback.from_args(fw_args)] if fw_args.forgetwatch_probes else []
@@ -81,8 +89,10 @@ def parse(parser, argv: list[str] | None = None) -> tuple:
     first would be dropped), so the recipe stops, naming the file, the key and both lines."""
     import sys
 
+    import yaml
+
     from forgetwatch.errors import ConfigKeyError
-    from forgetwatch.integrations.config import refuse_duplicate_keys
+    from forgetwatch.integrations.config import check_keys, refuse_duplicate_keys, yaml_key_lines
 
     args = sys.argv[1:] if argv is None else argv
     for i, a in enumerate(args):
@@ -95,6 +105,12 @@ def parse(parser, argv: list[str] | None = None) -> tuple:
         if Path(path).is_file():
             try:
                 refuse_duplicate_keys(path)
+                config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+                if isinstance(config, dict):  # a misspelt forgetwatch key: named with the closest one
+                    check_keys(config, source=path, lines=yaml_key_lines(path))
             except ConfigKeyError as e:
                 raise SystemExit(f"error: {e}") from None
-    return parser.parse_args_and_config(args) if argv is not None else parser.parse_args_and_config()
+    try:  # a value an option refuses (`forgetwatch_max_share: 0`), a key no dataclass takes: one line, no traceback
+        return parser.parse_args_and_config(args) if argv is not None else parser.parse_args_and_config()
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -393,3 +393,22 @@ def test_the_penalty_and_the_anchor_are_one_at_a_time(tmp_path):
                        "--output_dir", str(tmp_path), "--forgetwatch_penalty_beta", "1.0", "--forgetwatch_anchor_beta",
                        "1.0", cwd=ROOT, env={"WANDB_MODE": "disabled"})
     assert proc.returncode != 0 and "one term at a time" in proc.stderr
+
+
+@pytest.mark.parametrize(("line", "argv", "said"), [
+    ("forgetwatch_max_shar: 0.1", [], "line 7: unknown key 'forgetwatch_max_shar': did you mean 'forgetwatch_max_share'?"),
+    ("forgetwatch_max_share: 0", [], "`max_share` must be a number between 0 and 1"),
+    (None, ["--forgetwatch_probes", "no_such_suite"], "no_such_suite"),  # refused as the recipe sets up, before a step
+])
+def test_a_recipe_refuses_a_bad_forgetwatch_key_in_one_line_without_a_traceback(line, argv, said, tmp_path):
+    """Each of these used to end the recipe with a Python traceback (the misspelt key without "did you mean")."""
+    config = tmp_path / "config.yaml"
+    lines = (ROOT / "recipes/SmolLM2-135M-Instruct/sft/config_demo.yaml").read_text().splitlines()
+    if line is not None:
+        lines.insert(6, line)
+    config.write_text("\n".join(lines) + "\n")
+    proc = run_as_main(ROOT / "recipes/sft.py", "--config", str(config), "--output_dir", str(tmp_path / "out"), *argv,
+                       cwd=ROOT, env={"WANDB_MODE": "disabled"})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert said in proc.stderr.splitlines()[-1], proc.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was made

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 
 from ..probes.probe_set import ProbeFormatError
 from ..versions import __version__
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (ProbeFormatError, ValueError, OSError, ImportError) as e:  # OSError: also a Hub id that cannot be fetched
+        if args.verbose:  # -v: the traceback too, for a bug report
+            traceback.print_exc()
         print(f"forgetwatch: error: {e}", file=sys.stderr)
         return 2
 

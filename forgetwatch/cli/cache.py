@@ -19,6 +19,7 @@ from ..scoring.models import check_model_path, load_model, local_model_path, mod
 from ..scoring.weights import weights_fingerprint
 from .common import (
     check_output,
+    device,
     first_ids,
     follow_link,
     model_args,
@@ -67,7 +68,7 @@ def add_base_outputs(sub) -> None:
     bo.add_argument("--max-new-tokens", type=count, default=128, help="generation budget of generated answers (default 128)")
     bo.add_argument("--top-k", type=count, default=20, help="log-probabilities kept per answer token (default 20)")
     bo.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    bo.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    bo.add_argument("--device", type=device, default=None, help="cuda, cpu, ... (default: cuda when available)")
     bo.set_defaults(func=cmd_base_outputs)
 
 

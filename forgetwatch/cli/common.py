@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,29 @@ _IN_KEY = ("mcq_mode", "chat_template", "cot", "short_mode", "short_match", "max
 _NONE_MEANS_AUTO = ("chat_template", "short_mode", "max_new_tokens")  # None is a value of theirs, not "unset"
 
 
+# torch's device types (`torch.device` names them): a device string is checked before torch is imported or a model loaded
+_DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|npu|hpu|mlu|meta|xla|ipu|mtia|maia|privateuseone)(:\d+)?$")
+
+
+def device(text: str) -> str:
+    """A `--device` value: a torch device type, with an index or not (`cpu`, `cuda`, `cuda:1`, `mps`, ...).
+
+    Example:
+        >>> device("cuda:1")
+        'cuda:1'
+    """
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu, cuda, cuda:1, mps, xpu, ...")
+    return text
+
+
 def model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument(
         "--model", required=required, help="a local model directory, a Hub id, or `smollm2` (the offline SmolLM2-135M-Instruct)"
     )
     p.add_argument("--probes", required=required, help="a probe JSONL file, or comma-separated suite names")
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
-    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--device", type=device, default=None, help="cuda, cpu, ... (default: cuda when available)")
 
 
 def scoring_args(p: argparse.ArgumentParser, defaults: bool, robustness: bool = True) -> None:

@@ -23,6 +23,7 @@ from ..remedies.sweep import (
 )
 from .common import (
     check_output,
+    device,
     exists_error,
     follow_link,
     read_base,
@@ -71,7 +72,7 @@ def add_interpolate(sub) -> None:
     ip.add_argument("--allow-other-model", action="store_true",
                     help="the checkpoint's architecture differs from the base cache's model: compare anyway")
     ip.add_argument("--revision", default=None, help=argparse.SUPPRESS)
-    ip.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    ip.add_argument("--device", type=device, default=None, help="cuda, cpu, ... (default: cuda when available)")
     scoring_args(ip, defaults=False, robustness=False)  # it scores no variants: --robustness would be ignored
     ip.set_defaults(func=cmd_interpolate)
 

@@ -12,6 +12,7 @@ from ..measures.drift import RiskRule
 from ..options import add_flag, count, describe
 from ..remedies.rewind import rewind
 from ..remedies.sweep import format_interpolation
+from .common import device
 
 
 def add_rewind(sub) -> None:
@@ -44,7 +45,7 @@ def add_rewind(sub) -> None:
     add_flag(rp, "at_risk_margin", default=None, note=" Only the α = 1 check's at-risk count reads it: the run's "
              "(default: a sidecar run's, else the option's default).")
     add_flag(rp, "at_risk_drop", default=None, note=" As the run's.")
-    rp.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    rp.add_argument("--device", type=device, default=None, help="cuda, cpu, ... (default: cuda when available)")
     rp.add_argument("--no-save", action="store_true", help="score and pick only: no OUTPUT_DIR/rewound/ (refused while one "
                     "exists, which rewind.json would no longer describe, unless --force)")
     rp.add_argument("--force", action="store_true", help="replace an existing OUTPUT_DIR/rewound/ (with --no-save: remove it "

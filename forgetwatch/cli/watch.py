@@ -10,6 +10,7 @@ from ..options import add_flag
 from ..record.store import load_record
 from ..report.render import incomplete, make_report, summarize_run
 from ..run.watcher import SidecarError, Watcher
+from .common import device
 
 
 def add_report(sub) -> None:
@@ -25,7 +26,7 @@ def add_watch(sub) -> None:
     w = sub.add_parser("watch", help="score a training run's checkpoints beside it (the callback with scoring='sidecar')")
     w.add_argument("output_dir", help="the trainer's output_dir")
     w.add_argument("--once", action="store_true", help="score the checkpoints already there, then exit")
-    w.add_argument("--device", default=None, help="where to score: cuda:1, cpu, ... (default: cuda when available)")
+    w.add_argument("--device", type=device, default=None, help="where to score: cuda:1, cpu, ... (default: cuda when available)")
     w.add_argument("--poll", type=float, default=10.0, help="seconds between looks for new checkpoints (default 10)")
     w.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (default: when training ends)")
     w.add_argument("--report-to", default=None,

@@ -411,7 +411,25 @@ def read_rewind(output_dir: str | os.PathLike) -> RewindResult | None:
     path = decision_path(root / REWIND_FILE if root.name == "forgetwatch" else root / "forgetwatch" / REWIND_FILE)
     if path is None:
         return None
-    return RewindResult(read_json(path, "forgetwatch's rewind file", InterpolationError), path)
+    data = read_json(path, "forgetwatch's rewind file", InterpolationError)
+    if problem := _rewind_problem(data):
+        raise InterpolationError(f"{path}: {problem}; `forgetwatch rewind` writes this file whole, so it was changed "
+                                 "since: run the rewind again (with --force) to write it anew")
+    return RewindResult(data, path)
+
+
+def _rewind_problem(data: dict[str, Any]) -> str | None:
+    """What makes a rewind.json one forgetwatch could not have written (what its readers would stop on), or None."""
+    front, pick = data.get("front"), data.get("pick")
+    if not isinstance(front, list) or not front or not all(isinstance(p, dict) and is_finite(p.get("alpha"))
+                                                           for p in front):
+        return "field `front` must be a list of points, each with its `alpha`"
+    alphas = {p["alpha"] for p in front}
+    if not isinstance(pick, dict) or pick.get("alpha") not in alphas:
+        return f"field `pick.alpha` must be one of the front's alphas ({', '.join(f'{a:g}' for a in sorted(alphas))})"
+    if 1.0 not in alphas:
+        return "field `front` must hold α = 1 (the checkpoint itself)"
+    return None
 
 
 def _steps(result: RewindResult) -> tuple[list[dict[str, Any]], str | None]:

@@ -115,6 +115,7 @@ class InterpolationSweep:
                  task_max_length: int = 1024, task_source: str | None = None, budget: Budget | None = None,
                  task_loss: Callable[[Any], float] | None = None, risk_rule: Any = None, allow_other_model: bool = False):
         from ..scoring.models import model_identity
+        from ..scoring.weights import check_weight_files
         from .interpolate import InterpolationError, setting_differences
 
         if sum(x is not None for x in (task_rows, task_probes, task_loss)) > 1:
@@ -127,6 +128,8 @@ class InterpolationSweep:
         self.task_loss, self.risk_rule = task_loss, risk_rule
         self.task_kind = "accuracy" if task_probes is not None else "loss" if task_rows is not None or task_loss else None
         self.dtype = dtype
+        for directory, what in ((model, "the checkpoint"), (base_dir, "the base model")):  # before anything is loaded
+            check_weight_files(directory, what, InterpolationError)
         engine = getattr(config, "engine", "hf")
         if autocast and not engine_spec(engine).autocast:
             raise EngineUnavailableError(f"engine={engine!r} runs the weights in their own dtype and cannot autocast: "

@@ -26,12 +26,15 @@ The record is read by `load.py`, the plots drawn by `plots.py`, the page written
 
 from __future__ import annotations
 
+import html
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
 from .._io import atomic_write
+from ..errors import InterpolationError
 from ..record.segments import describe_segments
 from ..remedies.rewind import read_rewind, rewind_section
 from ..run.console import format_evaluation, headline_categories, worst_categories
@@ -66,6 +69,8 @@ from .plots import (
 )
 
 __all__ = ["make_report", "summarize_run"]
+
+logger = logging.getLogger(__name__)
 
 
 def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, max_rows: int = MAX_ROWS) -> Path:
@@ -134,7 +139,12 @@ def make_report(output_dir: str | os.PathLike, out_dir: str | os.PathLike | None
     page = page.replace("<!--drift-->", drift_section(record, rows, max_rows))
     robust = robust_section(record, probes, rows, max_rows)
     page = page.replace("<!--robustness-->", "\n\n" + robust if robust else "")
-    page = page.replace("<!--rewind-->", rewind_section(record.root, out))  # `forgetwatch rewind`'s front, when run
+    try:
+        section = rewind_section(record.root, out)
+    except InterpolationError as e:  # a damaged rewind.json: said on the page, the rest of the report stands
+        logger.warning("forgetwatch report: the rewind is left out: %s", e)
+        section = f'<p class="note">The rewind is left out: {html.escape(str(e))}</p>'
+    page = page.replace("<!--rewind-->", section)  # `forgetwatch rewind`'s front, when run
     path = out / "report.html"
     with atomic_write(path) as f:
         f.write(page)
@@ -193,7 +203,11 @@ def summarize_run(output_dir: str | os.PathLike, worst: int = 3) -> str:
     if problems:
         lines.append(f"record problems: {len(problems)} (the page lists them)")
     lines[1:1] = [f"record incomplete: {text}" for text in incomplete(record)]  # under the run's line: it qualifies it
-    rewound = read_rewind(record.root)
+    try:
+        rewound = read_rewind(record.root)
+    except InterpolationError as e:  # a damaged rewind.json: the summary says so, the rest of the run stands
+        lines.append(f"rewind: unreadable ({e})")
+        rewound = None
     if rewound is not None:  # the run was rewound (forgetwatch_rewind, `forgetwatch rewind`): its line closes the summary
         lines.append(rewound.line())
     return "\n".join(lines)

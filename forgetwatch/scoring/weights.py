@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["weights_fingerprint", "compare_weights"]
+__all__ = ["check_weight_files", "compare_weights", "weights_fingerprint"]
 
 SAMPLES = 256  # blocks read per file: a re-save that changed 1% of the bytes escapes all of them with p = 0.99**256 = 8%
 BLOCK = 4096
@@ -91,3 +91,27 @@ def compare_weights(cached: Any, now: Any, where: str = "") -> tuple[str | None,
                       "again): the cache is used (the sample reads about 1 MiB per file; a cache made with "
                       "`forgetwatch cache --hash-weights` is compared on every byte)")
     return None, None
+
+
+def check_weight_files(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> None:
+    """Refuse a model directory whose safetensors files are damaged (cut short by a full disk or a killed save, or not
+    safetensors at all), naming the file, before anything is loaded or written: each file's header is read and checked
+    against its size (no tensor is read).
+
+    Example:
+        >>> check_weight_files("outputs/run/checkpoint-30", "the checkpoint")  # doctest: +SKIP
+        Traceback (most recent call last):
+        ValueError: the checkpoint outputs/run/checkpoint-30/model.safetensors: a damaged safetensors file (...)
+    """
+    directory = Path(path)
+    if not directory.is_dir():
+        return
+    from safetensors import safe_open
+
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except Exception as e:  # safetensors' own SafetensorError, or an OSError reading the file
+            raise error(f"{what} {file}: a damaged safetensors file ({e}); save the model again, or point at an intact "
+                        "copy") from None

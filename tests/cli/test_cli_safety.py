@@ -415,3 +415,21 @@ def test_the_options_refuse_a_count_below_one_as_their_flags_do(name):
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match=f"`{name}` must be a"):
             options_from_kwargs(**{name: bad})
+
+
+@pytest.mark.parametrize("command", [["rewind", "OUT"], ["watch", "OUT"], ["interpolate", "--model", "M", "--probes", "P",
+                                     "--base", "B"], ["cache", "--model", "M", "--probes", "P"]])
+def test_a_device_that_is_none_is_refused_by_its_flag(command, capsys):
+    """`--device nosuch` used to end in torch's RuntimeError, printed as a traceback."""
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--device", "nosuch"])
+    assert e.value.code == 2
+    assert "argument --device: 'nosuch' is not a device: use cpu, cuda, cuda:1" in capsys.readouterr().err
+
+
+def test_verbose_shows_the_traceback_of_a_refusal_and_plain_shows_one_line(capsys, tmp_path):
+    assert main(["report", str(tmp_path / "nothing-here")]) == 2
+    plain = capsys.readouterr().err
+    assert "Traceback" not in plain and plain.count("\n") == 1
+    assert main(["-v", "report", str(tmp_path / "nothing-here")]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err

@@ -529,3 +529,39 @@ def test_heldout_probes_that_are_all_monitored_are_refused_before_any_alpha_is_s
     err = capsys.readouterr().err
     assert "every one is a monitored probe" in err and "Traceback" not in err
     assert (copy / "forgetwatch" / "rewind.json").read_bytes() == before and (copy / "rewound").is_dir()
+
+
+def test_a_damaged_checkpoint_is_named_before_anything_is_scored_or_written(run, tmp_path, capsys):
+    """A model.safetensors cut short (a full disk, a killed save) used to end in safetensors' own error, as a
+    traceback."""
+    copy = tmp_path / "out"
+    shutil.copytree(run.out, copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    before = {p: p.read_bytes() for p in (copy / "forgetwatch").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert cli(["rewind", str(copy), "--data", str(task_file(tmp_path)), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint {weights}: a damaged safetensors file" in err and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in (copy / "forgetwatch").rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("damage", ["alpha not on the front", "an empty front"])
+def test_a_rewind_json_that_forgetwatch_could_not_have_written_leaves_the_report_whole(damage, run, tmp_path, capsys):
+    """Such a file used to stop `report` with StopIteration / IndexError and no page."""
+    copy = tmp_path / "out"
+    shutil.copytree(run.out, copy)
+    shutil.rmtree(copy / "rewound")  # the record's rewind.json alone (no model folder whose decision would stand)
+    path = copy / "forgetwatch" / "rewind.json"
+    data = json.loads(path.read_text())
+    if damage == "an empty front":
+        data["front"] = []
+    else:
+        data["pick"]["alpha"] = 0.333
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli(["report", str(copy)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "rewind: unreadable" in captured.out
+    page = (copy / "forgetwatch" / "report" / "report.html").read_text()
+    assert "The rewind is left out" in page and "field `" in page
