@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 from .docs import docs_hint, results_url
 from .errors import EngineUnavailableError
 
-__all__ = ["COUNTS", "ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "add_flag", "count", "describe", "format_options",
-           "options", "options_from_kwargs", "options_from_record", "options_markdown"]
+__all__ = ["AMOUNTS", "COUNTS", "ForgetWatchArguments", "GROUPS", "Option", "PREFIX", "add_flag", "amount", "count",
+           "describe", "format_options", "options", "options_from_kwargs", "options_from_record", "options_markdown"]
 
 PREFIX = "forgetwatch_"
 
@@ -307,6 +307,31 @@ def count(text: str) -> int:
     return n
 
 
+# Options whose value is an amount: a finite number of at least 0 (or null, where the option takes null).
+AMOUNTS = ("forgetwatch_at_risk_margin", "forgetwatch_at_risk_drop")
+
+
+def amount(text: str) -> float:
+    """An amount on the command line (nats, a share): a finite number of at least 0; NaN and infinity are refused.
+
+    Example:
+        >>> amount("2.5")
+        2.5
+        >>> amount("nan")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: 'nan': must be a finite number of at least 0
+    """
+    import argparse
+
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of at least 0")
+    return x
+
+
 # Values earlier versions wrote for an option, read as today's (records, checkpoints and YAML stay valid).
 LEGACY_VALUES: dict[str, dict[Any, Any]] = {"forgetwatch_robustness": {None: 0}}  # off was None before it was 0
 
@@ -346,6 +371,12 @@ def _check_values(args: ForgetWatchArguments) -> None:
     every = args.forgetwatch_eval_steps
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"`eval_steps` must be a positive integer, got {every!r}")
+    for name in AMOUNTS:
+        value = getattr(args, name)
+        if value is None and "None" in describe(name).type:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"`{name.removeprefix(PREFIX)}` must be a finite number of at least 0, got {value!r}")
     for name in COUNTS:
         value = getattr(args, name)
         if value is None and "None" in describe(name).type:  # null has its meaning (`per_suite`: all)
@@ -533,7 +564,7 @@ def add_flag(parser: Any, name: str, *, default: Any = _UNSET, note: str = "", *
     if base == "bool":
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
-        kwargs["type"] = count if o.name in COUNTS else kinds[base]
+        kwargs["type"] = count if o.name in COUNTS else amount if o.name in AMOUNTS else kinds[base]
         if o.choices is not None:
             kwargs["choices"] = o.choices
     kwargs.update(overrides)

@@ -16,7 +16,9 @@ from typing import Any, NamedTuple
 
 from ..errors import InterpolationError
 
-__all__ = ["RULE", "Pick", "pick_alpha", "pareto", "front_measure", "front_points"]
+__all__ = ["DEFAULT_ALPHAS", "MAX_ALPHAS", "RULE", "Pick", "alpha_grid", "pick_alpha", "pareto", "front_measure", "front_points"]
+
+DEFAULT_ALPHAS = tuple(round(i / 10, 1) for i in range(11))
 
 RULE = ("With a task loss: among the α within the run's forgetting budget (as the budget judges an evaluation: its "
         "bound, its limits; every α when there is no budget), the lowest task loss (ties: the smaller forgetting, then "
@@ -26,6 +28,57 @@ RULE = ("With a task loss: among the α within the run's forgetting budget (as t
         "largest α within the budget, or, when none is, the α that forgets least. Without a task loss and without a "
         "budget there is nothing to pick by: refused. A task accuracy (`forgetwatch interpolate --task-probes`) is read "
         "as a loss with its sign turned: the highest accuracy where the rule says the lowest loss.")
+
+
+MAX_ALPHAS = 101  # each α scores every probe (and the task measure) once: a grid of 0.01 steps is already 101 scorings
+
+
+def alpha_grid(spec: str | Sequence[float] | None, extrapolate: bool = False, *, flag: str = "--alphas",
+               beyond: str | None = "pass --extrapolate to go beyond them") -> list[float]:
+    """The α values to score, sorted: `"0,0.25,0.5,1"`, `"0:1:0.1"` (start:stop:step, both ends included), or the default
+    0, 0.1, …, 1. Outside [0, 1] only with `extrapolate`; at most `MAX_ALPHAS` values. `flag` names the setting in
+    messages (a recipe's `forgetwatch_rewind_alphas`), `beyond` says how to go outside [0, 1] (None: no way).
+
+    Example:
+        >>> alpha_grid("0:1:0.25")
+        [0.0, 0.25, 0.5, 0.75, 1.0]
+        >>> alpha_grid("0.5,1.5")
+        Traceback (most recent call last):
+        forgetwatch.errors.InterpolationError: --alphas: 1.5 is outside [0, 1] (0 is the base, 1 the checkpoint); pass ...
+    """
+    if spec is None:
+        return list(DEFAULT_ALPHAS)
+    if isinstance(spec, str):
+        text = spec.strip()
+        try:
+            if ":" in text:
+                start, stop, step = (float(x) for x in text.split(":"))
+                if not (step > 0 and stop >= start and math.isfinite(start) and math.isfinite(stop)):
+                    raise ValueError
+                n = int(math.floor((stop - start) / step + 1e-9))
+                values = [round(start + i * step, 10) for i in range(n + 1)] if n < MAX_ALPHAS else []
+            else:
+                values = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise InterpolationError(f"{flag} {spec!r}: give numbers separated by commas (0,0.5,1) or start:stop:step "
+                                     "(0:1:0.1)") from None
+        if ":" in text and n >= MAX_ALPHAS:  # counted before any list is made: 0:1:1e-9 would be a billion floats
+            raise InterpolationError(f"{flag} {spec!r}: {n + 1} values of α, and each is a scoring of every probe: at "
+                                     f"most {MAX_ALPHAS} (a larger step)")
+    else:
+        values = [float(x) for x in spec]
+    if not values:
+        raise InterpolationError(f"{flag} {spec!r}: no α to score")
+    if len(set(values)) > MAX_ALPHAS:
+        raise InterpolationError(f"{flag}: {len(set(values))} values of α, and each is a scoring of every probe: at most "
+                                 f"{MAX_ALPHAS}")
+    for a in values:
+        if not math.isfinite(a):
+            raise InterpolationError(f"{flag}: {a} is not a number")
+        if not extrapolate and not 0 <= a <= 1:
+            raise InterpolationError(f"{flag}: {a:g} is outside [0, 1] (0 is the base, 1 the checkpoint)"
+                                     + (f"; {beyond}" if beyond else ""))
+    return sorted(set(values))
 
 
 class Pick(NamedTuple):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 from .._io import read_jsonl
 from ..errors import InterpolationError
+from .alpha import DEFAULT_ALPHAS, MAX_ALPHAS, alpha_grid  # noqa: F401  (re-exported: the CLI and tests import them here)
 
 __all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "held_out_loss", "load_task_data",
            "encode_task_rows", "check_lora_config", "save_interpolated", "save_lora_merged", "setting_differences",
@@ -35,47 +35,6 @@ __all__ = ["Interpolator", "LoraScaler", "InterpolationError", "alpha_grid", "he
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ALPHAS = tuple(round(i / 10, 1) for i in range(11))
-
-
-def alpha_grid(spec: str | Sequence[float] | None, extrapolate: bool = False) -> list[float]:
-    """The α values to score, sorted: `"0,0.25,0.5,1"`, `"0:1:0.1"` (start:stop:step, both ends included), or the default
-    0, 0.1, …, 1. Outside [0, 1] only with `extrapolate`.
-
-    Example:
-        >>> alpha_grid("0:1:0.25")
-        [0.0, 0.25, 0.5, 0.75, 1.0]
-        >>> alpha_grid("0.5,1.5")
-        Traceback (most recent call last):
-        forgetwatch.errors.InterpolationError: --alphas: 1.5 is outside [0, 1] (0 is the base, 1 the checkpoint); pass ...
-    """
-    if spec is None:
-        return list(DEFAULT_ALPHAS)
-    if isinstance(spec, str):
-        text = spec.strip()
-        try:
-            if ":" in text:
-                start, stop, step = (float(x) for x in text.split(":"))
-                if step <= 0 or stop < start:
-                    raise ValueError
-                n = int(math.floor((stop - start) / step + 1e-9))
-                values = [round(start + i * step, 10) for i in range(n + 1)]
-            else:
-                values = [float(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise InterpolationError(f"--alphas {spec!r}: give numbers separated by commas (0,0.5,1) or start:stop:step "
-                                     "(0:1:0.1)") from None
-    else:
-        values = [float(x) for x in spec]
-    if not values:
-        raise InterpolationError(f"--alphas {spec!r}: no α to score")
-    for a in values:
-        if not math.isfinite(a):
-            raise InterpolationError(f"--alphas: {a} is not a number")
-        if not extrapolate and not 0 <= a <= 1:
-            raise InterpolationError(f"--alphas: {a:g} is outside [0, 1] (0 is the base, 1 the checkpoint); pass "
-                                     "--extrapolate to go beyond them")
-    return sorted(set(values))
 
 
 class _Tensors:

@@ -222,6 +222,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
 
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
+    grid = sorted(set(alpha_grid(alphas if alphas is not None else default("rewind_alphas"), beyond=None)) | {1.0})
     record = RunRecord(output_dir / "forgetwatch")
     if not (record.root / "probes.jsonl").is_file():
         raise InterpolationError(f"{output_dir}: no forgetwatch record ({record.root}/probes.jsonl): rewind reads a run "
@@ -230,7 +231,6 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     if not rows:
         raise InterpolationError(f"{record.root}: the record has no evaluation yet; rewind a run whose final evaluation is in it")
     probes = ProbeSet.from_jsonl(record.root / "probes.jsonl")
-    grid = sorted(set(alpha_grid(alphas if alphas is not None else default("rewind_alphas"))) | {1.0})
     if task_data is not None and task_loss is not None:
         raise ValueError("give one task measure: `task_data` (a file of held-out examples) or `task_loss`, not both")
     budget = _record_budget(record.root, probes, budget, budget_bound)

@@ -80,7 +80,7 @@ class RewindCallback(TrainerCallback, ExportableState):
         from ..probes.suites import load_probes
         from .interpolate import alpha_grid, load_task_data
 
-        alpha_grid(alphas)  # refused now, not after training
+        alpha_grid(alphas, flag="forgetwatch_rewind_alphas", beyond=None)  # refused now, not after training
         self.data, self.alphas, self.heldout, self.force, self.console = data, alphas, heldout, force, console
         self.rows = load_task_data(data, max_examples=None) if data is not None else None
         if heldout is not None:

@@ -433,3 +433,30 @@ def test_verbose_shows_the_traceback_of_a_refusal_and_plain_shows_one_line(capsy
     assert "Traceback" not in plain and plain.count("\n") == 1
     assert main(["-v", "report", str(tmp_path / "nothing-here")]) == 2
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_advice_names_a_flag_of_the_command_that_gives_it(capsys):
+    """rewind used to advise --extrapolate (interpolate's flag, which rewind rejects) and a NaN --at-risk-margin was
+    refused as `margin_below` (a name no command takes)."""
+    assert main(["rewind", "OUT", "--alphas=-0.5,1"]) == 2
+    err = capsys.readouterr().err
+    assert "--alphas: -0.5 is outside [0, 1]" in err and "--extrapolate" not in err
+    with pytest.raises(SystemExit):
+        main(["rewind", "OUT", "--at-risk-margin", "nan"])
+    err = capsys.readouterr().err
+    assert "argument --at-risk-margin: 'nan'" in err and "margin_below" not in err
+
+
+def test_a_grid_of_alphas_is_capped_before_anything_is_scored(capsys):
+    from forgetwatch.remedies.interpolate import MAX_ALPHAS
+
+    assert main(["rewind", "OUT", "--alphas", "0:1:1e-9"]) == 2  # a billion scorings (and as many floats in memory)
+    assert f"at most {MAX_ALPHAS}" in capsys.readouterr().err
+
+
+def test_a_recipes_rewind_alphas_are_refused_by_their_key():
+    from forgetwatch.remedies import RewindCallback
+
+    with pytest.raises(ValueError, match=r"forgetwatch_rewind_alphas: 1\.5 is outside \[0, 1\]") as e:
+        RewindCallback(data=None, alphas="0.5,1.5", budget={"forgetting": 0.1})
+    assert "--" not in str(e.value)
