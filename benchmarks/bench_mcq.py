@@ -20,10 +20,9 @@ context "Question: {q}\\nAnswer:", continuations " {choice}"):
 
 The questions are sorted by length (question + options) and split into `--chunks` chunks of whole batches of 16
 (so each side batches exactly as it would over all N at once); each chunk is scored by every side, in an order that
-rotates from chunk to chunk, so a change of machine load hits every side alike. Ratios are computed from the summed times.
-Predictions
-(argmax of summed log-likelihood, exact ties to the lowest index) of forgetwatch and lm-eval are compared question by
-question; a disagreement is reported with both sides' gaps between the two options involved.
+rotates from chunk to chunk, so a change of machine load hits every side alike. Ratios are computed from the summed
+times. Predictions (argmax of summed log-likelihood, exact ties to the lowest index) of forgetwatch and lm-eval are
+compared question by question; a disagreement is reported with both sides' gaps between the two options involved.
 """
 
 from __future__ import annotations

@@ -651,3 +651,53 @@ def test_greedy_match_on_a_model_that_returns_no_cache(tokenizer, monkeypatch):
     assert_same_results(score_probes(model, tokenizer, probes, ScoringConfig(chat_template=False)), plain, atol=1e-4)
     shared = len(enc(tokenizer, prompts.short_answer_prefix(tokenizer, False, None))) - 1
     assert seen[0] == (1, shared - 1) and all(s[1] > shared for s in seen[1:])  # asked once, then rows carry the exemplars
+
+
+# -- a probe with thousands of options: memory linear in its options ---------------------------------------------------
+def _many_options(n: int) -> Probe:
+    words = "Paris London capital France plants absorb gas oxygen carbon dioxide helium neon".split()
+    return Probe("many", "mcq", "Which one is it?", tuple(f"{words[i % 12]} {words[i * 7 % 12]} {i}" for i in range(n)),
+                 gold=3)
+
+
+def test_options_beyond_one_packed_row_are_scored_as_if_each_were_alone(tokenizer):
+    """300 options (about 1,400 option tokens) are packed into rows of at most PACK_TOKENS: every option's score is the
+    one it gets scored alone (unpacked)."""
+    from forgetwatch.scoring.engines.hf import PACK_TOKENS, pack_groups
+
+    model = build_model(tokenizer, context=4096)
+    probe = _many_options(300)
+    packed = score_probes(model, tokenizer, [probe], ScoringConfig(mcq_mode="loglik", pack_choices=True))
+    alone = score_probes(model, tokenizer, [probe], ScoringConfig(mcq_mode="loglik", pack_choices=False))
+    lengths = [len(tokenizer(" " + c, add_special_tokens=False)["input_ids"]) for c in probe.choices]
+    assert len(pack_groups([[0] * n for n in lengths])) > 1 and sum(lengths) > PACK_TOKENS  # really split
+    np.testing.assert_allclose(packed.option_scores, alone.option_scores, rtol=0, atol=1e-4)
+    assert packed.outcome.tolist() == alone.outcome.tolist()
+
+
+def test_a_probe_with_2000_options_is_scored_under_a_3_gb_memory_cap(tmp_path):
+    """All options in one packed row took 6.5 GB at its peak (eager attention, the tiny model): the block mask and the
+    attention grow with the square of the row. A child process capped at 3 GB of address space scores it now."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    code = f"""
+import sys
+sys.path.insert(0, {str(tests)!r})
+from conftest import build_model, build_tokenizer
+from scoring.test_scoring import _many_options
+from forgetwatch.scoring.score import ScoringConfig, score_probes
+tok = build_tokenizer()
+model = build_model(tok, attn="eager", context=16384)
+print(score_probes(model, tok, [_many_options(2000)], ScoringConfig(mcq_mode="loglik")).outcome.tolist())
+"""
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=cap)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() in ("[0]", "[1]")

@@ -60,7 +60,7 @@ from .decoding import (
     most_over_ranks,
 )
 
-__all__ = ["HFEngine"]
+__all__ = ["HFEngine", "PACK_TOKENS", "pack_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +164,8 @@ class HFEngine:
                 option_tokens.append(toks)
             tokens.append(option_tokens)
             own = ctx[P:]
-            if pack:
-                rows.append(_Row(pi, own, option_tokens, list(range(len(opts)))))
+            if pack:  # options packed after one copy of the question, at most PACK_TOKENS of them to a row
+                rows.extend(_Row(pi, own, [option_tokens[j] for j in group], group) for group in pack_groups(option_tokens))
             else:
                 rows.extend(_Row(pi, own, [t], [j]) for j, t in enumerate(option_tokens))
         rows.sort(key=lambda r: r.length, reverse=True)
@@ -434,6 +434,33 @@ def _uses_alibi(config: Any) -> bool:
     # ALiBi models build their position bias from a 2-D padding mask (Bloom's `build_alibi_tensor` unpacks its shape),
     # so a packed 4-D mask crashes them: they score one option per row.
     return getattr(config, "model_type", "") in ("bloom", "mpt") or bool(getattr(config, "alibi", False))
+
+
+# Option tokens packed into one row after its question. A packed row's attention (and the block mask that keeps its
+# options apart) grows with the square of its length: a probe with thousands of options in one row took gigabytes
+# (2,000 options: 6.5 GB peak with eager attention on the tiny test model). Split into rows of at most this many option
+# tokens, memory grows linearly with the options; a benchmark's 4 or 5 options stay in one row, scored as before.
+PACK_TOKENS = 512
+
+
+def pack_groups(option_tokens: Sequence[Sequence[int]], budget: int | None = None) -> list[list[int]]:
+    """The options of one question split into packed rows, in order: each row at most `budget` option tokens (default
+    `PACK_TOKENS`; an option longer than that gets a row of its own).
+
+    Example:
+        >>> pack_groups([[1] * 300, [2] * 300, [3] * 100], budget=512)
+        [[0], [1, 2]]
+    """
+    budget = PACK_TOKENS if budget is None else budget
+    groups: list[list[int]] = []
+    used = budget
+    for j, toks in enumerate(option_tokens):
+        if used + len(toks) > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(j)
+        used += len(toks)
+    return groups
 
 
 @dataclass
