@@ -21,7 +21,9 @@ class Killed(BaseException):
 
 
 def _decision(alpha, saved=True, out=None) -> dict:
-    return {"format": 1, "pick": {"alpha": alpha}, "rewound": str(out) if saved else None, "front": [], "alphas": [alpha]}
+    front = [{"alpha": a} for a in sorted({alpha, 1.0})]
+    return {"format": 1, "pick": {"alpha": alpha}, "rewound": str(out) if saved else None, "front": front,
+            "alphas": [p["alpha"] for p in front]}
 
 
 def _model(directory: Path, alpha: float) -> Path:
