@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..run.wandb_workspace import describe, save_workspace, sections_of_record
 
@@ -41,5 +42,13 @@ def cmd_workspace(args: argparse.Namespace) -> int:
             for p in s.panels:
                 print(f"    {'table' if p.table else 'plot'} {p.title}: {', '.join(p.keys)}")
         return 0
-    print(f"saved: {save_workspace(sections, args.entity, args.project, args.name)}")
+    try:
+        url = save_workspace(sections, args.entity, args.project, args.name)
+    except ImportError:
+        raise  # the extra to install: said by the command line as any missing package
+    except Exception as e:  # W&B's own errors (no login, no network, no such entity): a line, not a traceback
+        print(f"forgetwatch: error: could not save the workspace to W&B ({type(e).__name__}: {e}). Log in (`wandb "
+              "login`) and check the entity and the network; --dry-run or --json shows it without W&B", file=sys.stderr)
+        return 2
+    print(f"saved: {url}")
     return 0
