@@ -145,8 +145,9 @@ def _check_alpha_1(now: Mapping[str, Mapping[str, Any]], recorded: Mapping[str, 
                    ) -> dict[str, Any]:
     """α = 1 against the run's evaluation of that model, figure by figure (every figure both hold; NaN equals NaN)."""
     if recorded is None:
+        what = f"at step {step}" if step is not None else "of the final model (its last line was cut short by a kill)"
         return {"equal": None, "step": step, "compared": 0, "differences": [],
-                "note": f"the record has no evaluation at step {step} to compare α = 1 with"}
+                "note": f"the record has no evaluation {what} to compare α = 1 with"}
     diffs, n = [], 0
     for group, row in now.items():
         old = recorded["metrics"].get(group)
@@ -271,6 +272,10 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     locks = [acquire(output_dir, role, run=f"forgetwatch rewind {output_dir}") for role in ("training", "scoring")]
     try:
         reconcile(output_dir)  # what a stopped rewind left, mended under the locks
+        if record.recover():  # a writer killed mid-evaluation (a cut last line): set aside, as every writer does
+            rows = record.read_metrics()
+            recorded = (next((r for r in rows if r["step"] == ckpt_step), None) if ckpt_step is not None
+                        else None)  # the final model's evaluation was the one cut: nothing whole to compare α = 1 with
         sweep = InterpolationSweep(path, base_dir, probes, cache, config, dtype=dtype, autocast=autocast, device=device,
                                    base_name=base_name, cache_path=cache_path, task_rows=rows_data,
                                    task_max_length=task_max_length, task_source=str(task_data) if task_data else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import math
 import re
 import shutil
@@ -565,3 +566,22 @@ def test_a_rewind_json_that_forgetwatch_could_not_have_written_leaves_the_report
     assert "Traceback" not in captured.err and "rewind: unreadable" in captured.out
     page = (copy / "forgetwatch" / "report" / "report.html").read_text()
     assert "The rewind is left out" in page and "field `" in page
+
+
+def test_a_cut_last_evaluation_is_recovered_and_said_not_reported_as_a_mismatch(run, tmp_path, capsys, caplog):
+    """A killed writer's last metrics.jsonl line cut short used to make rewind warn that α = 1 "does NOT reproduce"
+    the run (it compared with the evaluation before); now the record is recovered as every writer does, and α = 1 is
+    said to have nothing whole to compare with."""
+    copy = tmp_path / "out"
+    shutil.copytree(run.out, copy)
+    metrics = copy / "forgetwatch" / "metrics.jsonl"
+    text = metrics.read_text()
+    last = text.rstrip("\n").rsplit("\n", 1)[-1]
+    metrics.write_text(text[: len(text) - len(last) - 1] + last[: len(last) // 2])  # the last line cut in half
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="forgetwatch"):
+        assert cli(["rewind", str(copy), "--data", str(task_file(tmp_path)), "--force", "--no-save", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "does NOT reproduce" not in caplog.text and "left mid-write" in caplog.text
+    assert data["check_alpha_1"]["equal"] is None and "cut short by a kill" in data["check_alpha_1"]["note"]
+    assert list((copy / "forgetwatch" / "recovered").iterdir())
