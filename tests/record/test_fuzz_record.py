@@ -155,51 +155,21 @@ def _figures(v) -> bool:
 
 
 RULES = {  # field: (legal value, may be left out)
-    "metrics.jsonl": {
-        "step": (_whole, False),
-        "epoch": (_any_num, True),
-        "seconds": (_any_num, True),
-        "metrics": (_figures, False),
-    },
-    "flips.jsonl": {
-        "step": (_whole, False),
-        "id": (_text, False),
-        "direction": (_text, True),
-        "category": (_text, True),
-        "question": (_text, True),
-        "gold": (_text_or_none, True),
-        "vs_base": (_text, True),
-        "base_prediction": (_text_or_none, True),
-        "prediction": (_text_or_none, True),
-    },
-    "at_risk.jsonl": {
-        "step": (_whole, False),
-        "id": (_text, False),
-        "category": (_text, True),
-        "question": (_text, True),
-        "gold": (_text_or_none, True),
-        "margin_base": (_num, False),
-        "margin_now": (_num, False),
-    },
-    "events.jsonl": {
-        "step": (_whole, False),
-        "event": (_text, False),
-        "key": (_text, True),
-        "value": (_num, True),
-        "measured": (_num, True),
-        "limit": (_num, True),
-        "bound": (_text, True),
-        "action": (_text, True),
-        "last_within_budget": (
-            lambda v: v is None or (isinstance(v, dict) and _whole(v.get("step")) or v == {"step": None, "checkpoint": None}),
-            True,
-        ),
-    },
-    "trainer_log.jsonl": {
-        "step": (_whole, False),
-        "loss": (lambda v: v is None or _num(v), True),  # NaN: written null "epoch": (lambda v: True, True),
-        "learning_rate": (lambda v: True, True),
-    },
+    "metrics.jsonl": {"step": (_whole, False), "epoch": (_any_num, True), "seconds": (_any_num, True),
+                      "metrics": (_figures, False)},
+    "flips.jsonl": {"step": (_whole, False), "id": (_text, False), "direction": (_text, True),
+                    "category": (_text, True), "question": (_text, True), "gold": (_text_or_none, True),
+                    "vs_base": (_text, True), "base_prediction": (_text_or_none, True),
+                    "prediction": (_text_or_none, True)},
+    "at_risk.jsonl": {"step": (_whole, False), "id": (_text, False), "category": (_text, True),
+                      "question": (_text, True), "gold": (_text_or_none, True), "margin_base": (_num, False),
+                      "margin_now": (_num, False)},
+    "events.jsonl": {"step": (_whole, False), "event": (_text, False), "key": (_text, True), "value": (_num, True),
+                     "measured": (_num, True), "limit": (_num, True), "bound": (_text, True), "action": (_text, True),
+                     "last_within_budget": (lambda v: v is None or (isinstance(v, dict) and _whole(v.get("step"))
+                                                                    or v == {"step": None, "checkpoint": None}), True)},
+    "trainer_log.jsonl": {"step": (_whole, False), "loss": (lambda v: v is None or _num(v), True),  # NaN: written null
+                          "epoch": (lambda v: True, True), "learning_rate": (lambda v: True, True)},
 }
 
 

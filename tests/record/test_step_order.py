@@ -259,16 +259,21 @@ def test_rescore_without_the_checkpoint_is_refused_touching_nothing_and_the_othe
     assert [r["step"] for r in rec.read_metrics()] == [0, 2, 4, 6]  # its figures kept
 
 
+def _watched_copy(watched, tmp_path) -> tuple[Path, RunRecord, dict[Path, bytes]]:
+    """A copy of the watched run, its record, and the record's files as bytes (to show a refusal changed nothing)."""
+    out = tmp_path / "run"
+    shutil.copytree(watched[0], out)
+    assert Watcher(out, device="cpu").run(once=True) == 3
+    rec = RunRecord(out / "forgetwatch")
+    return out, rec, {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
+
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here: the engine can run")
 def test_rescore_with_an_engine_that_cannot_run_is_refused_before_the_step_is_set_aside(watched, tmp_path, capsys):
     """`--rescore 4 --engine vllm` where vLLM is not installed used to move step 4 aside and only then refuse: the
     record went on without it (step 6's flips against step 2). Now it is refused first, the record untouched."""
-    pristine, _, _ = watched
-    out = tmp_path / "run"
-    shutil.copytree(pristine, out)
-    assert Watcher(out, device="cpu").run(once=True) == 3
-    rec = RunRecord(out / "forgetwatch")
-    before = {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
+    out, rec, before = _watched_copy(watched, tmp_path)
     capsys.readouterr()
     assert cli(["watch", str(out), "--rescore", "4", "--engine", "vllm", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
@@ -282,12 +287,7 @@ def test_rescore_with_an_engine_that_cannot_autocast_is_refused_before_the_step_
     """The same with vLLM installed: a run trained under autocast cannot be scored by it, and that is said first."""
     import forgetwatch.scoring.engines as engines
 
-    pristine, _, _ = watched
-    out = tmp_path / "run"
-    shutil.copytree(pristine, out)
-    assert Watcher(out, device="cpu").run(once=True) == 3
-    rec = RunRecord(out / "forgetwatch")
-    before = {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
+    out, rec, before = _watched_copy(watched, tmp_path)
     monkeypatch.setitem(engines.ENGINES, "vllm", engines.ENGINES["vllm"].__class__(
         **{**engines.ENGINES["vllm"].__dict__, "unavailable": None}))  # as where vLLM is installed
     capsys.readouterr()
@@ -306,13 +306,8 @@ def test_rescore_with_an_engine_that_cannot_autocast_is_refused_before_the_step_
 def test_rescore_of_a_step_that_is_no_training_evaluation_is_refused_by_what_it_is(step, said, watched, tmp_path, capsys):
     """`--rescore 3` used to say "the record keeps step 3 as it is", `-1` to look for `checkpoint--1`, and `0` to advise
     moving the base evaluation's file away."""
-    pristine, _, _ = watched
-    out = tmp_path / "run"
-    shutil.copytree(pristine, out)
-    assert Watcher(out, device="cpu").run(once=True) == 3
+    out, rec, before = _watched_copy(watched, tmp_path)
     shutil.copytree(out / "checkpoint-2", out / "checkpoint-3")  # a checkpoint the trainer saved off the eval grid
-    rec = RunRecord(out / "forgetwatch")
-    before = {p: p.read_bytes() for p in rec.root.rglob("*") if p.is_file()}
     capsys.readouterr()
     try:
         code = cli(["watch", str(out), "--rescore", step, "--device", "cpu"])

@@ -113,15 +113,8 @@ def test_resume_continues_the_same_stream(tokenizer, tmp_path):
     before step 6's evaluation) which keeps step 4's."""
     def run(out: Path, resume: bool = False):
         w = watcher()
-        trainer = traced_sft(
-            tokenizer,
-            out,
-            w,
-            mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=LETTERS),
-            save_strategy="steps",
-            save_steps=2,
-            max_steps=8,
-        )
+        stream = mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=LETTERS)
+        trainer = traced_sft(tokenizer, out, w, stream, save_strategy="steps", save_steps=2, max_steps=8)
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
         return trainer, RunRecord(out / "forgetwatch").read_mix()["mixers"][0]["schedule"]
 
@@ -141,15 +134,8 @@ def test_a_resume_with_other_replay_is_said(tokenizer, tmp_path, caplog, record)
     is read as the lettered form."""
     def run(out: Path, form: str, resume: bool = False):
         w = watcher()
-        trainer = traced_sft(
-            tokenizer,
-            out,
-            w,
-            mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=form),
-            save_strategy="steps",
-            save_steps=2,
-            max_steps=8,
-        )
+        stream = mix_replay(chat_dataset(), make_pool(), ratio=RATIO, monitor=w, seed=0, form=form)
+        trainer = traced_sft(tokenizer, out, w, stream, save_strategy="steps", save_steps=2, max_steps=8)
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-6") if resume else None)
 
     run(tmp_path / "run", LETTERS)

@@ -98,16 +98,8 @@ class ContinuousBatchingEngine(HFEngine):
 
     name = "continuous"
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        *,
-        batch_size: int = default("batch_size"),
-        pack_choices: bool | None = None,
-        sync_ranks: bool = False,
-        fallback: bool = True,
-    ):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = default("batch_size"),
+                 pack_choices: bool | None = None, sync_ranks: bool = False, fallback: bool = True):
         super().__init__(model, tokenizer, batch_size=batch_size, pack_choices=pack_choices, sync_ranks=sync_ranks)
         self.unavailable = continuous_batching_unavailable(model, sync_ranks=sync_ranks)
         if self.unavailable and not fallback:

@@ -87,16 +87,8 @@ class HFEngine:
         ' 4'
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        *,
-        batch_size: int = default("batch_size"),
-        pack_choices: bool | None = None,
-        sync_ranks: bool = False,
-        refill: bool = True,
-    ):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = default("batch_size"),
+                 pack_choices: bool | None = None, sync_ranks: bool = False, refill: bool = True):
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be at least 1, got {batch_size}")
         self.model = model
