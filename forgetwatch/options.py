@@ -443,26 +443,35 @@ def default(name: str) -> Any:
 
 def _unknown(name: str, known: Any) -> str:
     short = [k.removeprefix(PREFIX) for k in known]
-    close = difflib.get_close_matches(name.removeprefix(PREFIX), short, n=1)
+    folded = name.removeprefix(PREFIX).lower().replace("-", "_")  # case and separators aside ("Eval-Steps")
+    close = [folded] if folded in short else difflib.get_close_matches(folded, short, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown forgetwatch option {name!r}: {hint}`forgetwatch options` lists them"
 
 
 def options_from_kwargs(**kwargs: Any) -> ForgetWatchArguments:
-    """`ForgetWatchArguments` from the callback's keyword arguments (short names); an unknown one is refused by name.
+    """`ForgetWatchArguments` from the callback's keyword arguments, each by its short name (`eval_steps`) or by the
+    name `forgetwatch options`, the configs and the messages show (`forgetwatch_eval_steps`); an unknown one is refused
+    by name, and so is one option given under both names.
 
     Example:
+        >>> options_from_kwargs(probes="arc_easy", forgetwatch_eval_steps=10).forgetwatch_eval_steps
+        10
         >>> options_from_kwargs(probes="arc_easy", eval_stpes=10)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         TypeError: unknown forgetwatch option 'eval_stpes': did you mean 'eval_steps'? ...
     """
     known = {f.name for f in dataclasses.fields(ForgetWatchArguments)}
-    values = {}
+    values: dict[str, Any] = {}
     for name, value in kwargs.items():
-        if PREFIX + name not in known:
+        full = name if name.startswith(PREFIX) else PREFIX + name
+        if full not in known:
             raise TypeError(_unknown(name, known))
-        values[PREFIX + name] = value
+        if full in values:
+            raise TypeError(f"forgetwatch option {full.removeprefix(PREFIX)!r} given twice (as "
+                            f"{full.removeprefix(PREFIX)!r} and {full!r}): keep one")
+        values[full] = value
     return ForgetWatchArguments(**values)
 
 

@@ -97,7 +97,7 @@ def test_defaults_are_written_once_in_the_package():
 def test_callback_refuses_an_unknown_option_by_name_and_remedies():
     with pytest.raises(TypeError, match="unknown forgetwatch option 'eval_stpes': did you mean 'eval_steps'"):
         ForgetWatchCallback("arc_easy", eval_stpes=3)
-    with pytest.raises(ValueError, match="forgetwatch_anchor_beta: the remedies are not the callback's options"):
+    with pytest.raises(ValueError, match="forgetwatch_anchor_beta: these change the training data or loss"):
         ForgetWatchCallback("arc_easy", per_suite=2, anchor_beta=5)
     with pytest.raises(TypeError, match="not both"):
         ForgetWatchCallback(args=ForgetWatchArguments(forgetwatch_probes="arc_easy"), per_suite=2)
@@ -189,3 +189,41 @@ def test_a_checkpoint_state_of_another_version_restores(caplog):
     assert restored._restored and "from_the_future" in caplog.text
     trainers = ForgetWatchCallback(**state["args"])  # what transformers' _load_callback_state does
     assert trainers.options == restored.options
+
+
+def test_the_callback_takes_each_option_by_either_name_and_refuses_both_at_once():
+    """`forgetwatch options`, the docs and the messages show `forgetwatch_eval_steps`; the callback used to refuse the
+    name the list shows."""
+    from forgetwatch import ForgetWatchCallback
+    from forgetwatch.options import options
+
+    for o in options():
+        if o.group == "remedies" or o.short in ("probes",):
+            continue
+        assert ForgetWatchCallback("arc_easy", **{o.name: o.default}).options == \
+            ForgetWatchCallback("arc_easy", **{o.short: o.default}).options, o.name
+    watch = ForgetWatchCallback("arc_easy", forgetwatch_eval_steps=10, forgetwatch_per_suite=5)
+    assert watch.eval_steps == 10 and len(watch.probes) == 5
+    with pytest.raises(TypeError, match="given twice"):
+        ForgetWatchCallback("arc_easy", eval_steps=10, forgetwatch_eval_steps=20)
+
+
+@pytest.mark.parametrize(("kwargs", "paste"), [
+    ({"rewind": True}, "callbacks=[ForgetWatchCallback(probes='arc_easy', ...), RewindCallback()]"),
+    ({"forgetwatch_rewind": True, "rewind_data": "held.jsonl"}, "RewindCallback(data='held.jsonl')"),
+    ({"replay_mix": 0.1}, "fw = ForgetWatchArguments(forgetwatch_probes='arc_easy', forgetwatch_replay_mix=0.1)"),
+])
+def test_a_remedys_option_given_to_the_callback_is_refused_with_the_lines_that_add_it(kwargs, paste):
+    from forgetwatch import ForgetWatchCallback
+
+    with pytest.raises(ValueError) as e:
+        ForgetWatchCallback("arc_easy", **kwargs)
+    assert paste in str(e.value)
+
+
+@pytest.mark.parametrize(("given", "meant"), [("ARC-Easy", "arc_easy"), ("Trivia QA", "triviaqa"), ("SciQ", "sciq")])
+def test_a_suite_name_in_another_case_or_spelling_of_separators_gets_did_you_mean(given, meant):
+    from forgetwatch import ForgetWatchCallback
+
+    with pytest.raises(ValueError, match=f"Did you mean '{meant}'"):
+        ForgetWatchCallback(given)

@@ -49,6 +49,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,10 @@ def _spec(name: str) -> SuiteSpec:
     if not isinstance(name, str):
         raise TypeError(f"suite name must be a string, got {type(name).__name__}")
     if name not in SUITES:
-        close = difflib.get_close_matches(name, list_suites(), n=1)
+        # case and separators aside first ("ARC-Easy", "Trivia QA"), then spelling
+        folded = {re.sub(r"[\s_-]+", "", s.lower()): s for s in list_suites()}
+        close = ([folded[key]] if (key := re.sub(r"[\s_-]+", "", name.lower())) in folded
+                 else difflib.get_close_matches(name.lower().replace("-", "_").replace(" ", "_"), list_suites(), n=1))
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown suite {name!r}.{hint} Valid suites: {', '.join(list_suites())}")
     return SUITES[name]

@@ -16,7 +16,6 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..docs import docs_hint
 from ..measures.budgets import ROBUST_BUDGETS, Breach, Budget, parse_budget
 from ..measures.drift import RiskRule
 from ..measures.partial import Design, ShareBudget
@@ -46,6 +45,7 @@ from .hook_inputs import saves_at, tokenizer_of, training_autocast
 from .inloop import decide_design, score_all, score_part, score_reference, would_trip
 from .loggers import make_loggers
 from .monitor import PREFIX, Monitor
+from .remedy_advice import remedy_advice
 from .sidecar import SidecarManifest
 from .start import base_cache_command, begin_segment, find_base, pin_probes, take_locks
 from .steering import ReplaySteering
@@ -98,6 +98,9 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             args, options = _options_of_state(options), {}
         if args is not None and options:
             raise TypeError(f"pass the options as `args` or as keywords, not both (got args and {', '.join(options)})")
+        for name, given in (("probes", probes), ("eval_steps", eval_steps)):  # the two named parameters, by either name
+            if given is not None and PREFIX + "_" + name in options:
+                raise TypeError(f"forgetwatch option {name!r} given twice (as {name!r} and {PREFIX + '_' + name!r}): keep one")
         # given as parsed arguments: the remedies' fields are theirs (a recipe's fw_args sets them), not refused here
         args = options_from_kwargs(**(args.to_kwargs() if args is not None else options))
         if probes is not None:
@@ -105,11 +108,8 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if eval_steps is not None:
             args = dataclasses.replace(args, forgetwatch_eval_steps=eval_steps)
         remedies = changed(args, names={o.name for o in option_list() if o.group == REMEDIES})
-        if remedies:
-            raise ValueError(f"{', '.join(remedies)}: the remedies are not the callback's options; build them from "
-                             "ForgetWatchArguments with `forgetwatch.remedies.build_remedies` (replay, the KL anchor, the "
-                             f"1→0 penalty: {docs_hint('replay')}) or `forgetwatch.remedies.rewind_callback` "
-                             f"({docs_hint('rewind')})")
+        if remedies:  # refused with the lines that add them, filled in
+            raise ValueError(remedy_advice(remedies, args.forgetwatch_probes if probes is None else probes))
         o = args.unprefixed()
         probes, eval_steps = o["probes"], o["eval_steps"]
         if probes is None:
