@@ -42,7 +42,7 @@ from ..scoring.models import model_identity
 from ..scoring.score import ScoringConfig, describe_precision
 from .distributed import broadcast_from_main
 from .hook_inputs import saves_at, tokenizer_of, training_autocast
-from .inloop import decide_design, score_all, score_part, score_reference, would_trip
+from .inloop import decide_design, score_all, score_base, score_part, would_trip
 from .loggers import make_loggers
 from .monitor import PREFIX, Monitor
 from .remedy_advice import remedy_advice
@@ -148,6 +148,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         self.steering = ReplaySteering()  # replay streams this run steers (`mix_replay`, the anchor's, the penalty's)
         self._locks: list = []  # the record's writer locks (main process), held from train begin to train end
         self._stopped = False  # probing stopped: an evaluation could not be written (`_probing_stopped`)
+        self._cost, self._t_train = {}, time.perf_counter()  # the start's passes and when train() began
 
     @classmethod
     def from_args(cls, args: ForgetWatchArguments) -> ForgetWatchCallback:
@@ -332,16 +333,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         if self._is_main and change is not None:  # a base for the new probes was found: the old segment moves aside
             begin_segment(record.root, change, state.global_step, self.probes, cache, start=self._start_id)
         self._share = ShareBudget(self.max_share) if self.max_share is not None and self.scoring == "inline" else None
-        t_begin = time.perf_counter()
+        t_begin = self._t_train = time.perf_counter()
+        self._cost = {}  # the start's passes, in seconds (`forgetwatch.run.cost`)
         if cache is None:
-            t0 = time.perf_counter()
-            base, variants = score_all(model, tokenizer, self.probes, self.plan, self.config,
-                                       self._is_main and not args.disable_tqdm, "forgetwatch: scoring the base model")
-            logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(self.probes), time.perf_counter() - t0)
+            cache, self._cost = score_base(model, tokenizer, self.probes, self.plan, self.config, key,
+                                           scoring_key["precision"], self._is_main and not args.disable_tqdm)
             if self._share is not None:
-                self._share.note_full(time.perf_counter() - t0, len(self.probes))
-            cache = BaseCache(key, base, score_reference(model, tokenizer, self.probes, self.config, scoring_key["precision"],
-                                              self._is_main and not args.disable_tqdm), variants)
+                self._share.note_full(self._cost["base"], len(self.probes))
             if self._is_main:
                 # A cache the user gave is never overwritten: a fresh one goes into this run's record.
                 cache.save(record.root / "base.parquet" if self.base_cache else cache_path)
@@ -367,7 +365,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
         # A resumed run recomputes what came after its checkpoint (a fresh run's earlier record was set aside above).
         self.monitor.budgeted = self._share is not None
         self.monitor.open(args.output_dir, cache, scoring_key["precision"], loggers, state.global_step if resuming else None,
-                          start=self._start_id)
+                          start=self._start_id, base_seconds=sum(self._cost.values()))
         if self._share is not None and resuming:
             try:  # the run's account goes on where it stopped (this start's base scoring is added by _start_clock)
                 if kept := self.monitor.share_account():
@@ -457,7 +455,7 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
                            saving=True)  # the end of training: a full pass
         if self._is_main:
             self.steering.write(self._record_root)
-            self.monitor.finish()
+            self.monitor.finish(cost=self._cost, train_seconds=time.perf_counter() - self._t_train)
             self._release_locks()
 
     # -- one writer per record ---------------------------------------------------------------------------------

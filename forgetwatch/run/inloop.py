@@ -19,12 +19,13 @@ import numpy as np
 
 from ..measures.partial import Design, ShareBudget
 from ..measures.schedule import plan_evaluation
+from ..record.cache import BaseCache
 from ..scoring.results import ProbeResults
 from ..scoring.score import full_precision
 from .distributed import broadcast_from_main, score_distributed
 from .hook_inputs import saves_at
 
-__all__ = ["decide_design", "score_all", "score_part", "score_reference", "would_trip"]
+__all__ = ["decide_design", "score_all", "score_base", "score_part", "score_reference", "would_trip"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,20 @@ def score_reference(model: Any, tokenizer: Any, probes: Any, config: Any, precis
             return None
         return score_distributed(model, tokenizer, probes, config, progress=progress,
                                  desc="forgetwatch: the base in fp32 (noise floor)")
+
+
+def score_base(model: Any, tokenizer: Any, probes: Any, plan: Any, config: Any, key: dict[str, Any], precision: str,
+               progress: bool) -> tuple[BaseCache, dict[str, float]]:
+    """The base scored at the start of training (the model before its first step), with its variants, and again in
+    fp32 for the noise floor when training runs in lower precision; the cache, and the seconds of each pass ("base",
+    "noise_floor": what the end-of-training cost line says)."""
+    t0 = time.perf_counter()
+    base, variants = score_all(model, tokenizer, probes, plan, config, progress, "forgetwatch: scoring the base model")
+    t1 = time.perf_counter()
+    logger.info("forgetwatch: scored the base model on %d probes in %.1fs", len(probes), t1 - t0)
+    reference = score_reference(model, tokenizer, probes, config, precision, progress)
+    seconds = {"base": t1 - t0, "noise_floor": time.perf_counter() - t1 if reference is not None else 0.0}
+    return BaseCache(key, base, reference, variants), seconds
 
 
 def decide_design(monitor: Any, share: ShareBudget, args: Any, state: Any, eval_steps: int, saving: bool, seed: int,

@@ -43,6 +43,7 @@ from ..record.store import RunRecord
 from ..scoring.results import ProbeResults
 from .budget_watch import BudgetWatch
 from .console import format_evaluation, headline_categories, say
+from .cost import cost_line, cost_summary
 from .keys import OVERALL, PREFIX, final_key, table_key
 from .rotation import PartialRotation
 from .rows import add_robust_figures, flip_rows, fragile_flip_rows, members_of, scalars_of
@@ -99,6 +100,7 @@ class Monitor(PartialRotation, BudgetWatch):
         self.last_drift: dict = {}
         self.last_rows: dict = {}
         self.budget_state = BudgetState()
+        self.precision, self.evaluation_seconds, self.n_evaluations = "", 0.0, 0  # this start's probing (`finish`)
         self._k = np.array([p.num_choices for p in probes])
         self._categories = [p.category for p in probes]
         self._kinds = [p.kind for p in probes]
@@ -116,14 +118,16 @@ class Monitor(PartialRotation, BudgetWatch):
         self.rotation_k: int | None = None
 
     def open(self, output_dir: str | Path, cache: BaseCache, precision: str, loggers: list, resume_step: int | None,
-             start: str | None = None) -> None:
+             start: str | None = None, base_seconds: float = 0.0) -> None:
         """Start (or continue) the record under `<output_dir>/forgetwatch/` against the base in `cache`.
 
         With `resume_step`, evaluations after it are forgotten (set aside under `superseded/`, in the folder of the
         training start `start` that resumed) and the rest read back, so that the next evaluation continues as in an
         uninterrupted run (its flips against the last one, the budget's state as it was); without, the record starts
-        empty and the base is reported as step 0."""
+        empty and the base is reported as step 0, with `base_seconds` (what scoring it took in this process: 0 when it
+        came from a cache)."""
         self.output_dir = Path(output_dir)
+        self.precision, self.evaluation_seconds, self.n_evaluations = precision, 0.0, 0
         self.record = record = RunRecord(self.output_dir / PREFIX)
         self.write_failure = None
         self.base, self.noise, self.loggers = cache.results, noise_floor(cache, precision), loggers
@@ -194,7 +198,7 @@ class Monitor(PartialRotation, BudgetWatch):
         except OSError:
             logger.exception("forgetwatch: could not rewrite budget.json / replay.jsonl on opening the record")
         if resume_step is None:
-            self.report(self.base, step=0, epoch=0.0, seconds=0.0, robust=self.base_robust)
+            self.report(self.base, step=0, epoch=0.0, seconds=base_seconds, robust=self.base_robust)
             _warn_nothing_to_forget(self.last_report)
 
     def _base_robust(self, cache: BaseCache) -> VariantOutcomes:
@@ -283,6 +287,9 @@ class Monitor(PartialRotation, BudgetWatch):
         `merged`): its figures are estimates, and the record keeps what it scored. `share`: with max_share, the time
         account so far (`ShareBudget.to_dict`), kept in the line for a resumed run. Returns the budget limits newly
         exceeded."""
+        if step > 0:  # the cost line at the end of training (`finish`)
+            self.evaluation_seconds += seconds
+            self.n_evaluations += 1
         assert self.base is not None and self.record is not None and self.tracker is not None
         prev = self.last if self.last is not None else self.base
         # a later segment's first evaluation: no earlier one of these probes, so its flips are counted from the base
@@ -466,12 +473,20 @@ class Monitor(PartialRotation, BudgetWatch):
                                "learning rate, or train in bf16 rather than fp16.", step, rows[missing[0]][field], what,
                                ", ".join(missing), field)
 
-    def finish(self) -> None:
-        """The run summary (`forgetwatch/final/...`, the budget's outcome) to every logger, then close them."""
+    def finish(self, cost: dict[str, float] | None = None, train_seconds: float | None = None) -> None:
+        """The run summary (`forgetwatch/final/...`, the budget's outcome) to every logger, then close them. With
+        `cost` (the start's passes, `forgetwatch.run.cost`) and `train_seconds` (a training run's `train()`): what
+        probing cost it, in the console and the summary."""
         if self.last is None:
             return
         # forgetwatch/forgetting -> forgetwatch/final/forgetting, forgetwatch_details/kl -> forgetwatch_details/final/kl
         final = {final_key(k): v for k, v in scalars_of(self.last_rows).items()}
+        if cost is not None and train_seconds is not None:
+            final.update(cost_summary(cost, evaluations=self.evaluation_seconds, train_seconds=train_seconds,
+                                      prefix=PREFIX))
+            if self.console:
+                say(cost_line(cost, evaluations=self.evaluation_seconds, n_evaluations=self.n_evaluations,
+                              train_seconds=train_seconds, precision=self.precision))
         if self.write_failure is not None:  # these figures are the last written step's, not the end of training's
             final[f"{PREFIX}/unwritten_step"] = self.write_failure["step"]
         if self.budget is not None:

@@ -158,7 +158,9 @@ def score_probes(
 
     if engine is None and model is not None and not sync_ranks:  # with sync_ranks the engine decides for every rank
         _refuse_long_questions(model, tokenizer, probes)
-    bar = tqdm(total=len(probes), desc=desc, disable=not progress, unit="probe")
+    # One bar, drawn only on a terminal (tqdm's disable=None): written to a log file, a redrawn bar beside the
+    # Trainer's leaves escape codes and half lines; gone once done, so the Trainer's bar is not pushed down
+    bar = tqdm(total=len(probes), desc=desc, disable=None if progress else True, unit="probe", leave=False)
     if engine is None:
         engine = make_engine(config.engine, model, tokenizer, batch_size=config.batch_size,
                              pack_choices=config.pack_choices, sync_ranks=sync_ranks)

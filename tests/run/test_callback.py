@@ -914,12 +914,23 @@ def test_nothing_to_forget_is_warned_once(tokenizer, tmp_path, caplog):
     assert not any(f"{c} (" in warnings[0] for c in base if c not in empty)
 
 
-def test_evaluations_show_progress_unless_the_trainer_hides_its_bars(tokenizer, tmp_path, capsys):
-    sft_trainer(tokenizer, tmp_path / "bars", [watcher()], max_steps=2, disable_tqdm=False).train()
-    err = capsys.readouterr().err
-    assert "forgetwatch: scoring the base model" in err and "forgetwatch: step 2" in err
-    sft_trainer(tokenizer, tmp_path / "quiet", [watcher()], max_steps=2, disable_tqdm=True).train()
-    assert "forgetwatch:" not in capsys.readouterr().err
+def test_evaluations_show_progress_on_a_terminal_unless_the_trainer_hides_its_bars(tokenizer, tmp_path, monkeypatch):
+    """On a terminal a bar per evaluation; with `disable_tqdm` none; into a file (a job's log) none either, so that no
+    escape code of ours lands there (`tests/scoring/test_scoring.py::test_the_progress_bar_draws_nothing_into_a_log_file`)."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for disable, out in ((False, Terminal()), (True, Terminal()), (False, io.StringIO())):
+        monkeypatch.setattr(sys, "stderr", out)
+        sft_trainer(tokenizer, tmp_path / f"{disable}-{type(out).__name__}", [watcher()], max_steps=2,
+                    disable_tqdm=disable).train()
+        drawn = "forgetwatch: scoring the base model" in out.getvalue() and "forgetwatch: step 2" in out.getvalue()
+        assert drawn == (not disable and isinstance(out, Terminal)), (disable, type(out).__name__)
+        assert isinstance(out, Terminal) or "\x1b[" not in out.getvalue()
 
 
 def test_a_cli_cache_made_like_the_trainer_runs_is_used(tokenizer, tiny_model_dir, tmp_path, caplog):

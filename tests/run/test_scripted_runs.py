@@ -73,3 +73,28 @@ def test_a_resume_from_an_earlier_step_sets_the_later_evaluations_aside_and_scor
     for step in (4, 6):  # the abandoned trajectory's files, as they were
         assert np.load(aside[0] / "evals" / f"step-{step:08d}.npz")["outcome"].tolist() == before[step]
     assert [r["step"] for r in _lines(aside[0] / "metrics.jsonl")] == [4, 6]
+
+
+def test_the_whole_cost_is_recorded_and_said_at_the_end(tmp_path, capsys):
+    """Step 0's probing seconds used to be 0.0 in metrics.jsonl although the base was scored then, and nothing said
+    at the end what forgetwatch cost the run."""
+    drive(ForgetWatchCallback(PROBES, eval_steps=2), _model(), scripted_tokenizer(), tmp_path, max_steps=6)
+    rows = {r["step"]: r for r in _lines(tmp_path / "forgetwatch" / "metrics.jsonl")}
+    assert rows[0]["seconds"] > 0  # the base, scored at the start of this run
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("forgetwatch: probing cost this run"))
+    total = sum(r["seconds"] for r in rows.values())
+    assert f"{total:.1f} s" in line and "of train()" in line and "3 evaluations" in line and "the base" in line
+
+
+def test_the_cost_line_names_the_noise_floor_pass_with_its_reason_and_how_to_skip_it():
+    from forgetwatch.run.cost import cost_line, cost_summary
+
+    line = cost_line({"base": 20.0, "noise_floor": 11.0}, evaluations=43.0, n_evaluations=3, train_seconds=370.0,
+                     precision="float32+autocast-bfloat16")
+    assert "74.0 s, 20% of train() (370.0 s)" in line and "noise floor 11.0 s (training runs under bfloat16 autocast" in line
+    assert "`forgetwatch cache` skips both" in line
+    cached = cost_line({}, evaluations=5.0, n_evaluations=1, train_seconds=50.0, precision="float32")
+    assert "the base from its cache" in cached and "noise floor" not in cached and "1 evaluation 5.0 s" in cached
+    summary = cost_summary({"base": 20.0, "noise_floor": 11.0}, evaluations=43.0, train_seconds=370.0, prefix="forgetwatch")
+    assert summary["forgetwatch/cost/seconds"] == 74.0 and summary["forgetwatch/cost/share_of_train"] == 0.2

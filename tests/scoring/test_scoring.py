@@ -701,3 +701,16 @@ print(score_probes(model, tok, [_many_options(2000)], ScoringConfig(mcq_mode="lo
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=cap)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() in ("[0]", "[1]")
+
+
+def test_the_progress_bar_draws_nothing_into_a_log_file(tokenizer, monkeypatch):
+    """Written to a file (a job's log), the bar beside the Trainer's left escape codes and carriage returns: it is
+    drawn on a terminal only."""
+    import io
+    import sys
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    score_probes(build_model(tokenizer), tokenizer, mcq_probes(6), ScoringConfig(mcq_mode="loglik"), progress=True,
+                 desc="forgetwatch: step 10")
+    assert "\x1b[" not in log.getvalue() and "\r" not in log.getvalue() and "step 10" not in log.getvalue()
