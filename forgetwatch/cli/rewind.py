@@ -74,7 +74,9 @@ def cmd_rewind(args: argparse.Namespace) -> int:
         return 0
     steps = [{"alpha": p["alpha"], "metrics": p["metrics"], "task": p["task"], "within_budget": p["within_budget"]}
              for p in result.data["front"]]
-    print(format_interpolation(steps, "loss" if result.data["task"] else None))
+    task = result.data["task"]
+    print(format_interpolation(steps, "loss" if task else None,  # the task measure as this command names it
+                               "--data" if task and args.data else "the trainer's eval set"))
     print(f"\nrule: {result.data['rule']}")
     print(result.line())
     print(f"front and pick: {result.path}")

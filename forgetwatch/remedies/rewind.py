@@ -315,7 +315,7 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
             "rule": RULE, "pick": pick._asdict(),
             "front": [{**p, "pareto": p["alpha"] in on_front, "metrics": s["metrics"]}
                       for p, s in zip(points, steps, strict=True)],
-            "check_alpha_1": check, "heldout": held, "rewound": str(out) if save else None,
+            "check_alpha_1": check, "heldout": held, "rewound": str(out) if staged is not None else None,
             "seconds": {"scoring": round(seconds_scored, 1), "total": round(time.perf_counter() - t0, 1)},
             "differences": sweep.differences,
         }

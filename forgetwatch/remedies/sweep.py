@@ -337,7 +337,7 @@ def _model_names(name: str) -> set[str]:
     return names
 
 
-def format_interpolation(steps: list[dict[str, Any]], task_kind: str | None) -> str:
+def format_interpolation(steps: list[dict[str, Any]], task_kind: str | None, task_flag: str = "--task-data") -> str:
     """One row per α: forgetting, backward transfer and accuracy of the knowledge probes, behaviour where there is some,
     and the task measure."""
     num = format_figure
@@ -368,7 +368,7 @@ def format_interpolation(steps: list[dict[str, Any]], task_kind: str | None) -> 
     lines.append(f"F, F adj, BT, acc: {what}, each against the base cache (α = 0 is the base, α = 1 the checkpoint)"
                  + ("; instr.: instructions followed, runaway: answers that hit the token limit, refused: harmless requests "
                     "refused" if behaviour else "")
-                 + ("; task loss: nats per answer token on --task-data (lower is better)" if task_kind == "loss" else "")
+                 + (f"; task loss: nats per answer token on {task_flag} (lower is better)" if task_kind == "loss" else "")
                  + ("; task accuracy: on --task-probes" if task_kind == "accuracy" else ""))
     return "\n".join(lines)
 

@@ -585,3 +585,13 @@ def test_a_cut_last_evaluation_is_recovered_and_said_not_reported_as_a_mismatch(
     assert "does NOT reproduce" not in caplog.text and "left mid-write" in caplog.text
     assert data["check_alpha_1"]["equal"] is None and "cut short by a kill" in data["check_alpha_1"]["note"]
     assert list((copy / "forgetwatch" / "recovered").iterdir())
+
+
+def test_the_table_names_the_commands_own_flag(run, tmp_path, capsys):
+    """The table's note named interpolate's --task-data where rewind's flag is --data."""
+    copy = tmp_path / "out"
+    shutil.copytree(run.out, copy)
+    capsys.readouterr()
+    assert cli(["rewind", str(copy), "--data", str(task_file(tmp_path)), "--force", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "nats per answer token on --data" in out and "--task-data" not in out
