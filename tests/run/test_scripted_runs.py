@@ -78,9 +78,16 @@ def test_a_resume_from_an_earlier_step_sets_the_later_evaluations_aside_and_scor
 def test_the_whole_cost_is_recorded_and_said_at_the_end(tmp_path, capsys):
     """Step 0's probing seconds used to be 0.0 in metrics.jsonl although the base was scored then, and nothing said
     at the end what forgetwatch cost the run."""
-    drive(ForgetWatchCallback(PROBES, eval_steps=2), _model(), scripted_tokenizer(), tmp_path, max_steps=6)
+    import time
+
+    def slow(p, step):  # 2 ms a probe, so that every pass takes a time the record's milliseconds can hold
+        time.sleep(0.002)
+        return p.id not in WRONG_AT[step - step % 2]
+
+    drive(ForgetWatchCallback(PROBES, eval_steps=2), ScriptedModel(slow, PROBES), scripted_tokenizer(), tmp_path,
+          max_steps=6)
     rows = {r["step"]: r for r in _lines(tmp_path / "forgetwatch" / "metrics.jsonl")}
-    assert rows[0]["seconds"] > 0  # the base, scored at the start of this run
+    assert rows[0]["seconds"] >= 0.02  # the base, scored at the start of this run (10 probes)
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("forgetwatch: probing cost this run"))
     total = sum(r["seconds"] for r in rows.values())
