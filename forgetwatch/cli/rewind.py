@@ -68,7 +68,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
                     budget_bound=args.budget_bound, batch_size=args.batch_size,
                     risk_rule=risk_rule, device=args.device,
                     save=not args.no_save, force=args.force, allow_other_model=args.allow_other_model,
-                    progress=lambda alpha, i, n: print(f"α = {alpha:g} ({i} of {n})", file=sys.stderr, flush=True))
+                    progress=lambda alpha, i, n: print(f"α = {alpha:g} ({i} of {n})", file=sys.stderr, flush=True),
+                    announce=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print(strict_json(result.data, indent=1))
         return 0

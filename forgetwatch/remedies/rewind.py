@@ -44,8 +44,8 @@ from .alpha import RULE, Pick, front_measure, front_points, is_finite, pareto, p
 from .rewound import REWIND_FILE, REWOUND, commit, decision_path, discard, model_present, reconcile, staging
 from .sweep import InterpolationSweep, plot_interpolation, resolve_base_model
 
-__all__ = ["RULE", "Pick", "RewindResult", "pick_alpha", "front_measure", "find_checkpoint", "rewind", "read_rewind",
-           "rewind_section", "REWOUND", "REWIND_FILE"]
+__all__ = ["RULE", "Pick", "RewindResult", "expected_time", "pick_alpha", "front_measure", "find_checkpoint", "rewind",
+           "read_rewind", "rewind_section", "REWOUND", "REWIND_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,8 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
            budget_bound: str | None = None, config: Any = None, batch_size: int | None = None, risk_rule: Any = None,
            device: str | None = None,
            save: bool = True, force: bool = False, loggers: Sequence[Any] = (), step: int | None = None,
-           allow_other_model: bool = False, progress: Callable[[float, int, int], None] | None = None) -> RewindResult:
+           allow_other_model: bool = False, progress: Callable[[float, int, int], None] | None = None,
+           announce: Callable[[str], None] | None = None) -> RewindResult:
     """Score the run's final model moved back toward its base at each α of the grid, pick α (`RULE`), save θ(α) to
     `<output_dir>/rewound/` and write the front and the pick to `<output_dir>/forgetwatch/rewind.json`.
 
@@ -269,6 +270,8 @@ def rewind(output_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     base_name, base_dir = resolve_base_model(base_model, cache, cache_path, allow_other_model)
     held_out = _heldout_probes(heldout, probes) if heldout is not None else None  # refused before any α is scored
 
+    if said := expected_time(rows, len(grid), len(probes)):  # before it starts: what it will cost, from the record
+        (announce or logger.info)(said)
     locks = [acquire(output_dir, role, run=f"forgetwatch rewind {output_dir}") for role in ("training", "scoring")]
     try:
         reconcile(output_dir)  # what a stopped rewind left, mended under the locks
@@ -344,6 +347,25 @@ def _heldout_probes(heldout: ProbeSet | str, monitored: ProbeSet) -> tuple[Probe
             raise InterpolationError(f"held-out probes {heldout}: every one is a monitored probe; give other probes")
         probes = ProbeSet(kept, origin=getattr(probes, "origin", ""))
     return probes, len(overlap)
+
+
+def expected_time(rows: Sequence[Mapping[str, Any]], n_alphas: int, n_probes: int) -> str | None:
+    """The line that says, before a rewind starts, what it will cost: one scoring of every probe per α, each about as
+    long as the run's last full evaluation took (`metrics.jsonl`'s seconds), plus the task measure; None when the
+    record holds no timed full evaluation.
+
+    Example:
+        >>> print(expected_time([{"step": 30, "seconds": 43.6}], n_alphas=6, n_probes=226))  # doctest: +NORMALIZE_WHITESPACE
+        forgetwatch rewind: 6 α to score, each a pass over the 226 probes (43.6 s at the run's last full evaluation):
+        about 4.4 min, plus the task loss at each α
+    """
+    timed = [r["seconds"] for r in rows if r.get("step", 0) > 0 and not r.get("partial") and (r.get("seconds") or 0) > 0]
+    if not timed:
+        return None
+    total = n_alphas * timed[-1]
+    when = f"{total / 60:.1f} min" if total >= 90 else f"{total:.0f} s"
+    return (f"forgetwatch rewind: {n_alphas} α to score, each a pass over the {n_probes} probes ({timed[-1]:.1f} s at the "
+            f"run's last full evaluation): about {when}, plus the task loss at each α")
 
 
 def _score_heldout(sweep: Any, heldout: ProbeSet | str, probes: ProbeSet, left_out: int, alpha: float) -> dict[str, Any]:

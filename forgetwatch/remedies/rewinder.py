@@ -188,7 +188,7 @@ class RewindCallback(TrainerCallback, ExportableState):
                                  task_source=EVAL_SET if task_loss is not None else None, heldout=self.heldout,
                                  budget=self.budget, budget_bound=self.budget_bound if self.budget else None,
                                  config=self.config, risk_rule=self.risk_rule, device=str(model_device(model)), force=self.force,
-                                 loggers=loggers, step=state.global_step)
+                                 loggers=loggers, step=state.global_step, announce=say if self.console else None)
             shutil.rmtree(scratch)
             if self.console:  # the run's last console line, as each evaluation's (rewind.json and the report keep it)
                 say(f"forgetwatch {self.result.line()}")

@@ -595,3 +595,15 @@ def test_the_table_names_the_commands_own_flag(run, tmp_path, capsys):
     assert cli(["rewind", str(copy), "--data", str(task_file(tmp_path)), "--force", "--no-save"]) == 0
     out = capsys.readouterr().out
     assert "nats per answer token on --data" in out and "--task-data" not in out
+
+
+def test_the_expected_time_is_said_before_the_rewind_starts(run, tmp_path, capsys):
+    """A rewind took longer than the training it followed, and nothing said so beforehand."""
+    copy = tmp_path / "out"
+    shutil.copytree(run.out, copy)
+    capsys.readouterr()
+    assert cli(["rewind", str(copy), "--data", str(task_file(tmp_path)), "--force", "--no-save"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    said = next(i for i, line in enumerate(err) if line.startswith("forgetwatch rewind: ") and "α to score" in line)
+    first = next(i for i, line in enumerate(err) if line.startswith("α = "))
+    assert said < first and "each a pass over the" in err[said] and "plus the task loss" in err[said]
