@@ -164,7 +164,9 @@ def test_the_run_writes_the_front_the_rule_and_the_pick(run):
     assert run.callback.result.line().startswith(f"rewind: α {run.rewind.alpha:g} (")
     # in a user's own script too, the pick is the run's last console line (not only in rewind.json and the report)
     said = [line for line in run.console.splitlines() if line.startswith("forgetwatch ")]
-    assert said[-1] == f"forgetwatch {run.rewind.line()}" and said[-2].startswith("forgetwatch step ")
+    assert said[-1] == f"forgetwatch {run.rewind.line()}" and said[-3].startswith("forgetwatch step ")
+    assert said[-2].startswith("forgetwatch rewind: ") and "α to score" in said[-2]  # what it will cost, said first
+    assert "forgetwatch: probing cost this run" in run.console  # the monitor's cost line, at the end of training
     assert "eval loss" in run.rewind.line() and "model in" in run.rewind.line()
 
 
