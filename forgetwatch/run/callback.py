@@ -98,15 +98,13 @@ class ForgetWatchCallback(TrainerCallback, ExportableState):
             args, options = _options_of_state(options), {}
         if args is not None and options:
             raise TypeError(f"pass the options as `args` or as keywords, not both (got args and {', '.join(options)})")
-        for name, given in (("probes", probes), ("eval_steps", eval_steps)):  # the two named parameters, by either name
-            if given is not None and PREFIX + "_" + name in options:
-                raise TypeError(f"forgetwatch option {name!r} given twice (as {name!r} and {PREFIX + '_' + name!r}): keep one")
-        # given as parsed arguments: the remedies' fields are theirs (a recipe's fw_args sets them), not refused here
-        args = options_from_kwargs(**(args.to_kwargs() if args is not None else options))
-        if probes is not None:
-            args = dataclasses.replace(args, forgetwatch_probes=probes)
-        if eval_steps is not None:
-            args = dataclasses.replace(args, forgetwatch_eval_steps=eval_steps)
+        # the two named parameters join the keywords, so that one given under both names is refused with the rest
+        named = {k: v for k, v in (("probes", probes), ("eval_steps", eval_steps)) if v is not None}
+        if args is None:
+            args = options_from_kwargs(**named, **options)
+        else:  # given as parsed arguments: the remedies' fields are theirs (a recipe's fw_args sets them), not refused here
+            args = dataclasses.replace(options_from_kwargs(**args.to_kwargs()),
+                                       **{"forgetwatch_" + k: v for k, v in named.items()})
         remedies = changed(args, names={o.name for o in option_list() if o.group == REMEDIES})
         if remedies:  # refused with the lines that add them, filled in
             raise ValueError(remedy_advice(remedies, args.forgetwatch_probes if probes is None else probes))
